@@ -1,0 +1,1 @@
+"""The `sparkfleet` command line: one module per subcommand, registered in main.py."""

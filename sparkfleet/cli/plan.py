@@ -1,0 +1,70 @@
+"""`sparkfleet plan --profile P`: what would run where, in which order, with the exact argv and env."""
+
+from __future__ import annotations
+
+import argparse
+
+from sparkfleet.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_inventory,
+    add_json,
+    add_root,
+    err,
+    out,
+    print_findings,
+    print_json,
+    spec,
+)
+from sparkfleet.plan import make_plan
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="show what `up` would run where; touches nothing",
+                       description="Render the playbook's steps for a lane: every launch's node, rank, "
+                       "argv and env, workers before the head. Nothing is contacted.",
+                       epilog="examples:\n  sparkfleet plan --profile dcp2\n"
+                       "  sparkfleet plan --profile tf1017 --json | jq '.steps[] | select(.step==\"launch\")'",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_root(p)
+    add_inventory(p)
+    add_json(p)
+    p.add_argument("--profile", "-p", required=True, help="lane to plan")
+    p.add_argument("--playbook", default="up", help="playbook name or file (default: up)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    sp = spec(args)
+    loaded = sp.profile(args.profile)
+    inventory = sp.inventory(args.inventory)
+    playbook = sp.playbook(args.playbook)
+    if loaded.profile.abstract:
+        err.print(f"sparkfleet: {args.profile} is a base for other lanes (abstract: true), not a lane; "
+                  f"see `sparkfleet profiles`")
+        return EXIT_USAGE
+    plan = make_plan(loaded, inventory, playbook, sp.root)
+    if args.json:
+        print_json(plan.as_dict())
+        return EXIT_USAGE if plan.refused else EXIT_OK
+    if plan.refused:
+        print_findings([f for f in plan.findings if f.status == "fail"], err)
+        err.print(f"sparkfleet: lane {plan.profile!r} is refused; fix the findings above")
+        return EXIT_USAGE
+    out.print(f"[bold]plan[/] {plan.profile} ({plan.playbook} on inventory {plan.inventory}): "
+              + ", ".join(f"rank {r.rank} {r.node.name}" for r in plan.ranks))
+    for i, step in enumerate(plan.steps, 1):
+        if step["step"] != "launch":
+            out.print(f"{i:>2}. {step['step']:<12} {step['what']}", markup=False)
+            continue
+        together = " (in parallel)" if step["parallel"] else ""
+        out.print(f"{i:>2}. launch       rank {step['rank']} on {step['node']} ({step['role']}, "
+                  f"wave {step['wave']}{together})", markup=False)
+        for path, content in step.get("files", {}).items():
+            out.print(f"      write {path}:", markup=False)
+            out.print("\n".join("        " + line for line in content.splitlines()), markup=False)
+        out.print("\n".join("      " + line for line in step["script"].rstrip().splitlines()), markup=False)
+    if plan.findings:
+        out.print()
+        print_findings(plan.findings)
+    return EXIT_OK

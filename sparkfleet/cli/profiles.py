@@ -1,0 +1,67 @@
+"""`sparkfleet profiles` lists the lanes; `sparkfleet show PROFILE` prints one merged profile."""
+
+from __future__ import annotations
+
+import argparse
+
+import yaml
+from rich.table import Table
+
+from sparkfleet.cli.common import EXIT_OK, add_json, add_root, out, print_json, spec
+from sparkfleet.spec.errors import SpecError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profiles", help="list the lanes (engine, group, port, servable)",
+                       description="List every profile under profiles/.",
+                       epilog="example:\n  sparkfleet profiles --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_root(p)
+    add_json(p)
+    p.add_argument("--all", action="store_true", help="include abstract bases")
+    p.set_defaults(func=run_list)
+
+    s = sub.add_parser("show", help="print a profile with its bases merged",
+                       description="Print one profile after `extends` merging, as YAML (or JSON).",
+                       epilog="example:\n  sparkfleet show dcp2", formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_root(s)
+    add_json(s)
+    s.add_argument("profile")
+    s.set_defaults(func=run_show)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    sp = spec(args)
+    rows = []
+    for name in sp.profile_names():
+        p = sp.profile(name).profile
+        if p.abstract and not args.all:
+            continue
+        rows.append({"name": name, "engine": p.engine, "group": p.group, "port": p.port,
+                     "servable": p.servable, "abstract": p.abstract, "extends": p.extends,
+                     "description": p.description})
+    if args.json:
+        print_json(rows)
+        return EXIT_OK
+    table = Table(title_justify="left")
+    for col in ("profile", "engine", "group", "port", "servable", "extends", "description"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        servable = "base" if r["abstract"] else ("yes" if r["servable"] else "[red]no[/]")
+        table.add_row(r["name"], r["engine"], r["group"] or "", str(r["port"] or ""), servable,
+                      r["extends"] or "", r["description"])
+    out.print(table)
+    return EXIT_OK
+
+
+def run_show(args: argparse.Namespace) -> int:
+    loaded = spec(args).profile(args.profile)
+    if loaded.profile is None:
+        raise SpecError("not found", args.profile)
+    data = loaded.profile.model_dump(mode="json", exclude_defaults=False)
+    if args.json:
+        print_json({"profile": data, "files": loaded.chain})
+        return EXIT_OK
+    out.print(f"# {args.profile}: merged from {' <- '.join(loaded.chain)}", markup=False)
+    out.print(yaml.safe_dump(data, sort_keys=False, width=100).rstrip(), markup=False)
+    return EXIT_OK

@@ -1,0 +1,28 @@
+"""A finding: one observation with a status, what was seen, what was expected and what to do."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str  # rule or check name
+    status: Status
+    message: str
+    remedy: str = ""
+    node: str | None = None
+    field: str | None = None  # profile field, for lane rules
+    where: str | None = None  # file:line
+    observed: str | None = None
+    expected: str | None = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v not in (None, "")}
+
+
+def failed(findings: list[Finding]) -> bool:
+    return any(f.status == "fail" for f in findings)

@@ -1,0 +1,67 @@
+"""`plan`: the playbook's steps for one lane, with every launch's node, rank, argv and env. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkfleet.engines import ENGINES, LaneContext, Launch
+from sparkfleet.findings import Finding, failed
+from sparkfleet.patchset import mounts_for
+from sparkfleet.placement import Rank, place
+from sparkfleet.spec.inventory import Inventory
+from sparkfleet.spec.load import Loaded
+from sparkfleet.spec.playbook import STEPS, Playbook
+from sparkfleet.spec.rules import lint
+
+
+@dataclass
+class Plan:
+    profile: str
+    playbook: str
+    inventory: str
+    ranks: list[Rank]
+    launches: list[Launch]
+    steps: list[dict]
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        return failed(self.findings)
+
+    def as_dict(self) -> dict:
+        return {
+            "profile": self.profile,
+            "playbook": self.playbook,
+            "inventory": self.inventory,
+            "ranks": [{"rank": r.rank, "node": r.node.name, "role": r.role} for r in self.ranks],
+            "steps": self.steps,
+            "findings": [f.as_dict() for f in self.findings],
+        }
+
+
+def make_plan(loaded: Loaded, inventory: Inventory, playbook: Playbook, root: Path,
+              run_id: str = "plan", gid_index: dict[str, int] | None = None) -> Plan:
+    """Validate the lane, render every rank's launch, and lay them out along the playbook."""
+    p = loaded.profile
+    ranks = place(loaded, inventory)
+    findings = lint(loaded, inventory, ranks)
+    patch_mounts, patch_findings = mounts_for(p.patches, root)
+    findings += patch_findings
+    ctx = LaneContext(p, inventory, ranks, root / "templates", run_id, dict(gid_index or {}), patch_mounts)
+    launches = ENGINES[p.engine].launches(ctx)
+    nodes = [r.node.name for r in ranks]
+    steps: list[dict] = []
+    for step in playbook.steps:
+        if step.step != "launch":
+            entry = {"step": step.step, "nodes": nodes, "what": STEPS[step.step]}
+            if step.args:
+                entry["args"] = step.args
+            steps.append(entry)
+            continue
+        want = {"workers": ("worker",), "head": ("head",), "all": ("worker", "head")}[step.role or "all"]
+        chosen = [launch for launch in launches if launch.role in want]
+        for launch in chosen:
+            together = sum(1 for x in chosen if x.wave == launch.wave) > 1
+            steps.append({"step": "launch", **launch.as_dict(), "parallel": together})
+    return Plan(p.name, playbook.name, inventory.name, ranks, launches, steps, findings)

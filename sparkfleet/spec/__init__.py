@@ -1,0 +1,1 @@
+"""The declarative spec: inventory, profiles (lanes) and playbooks, validated at the boundary."""

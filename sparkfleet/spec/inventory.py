@@ -1,0 +1,136 @@
+"""The inventory: nodes, groups and hardware classes (what the lab is, not what runs on it)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sparkfleet.spec.base import Strict
+
+NAME = r"^[a-z0-9][a-z0-9_-]*$"
+
+
+class HardwareClass(Strict):
+    """Per-class defaults; the lab inventory may override any of them."""
+
+    gpu_memory_gib: float | None = None
+    host_memory_gib: float | None = None  # separate host RAM (GB300 Grace); None = unified
+    sms: int | None = None
+    earlyoom_percent: float | None = None
+    min_mem_available_gib: float | None = None  # per rank at launch, after dropping caches
+    clock_latch_mhz: tuple[int, int] | None = None
+    clock_latch_fraction: float | None = None  # below this fraction of max SM clock under load = latched
+    slow_state_ratio: float | None = None  # after-idle / back-to-back step time above this = warn
+    host_floor_gib: float | None = None  # pin-hot hook floor at re-home time
+
+
+# From the seeds (CATALOG INV-10/12/13/15, INV-50, HLT-03/13) and DESIGN.md OQ-11.
+DEFAULT_HARDWARE: dict[str, HardwareClass] = {
+    "gb10": HardwareClass(
+        gpu_memory_gib=121, sms=48, earlyoom_percent=2, min_mem_available_gib=100,
+        clock_latch_mhz=(630, 950), clock_latch_fraction=0.5, slow_state_ratio=1.25,
+    ),
+    "gb300": HardwareClass(gpu_memory_gib=250.7, host_memory_gib=494, host_floor_gib=10),
+}
+
+
+class Ssh(Strict):
+    host: str
+    user: str = "root"
+    port: int = Field(22, ge=1, le=65535)
+    key: str | None = None  # path of the private key; None = agent / default keys
+
+
+class Rdma(Strict):
+    hcas: list[str] = Field(min_length=1)
+    fabric_iface: str
+    gid_index: Literal["auto"] | int = "auto"
+    rail2_iface: str | None = None  # the second port, where runtime rail-2 aliases go
+
+
+class NfsExport(Strict):
+    path: str
+    options: str
+    threads: int | None = None
+
+
+class NfsMount(Strict):
+    source: str  # host:/path
+    path: str
+    options: str
+
+
+class Storage(Strict):
+    model_root: str  # where HF repo dirs are on this node (local NVMe, or the NFS mount)
+    model_local: bool = False  # True on the node that holds the checkpoint on its own NVMe
+    nfs_export: NfsExport | None = None
+    nfs_mount: NfsMount | None = None
+    engram_local_dir: str | None = None
+    cache_dir: str
+    patch_root: str = "/var/lib/sparkfleet/patches"
+
+    @field_validator("model_root", "engram_local_dir", "cache_dir", "patch_root")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return v
+
+
+class Node(Strict):
+    name: str = Field(pattern=NAME)
+    ssh: Ssh
+    fabric_ip: str | None = None
+    hardware: Literal["gb10", "gb300"]
+    rdma: Rdma | None = None
+    storage: Storage
+    rail2_alias: str | None = None  # runtime alias (CIDR) added on rail2_iface by rail-2 lanes
+
+    @field_validator("fabric_ip")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        if v is not None:
+            ipaddress.ip_address(v)
+        return v
+
+    @field_validator("rail2_alias")
+    @classmethod
+    def _cidr(cls, v: str | None) -> str | None:
+        if v is not None:
+            ipaddress.ip_interface(v)
+        return v
+
+
+class Inventory(Strict):
+    name: str = "inventory"
+    example: bool = False  # True when addresses/HCAs/interfaces are examples the user must set
+    fabric_subnet: str | None = None
+    hardware_classes: dict[str, HardwareClass] = Field(default_factory=dict)
+    nodes: dict[str, Node]
+    groups: dict[str, list[str]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data: object) -> object:
+        # node names come from their keys; saying them twice is allowed only if they agree
+        if isinstance(data, dict) and isinstance(data.get("nodes"), dict):
+            nodes = {}
+            for key, value in data["nodes"].items():
+                if isinstance(value, dict):
+                    value = {"name": key, **value}
+                nodes[key] = value
+            data = {**data, "nodes": nodes}
+        return data
+
+    def hardware(self, node: Node) -> HardwareClass:
+        """The node's hardware class, with the inventory's overrides applied."""
+        base = DEFAULT_HARDWARE[node.hardware]
+        over = self.hardware_classes.get(node.hardware)
+        if over is None:
+            return base
+        return base.model_copy(update=over.model_dump(exclude_unset=True))
+
+    def group_nodes(self, group: str) -> list[Node]:
+        return [self.nodes[n] for n in self.groups[group]]

@@ -1,0 +1,130 @@
+"""Loading the spec from an ops directory: inventory, profiles (with `extends`) and playbooks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkfleet.spec.base import validate
+from sparkfleet.spec.errors import SpecError
+from sparkfleet.spec.inventory import Inventory
+from sparkfleet.spec.merge import deep_merge, strip_unset
+from sparkfleet.spec.playbook import Playbook
+from sparkfleet.spec.profile import Profile
+from sparkfleet.spec.yamlsrc import Marks, load_yaml, locate
+
+
+@dataclass
+class Loaded:
+    """A profile plus where each of its keys came from (for error messages and `show`)."""
+
+    profile: Profile
+    marks: Marks
+    chain: list[str] = field(default_factory=list)  # files, base first
+
+
+class Spec:
+    """Reads YAML from one ops directory; every method raises SpecError on bad input."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _rel(self, path: Path) -> str:
+        try:
+            return str(path.resolve().relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+    # -- inventory ---------------------------------------------------------------------
+    def inventory_path(self, name: str) -> Path:
+        p = Path(name)
+        if p.suffix in (".yaml", ".yml") or "/" in name:
+            return p
+        return self.root / "inventories" / f"{name}.yaml"
+
+    def inventory(self, name: str = "lab") -> Inventory:
+        path = self.inventory_path(name)
+        display = self._rel(path)
+        if not path.is_file():
+            known = sorted(p.stem for p in (self.root / "inventories").glob("*.yaml"))
+            raise SpecError(f"no such inventory (known: {', '.join(known) or 'none'})", display)
+        data, marks = load_yaml(path, display)
+        if not isinstance(data, dict):
+            raise SpecError("expected a mapping with nodes: and groups:", display, 1)
+        data.setdefault("name", path.stem)
+        inv = validate(Inventory, strip_unset(data), marks, display)
+        for group, members in inv.groups.items():
+            _, line = locate(marks, ("groups", group))
+            if not members:
+                raise SpecError("group has no nodes", display, line, f"groups.{group}")
+            for i, member in enumerate(members):
+                if member not in inv.nodes:
+                    _, mline = locate(marks, ("groups", group, i))
+                    raise SpecError(f"names node {member!r}, which is not under nodes: "
+                                    f"(known: {', '.join(inv.nodes)})", display, mline, f"groups.{group}")
+        for key, node in inv.nodes.items():
+            if node.name != key:
+                _, line = locate(marks, ("nodes", key, "name"))
+                raise SpecError(f"name {node.name!r} differs from its key {key!r}", display, line,
+                                f"nodes.{key}.name")
+        if inv.fabric_subnet:
+            import ipaddress
+
+            net = ipaddress.ip_network(inv.fabric_subnet)
+            for key, node in inv.nodes.items():
+                if node.fabric_ip and ipaddress.ip_address(node.fabric_ip) not in net:
+                    _, line = locate(marks, ("nodes", key, "fabric_ip"))
+                    raise SpecError(f"{node.fabric_ip} is outside fabric_subnet {net}", display, line,
+                                    f"nodes.{key}.fabric_ip")
+        return inv
+
+    # -- profiles ----------------------------------------------------------------------
+    def profile_names(self) -> list[str]:
+        return sorted(p.stem for p in (self.root / "profiles").glob("*.yaml"))
+
+    def _raw_profile(self, name: str, chain: list[str]) -> tuple[dict, Marks, list[str]]:
+        path = self.root / "profiles" / f"{name}.yaml"
+        display = self._rel(path)
+        if not path.is_file():
+            known = ", ".join(n for n in self.profile_names() if not n.startswith("_"))
+            raise SpecError(f"no profile named {name!r} (known: {known})", chain[-1] if chain else None)
+        if display in chain:
+            raise SpecError("extends cycle: " + " -> ".join(chain + [display]), display)
+        data, marks = load_yaml(path, display)
+        if not isinstance(data, dict):
+            raise SpecError("a profile is a mapping of fields", display, 1)
+        base_name = data.get("extends")
+        if base_name is None:
+            return data, marks, [display]
+        if not isinstance(base_name, str):
+            _, line = locate(marks, ("extends",))
+            raise SpecError("expected the name of another profile", display, line, "extends")
+        try:
+            base, base_marks, files = self._raw_profile(base_name, chain + [display])
+        except SpecError as exc:
+            if exc.file is None or (exc.message.startswith("no profile named") and exc.file == display):
+                _, line = locate(marks, ("extends",))
+                raise SpecError(exc.message, display, line, "extends") from None
+            raise
+        base = {k: v for k, v in base.items() if k not in ("abstract", "description")}
+        merged = deep_merge(base, data, base_marks, marks)
+        return merged, base_marks, files + [display]
+
+    def profile(self, name: str) -> Loaded:
+        data, marks, files = self._raw_profile(name, [])
+        data = strip_unset(data)
+        data["name"] = name
+        profile = validate(Profile, data, marks, files[-1])
+        return Loaded(profile, marks, files)
+
+    # -- playbooks ---------------------------------------------------------------------
+    def playbook(self, name_or_path: str) -> Playbook:
+        p = Path(name_or_path)
+        path = p if (p.suffix in (".yaml", ".yml") or "/" in name_or_path) else (
+            self.root / "playbooks" / f"{name_or_path}.yaml")
+        display = self._rel(path)
+        data, marks = load_yaml(path, display)
+        if not isinstance(data, dict):
+            raise SpecError("a playbook is a mapping with steps:", display, 1)
+        data.setdefault("name", path.stem)
+        return validate(Playbook, data, marks, display)
