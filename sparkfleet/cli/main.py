@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 
+import sparkfleet.cli
 from sparkfleet import __version__
-from sparkfleet.cli import plan, profiles
 from sparkfleet.cli.common import EXIT_USAGE, err
 from sparkfleet.spec.errors import SpecError, UserError
 
-COMMANDS = [plan, profiles]
+
+def command_modules() -> list:
+    """Every module in sparkfleet/cli that defines register(); ORDER (default 50) sorts --help."""
+    mods = []
+    for info in pkgutil.iter_modules(sparkfleet.cli.__path__):
+        module = importlib.import_module(f"sparkfleet.cli.{info.name}")
+        if hasattr(module, "register"):
+            mods.append(module)
+    return sorted(mods, key=lambda m: (getattr(m, "ORDER", 50), m.__name__))
 
 EPILOG = """examples:
   sparkfleet profiles                 # the lanes, with engine, group, port and servable
@@ -32,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sparkfleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for module in COMMANDS:
+    for module in command_modules():
         module.register(sub)
     return parser
 

@@ -18,6 +18,8 @@ from sparkfleet.cli.common import (
 )
 from sparkfleet.plan import make_plan
 
+ORDER = 10
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="show what `up` would run where; touches nothing",

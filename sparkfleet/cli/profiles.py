@@ -10,6 +10,8 @@ from rich.table import Table
 from sparkfleet.cli.common import EXIT_OK, add_json, add_root, out, print_json, spec
 from sparkfleet.spec.errors import SpecError
 
+ORDER = 5
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profiles", help="list the lanes (engine, group, port, servable)",

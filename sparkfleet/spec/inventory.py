@@ -87,6 +87,8 @@ class Node(Strict):
     rdma: Rdma | None = None
     storage: Storage
     rail2_alias: str | None = None  # runtime alias (CIDR) added on rail2_iface by rail-2 lanes
+    transport: Literal["ssh", "local"] = "ssh"  # local: run on this machine (the sim in local mode)
+    sim_root: str | None = None  # simulated lab only: the node's sandbox directory
 
     @field_validator("fabric_ip")
     @classmethod

@@ -1,0 +1,39 @@
+"""The one interface the controller uses to reach nodes; SSH and local transports implement it.
+
+A transport runs a command on many nodes in parallel and returns one `Result` per node: a failure
+on one node (unreachable, auth refused, host key refused, timeout, non-zero exit) is that node's
+result with its cause, never an exception that loses the other nodes' results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from sparkfleet.spec.inventory import Node
+
+ErrorKind = Literal["unreachable", "auth", "hostkey-unknown", "hostkey-changed", "timeout", "exit", "error"]
+
+
+@dataclass
+class Result:
+    node: str
+    ok: bool
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    error: ErrorKind | None = None
+    message: str = ""  # one line for people: what went wrong and what to do
+    elapsed_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Transport(Protocol):
+    """Run commands on nodes; `put` copies bytes to a path on each node (mode applied)."""
+
+    def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
+            timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]: ...
+
+    def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]: ...
+
+    def close(self) -> None: ...
