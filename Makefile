@@ -19,11 +19,11 @@ demo: $(STAMP)
 	$(BIN)/sparkfleet plan --profile dcp2
 
 test: $(STAMP)
-	$(BIN)/ruff check sparkfleet tests bench
+	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check sparkfleet tests bench
+	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
