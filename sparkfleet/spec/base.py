@@ -12,6 +12,14 @@ from sparkfleet.spec.yamlsrc import Marks, locate
 M = TypeVar("M", bound=BaseModel)
 
 
+class FieldError(ValueError):
+    """A validator's error about one key inside the field (a flag name, an env var, a sub-field)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 class Strict(BaseModel):
     """Unknown fields are errors; nothing downstream re-checks what this validated."""
 
@@ -25,6 +33,9 @@ def validate(model: type[M], data: Any, marks: Marks, file: str, prefix: tuple =
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         loc = prefix + tuple(p for p in err["loc"] if not _is_union_tag(p))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):
+            loc += (cause.key,)
         where_file, line = locate(marks, loc)
         field = ".".join(str(p) for p in loc) or None
         msg = _describe(err)
@@ -43,6 +54,8 @@ def _describe(err: dict) -> str:
         return "unknown field (check the spelling; see README 'Profiles' for the fields)"
     if kind == "missing":
         return "required field is missing"
+    if kind == "value_error":
+        return str((err.get("ctx") or {}).get("error") or err["msg"])
     shown = repr(got)
     if len(shown) > 60:
         shown = shown[:57] + "..."

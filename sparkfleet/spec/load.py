@@ -114,6 +114,7 @@ class Spec:
         data, marks, files = self._raw_profile(name, [])
         data = strip_unset(data)
         data["name"] = name
+        marks[()] = (files[-1], 1)
         profile = validate(Profile, data, marks, files[-1])
         return Loaded(profile, marks, files)
 

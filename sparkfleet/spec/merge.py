@@ -16,6 +16,8 @@ def deep_merge(base: Any, over: Any, base_marks: Marks, over_marks: Marks, path:
             if value is UNSET:
                 out.pop(key, None)
                 _drop_marks(base_marks, sub)
+                if sub in over_marks:  # errors about a removed key point at the `!unset`
+                    base_marks[sub] = over_marks[sub]
                 continue
             if key in out and isinstance(out[key], dict) and isinstance(value, dict):
                 if sub in over_marks:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sparkfleet.spec.base import Strict
+from sparkfleet.spec.base import FieldError, Strict
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -162,11 +162,11 @@ class Profile(Strict):
         out = {}
         for key, value in v.items():
             if not ENV_KEY.match(str(key)):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+                raise FieldError(key, f"{key!r} is not a valid environment variable name")
             if isinstance(value, bool):
                 value = "1" if value else "0"
             if not isinstance(value, str | int | float):
-                raise ValueError(f"{key}: expected a string or number, got {type(value).__name__}")
+                raise FieldError(key, f"expected a string or number, got {type(value).__name__}")
             out[key] = str(value)
         return out
 
@@ -175,9 +175,9 @@ class Profile(Strict):
     def _flags(cls, v: dict[str, Any]) -> dict[str, Any]:
         for key, value in v.items():
             if not FLAG_KEY.match(key):
-                raise ValueError(f"{key!r} is not a flag name (expected --name)")
+                raise FieldError(key, f"{key!r} is not a flag name (expected --name)")
             if value is None:
-                raise ValueError(f"{key}: null is not a value; use true, a value, or !unset to remove it")
+                raise FieldError(key, "null is not a value; use true, a value, or !unset to remove it")
         return v
 
     @field_validator("fatal_signatures")
@@ -198,9 +198,10 @@ class Profile(Strict):
         if self.engine == "tensorfold" and self.tensorfold is None:
             missing.append("tensorfold")
         if missing:
-            raise ValueError(f"a lane needs {', '.join(missing)} (set them here or in the profile it extends)")
+            raise FieldError(missing[0], f"a lane needs {', '.join(missing)} (set them here or in the profile "
+                             "it extends, or mark this file abstract: true)")
         if not self.servable and not self.unservable_reason:
-            raise ValueError("servable: false needs unservable_reason")
+            raise FieldError("servable", "servable: false needs unservable_reason")
         return self
 
     @property

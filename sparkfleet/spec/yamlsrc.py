@@ -83,7 +83,10 @@ def load_yaml(path: Path, display: str | None = None) -> tuple[Any, Marks]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        raise SpecError(f"malformed YAML: {exc.problem or exc.context}", file, line) from None
+        msg = f"malformed YAML: {exc.problem or exc.context}"
+        if exc.context and exc.context_mark and exc.problem:
+            msg += f" ({exc.context} started at line {exc.context_mark.line + 1})"
+        raise SpecError(msg, file, line) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"malformed YAML: {exc}", file) from None
     finally:

@@ -1,0 +1,30 @@
+"""Shared fixtures: the repo's ops directory, and scratch copies of it that tests may break."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkfleet.spec.load import Spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def repo_spec() -> Spec:
+    return Spec(REPO)
+
+
+@pytest.fixture
+def ops_root(tmp_path: Path) -> Path:
+    """A copy of the repo's ops directory (inventories, profiles, templates, playbooks, patches)."""
+    root = tmp_path / "ops"
+    for name in ("inventories", "profiles", "templates", "playbooks", "patches"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name)
+        else:
+            (root / name).mkdir(parents=True)
+    return root
