@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sparkfleet.engines import ENGINES, LaneContext, Launch
 from sparkfleet.findings import Finding, failed
-from sparkfleet.patchset import mounts_for
+from sparkfleet.patches.manifest import mounts_for
 from sparkfleet.placement import Rank, place
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Loaded

@@ -1,0 +1,91 @@
+"""`sparkfleet patches build|verify|push`: patch sets pinned by sha256, checked on every rank."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    out,
+    print_findings,
+    print_json,
+    spec,
+)
+from sparkfleet.findings import failed
+from sparkfleet.patches import manifest as pm
+from sparkfleet.placement import place
+from sparkfleet.spec.errors import UserError
+
+ORDER = 30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("patches", help="build, verify and push patch sets",
+                       description="Patch sets are files bind-mounted over an engine image, each pinned by "
+                       "sha256 in patches/NAME/manifest.yaml.",
+                       epilog="examples:\n  sparkfleet patches build ./patch --name boot10 --mounts ./patch/mounts.txt\n"
+                       "  sparkfleet patches verify --profile exl3tp3\n  sparkfleet patches push --profile exl3tp3",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ps = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    b = ps.add_parser("build", help="copy a directory of patch files into patches/NAME with a manifest")
+    add_root(b)
+    add_json(b)
+    b.add_argument("dir", type=Path)
+    b.add_argument("--name", required=True)
+    b.add_argument("--mounts", type=Path, help="the seeds' mounts.txt: SOURCE:TARGET[:ro] per line")
+    b.add_argument("--target-prefix", help="target = PREFIX/<relative path> for every file")
+    b.set_defaults(func=run_build)
+    for action, helptext in (("verify", "check every rank's copy without copying"),
+                             ("push", "copy only the files whose hash differs, then verify")):
+        a = ps.add_parser(action, help=helptext)
+        add_root(a)
+        add_inventory(a)
+        add_json(a)
+        a.add_argument("--profile", "-p", required=True)
+        a.set_defaults(func=run_sync, push=action == "push")
+
+
+def run_build(args: argparse.Namespace) -> int:
+    sp = spec(args)
+    dest, manifest = pm.build(args.dir, sp.root, args.name, args.mounts, args.target_prefix)
+    if args.json:
+        print_json({"set": args.name, "path": str(dest), "files": [f.model_dump() for f in manifest.files]})
+    else:
+        out.print(f"patch set {args.name!r}: {len(manifest.files)} file(s) -> {dest}", markup=False)
+        for f in manifest.files:
+            out.print(f"  {f.sha256[:12]}  {f.source} -> {f.target}", markup=False)
+    return EXIT_OK
+
+
+def run_sync(args: argparse.Namespace) -> int:
+    from sparkfleet.fleet.connect import transport_for
+    from sparkfleet.patches import sync
+
+    sp = spec(args)
+    loaded = sp.profile(args.profile)
+    if not loaded.profile.patches:
+        raise UserError(f"profile {args.profile!r} uses no patch set (patches: is unset)")
+    manifest = pm.load(sp.root, loaded.profile.patches)
+    local = pm.verify_local(sp.root, manifest)
+    if failed(local):
+        print_findings(local)
+        return EXIT_FAIL
+    nodes = [r.node for r in place(loaded, sp.inventory(args.inventory))]
+    transport = transport_for(nodes)
+    try:
+        states = (sync.push if args.push else lambda t, n, m, _r: sync.inspect(t, n, m))(
+            transport, nodes, manifest, sp.root)
+    finally:
+        transport.close()
+    findings = sync.findings(states, manifest)
+    if args.json:
+        print_json({"set": manifest.name, "nodes": {k: vars(v) | {"ok": v.ok} for k, v in states.items()},
+                    "findings": [f.as_dict() for f in findings]})
+    else:
+        print_findings(findings)
+    return EXIT_FAIL if failed(findings) else EXIT_OK

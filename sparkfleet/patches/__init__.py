@@ -1,0 +1,1 @@
+"""Patch sets: files bind-mounted over an engine image, pinned by sha256 in a manifest."""
