@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("patches", help="build, verify and push patch sets",
                        description="Patch sets are files bind-mounted over an engine image, each pinned by "
                        "sha256 in patches/NAME/manifest.yaml.",
-                       epilog="examples:\n  sparkfleet patches build ./patch --name boot10 --mounts ./patch/mounts.txt\n"
+                       epilog="examples:\n"
+                       "  sparkfleet patches build ./patch --name boot10 --mounts ./patch/mounts.txt\n"
                        "  sparkfleet patches verify --profile exl3tp3\n  sparkfleet patches push --profile exl3tp3",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ps = p.add_subparsers(dest="action", metavar="ACTION", required=True)

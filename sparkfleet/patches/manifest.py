@@ -143,8 +143,9 @@ def build(src_dir: Path, root: Path, name: str, mounts_txt: Path | None = None,
                     rel = Path(rel.name)
             entries.append((rel.as_posix(), target))
     elif target_prefix:
-        entries = [(p.relative_to(src_dir).as_posix(), f"{target_prefix.rstrip('/')}/{p.relative_to(src_dir).as_posix()}")
-                   for p in sorted(src_dir.rglob("*")) if p.is_file() and p.name != MANIFEST]
+        rels = [p.relative_to(src_dir).as_posix() for p in sorted(src_dir.rglob("*"))
+                if p.is_file() and p.name != MANIFEST]
+        entries = [(rel, f"{target_prefix.rstrip('/')}/{rel}") for rel in rels]
     else:
         raise UserError("give --mounts mounts.txt or --target-prefix DIR so every file has a target")
     dest = set_dir(root, name)
