@@ -40,7 +40,15 @@ class Spec:
         p = Path(name)
         if p.suffix in (".yaml", ".yml") or "/" in name:
             return p
-        return self.root / "inventories" / f"{name}.yaml"
+        own = self.root / "inventories" / f"{name}.yaml"
+        if name == "sim" and not own.is_file():
+            from sparkfleet.sim.paths import sim_inventory_path  # the simulated lab writes its own
+
+            path = sim_inventory_path()
+            if not path.is_file():
+                raise SpecError("no simulated lab is up: run `sparkfleet sim up` first", str(path))
+            return path
+        return own
 
     def inventory(self, name: str = "lab") -> Inventory:
         path = self.inventory_path(name)

@@ -1,0 +1,128 @@
+"""`up`, `down`, `play`, `restore`: run a playbook for a lane, with a live display or JSON events."""
+
+from __future__ import annotations
+
+import argparse
+
+from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_inventory, add_root, err, out, print_json, spec
+from sparkfleet.runner.context import RunOptions
+from sparkfleet.runner.events import HumanEvents, JsonEvents
+from sparkfleet.spec.errors import UserError
+
+ORDER = 12
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    add_root(p)
+    add_inventory(p)
+    p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
+    p.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
+    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while waiting")
+    p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
+    p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    up = sub.add_parser("up", help="bring a lane up: stop-all, preflight, patches, workers then head, ready",
+                        description="Run playbooks/up.yaml for a lane.", formatter_class=fmt,
+                        epilog="examples:\n  sparkfleet up --profile dcp2\n  sparkfleet up --profile boot10 "
+                        "--save-as boot10\n  sparkfleet up --profile dcp2 --dry-run")
+    _common(up)
+    up.add_argument("--profile", "-p", required=True)
+    up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
+    up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
+    up.set_defaults(func=run_playbook, playbook="up")
+
+    down = sub.add_parser("down", help="stop a lane (head first), remove rail-2 aliases, verify it is gone",
+                          description="Run playbooks/down.yaml for a lane.", formatter_class=fmt,
+                          epilog="examples:\n  sparkfleet down --profile dcp2\n  sparkfleet down --profile "
+                          "gb300-configc --keep   # stop, keep the container")
+    _common(down)
+    down.add_argument("--profile", "-p", required=True)
+    down.add_argument("--keep", action="store_true", help="stop the containers but keep them")
+    down.set_defaults(func=run_playbook, playbook="down")
+
+    play = sub.add_parser("play", help="run your own playbook for a lane", formatter_class=fmt,
+                          description="Run any playbook file for a lane.",
+                          epilog="example:\n  sparkfleet play my-relaunch.yaml --profile dcp2")
+    _common(play)
+    play.add_argument("playbook_file")
+    play.add_argument("--profile", "-p", required=True)
+    play.add_argument("--save-as", metavar="NAME")
+    play.set_defaults(func=run_playbook, playbook=None)
+
+    rs = sub.add_parser("restore", help="bring back a recorded known-good lane, every pin verified",
+                        formatter_class=fmt, description="Check a restore point's pins against the fleet "
+                        "(refuse on drift), then run playbooks/restore.yaml. Without a recorded point, a "
+                        "profile of that name is restored from its own pins.",
+                        epilog="examples:\n  sparkfleet restore boot10\n  sparkfleet restore --list")
+    _common(rs)
+    rs.add_argument("name", nargs="?")
+    rs.add_argument("--list", action="store_true", help="list restore points")
+    rs.add_argument("--force", action="store_true", help="restore even when pins drifted")
+    rs.set_defaults(func=run_restore)
+
+
+def _options(args: argparse.Namespace, **extra) -> RunOptions:
+    return RunOptions(dry_run=args.dry_run, save_as=getattr(args, "save_as", None), keep=getattr(args, "keep", False),
+                      stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
+                      boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint, **extra)
+
+
+def _execute(args: argparse.Namespace, profile: str, playbook: str, options: RunOptions) -> int:
+    from sparkfleet.runner.run import execute
+
+    sp = spec(args)
+    loaded = sp.profile(profile)
+    if loaded.profile.abstract:
+        raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
+    inventory = sp.inventory(args.inventory)
+    pb = sp.playbook(playbook)
+    events = JsonEvents() if args.json else HumanEvents(out)
+    try:
+        record = execute(sp, loaded, inventory, pb, options, events, " ".join(["sparkfleet", args.command, profile]))
+    finally:
+        events.close()
+    if args.json:
+        events.emit("result", outcome=record.outcome, reason=record.reason, run_id=record.run_id)
+    elif record.outcome != "ok":
+        err.print(f"sparkfleet: {pb.name} {profile}: {record.outcome}: {record.reason}", markup=False)
+    return {"ok": EXIT_OK, "refused": EXIT_USAGE}.get(record.outcome, EXIT_FAIL)
+
+
+def run_playbook(args: argparse.Namespace) -> int:
+    return _execute(args, args.profile, args.playbook or args.playbook_file, _options(args))
+
+
+def run_restore(args: argparse.Namespace) -> int:
+    from sparkfleet.root import state_dir
+    from sparkfleet.runner.restore import list_points, load_point
+
+    if args.list:
+        points = list_points(state_dir())
+        if args.json:
+            print_json(points)
+        else:
+            for p in points:
+                out.print(f"{p['name']:<20} {p['profile']:<16} {p['recorded_at']}  kv {p['kv_tokens']}  "
+                          f"run {p['run_id']}", markup=False)
+            if not points:
+                out.print("no restore points (record one with `up --save-as NAME`)")
+        return EXIT_OK
+    if not args.name:
+        raise UserError("restore needs a NAME (or --list)")
+    point = load_point(state_dir(), args.name)
+    sp = spec(args)
+    if point is None:
+        if args.name not in sp.profile_names():
+            raise UserError(f"no restore point and no profile named {args.name!r} (see `sparkfleet restore --list`)")
+        if not args.json:
+            out.print(f"no recorded restore point {args.name!r}: restoring profile {args.name!r} from its own pins "
+                      "(image digest, patch manifest)", markup=False)
+        profile = args.name
+    else:
+        profile = point["profile"]
+        if args.inventory == "lab" and point.get("inventory"):
+            args.inventory = point["inventory"] if point["inventory"] != "lab" else args.inventory
+    return _execute(args, profile, "restore", _options(args, restore_point=point, force=args.force))

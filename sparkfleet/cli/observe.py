@@ -1,0 +1,213 @@
+"""`status`, `logs`, `runs`: what runs where, what it says, and what earlier runs did."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+
+import httpx
+from rich.table import Table
+
+from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
+from sparkfleet.spec.errors import UserError
+
+ORDER = 14
+LABEL = "sparkfleet.profile"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    s = sub.add_parser("status", help="per node: lane, rank, container state, uptime; the endpoint's health",
+                       formatter_class=fmt, description="What sparkfleet's lanes are doing on the fleet.",
+                       epilog="examples:\n  sparkfleet status\n  sparkfleet status --inventory sim --json")
+    add_root(s)
+    add_inventory(s)
+    add_json(s)
+    s.add_argument("--profile", "-p", help="only this lane")
+    s.set_defaults(func=run_status)
+
+    lg = sub.add_parser("logs", help="a lane's logs, every rank merged with a node prefix", formatter_class=fmt,
+                        epilog="examples:\n  sparkfleet logs --profile dcp2 --tail 50\n"
+                        "  sparkfleet logs --profile dcp2 --rank 0 --follow")
+    add_root(lg)
+    add_inventory(lg)
+    lg.add_argument("--profile", "-p", required=True)
+    lg.add_argument("--node")
+    lg.add_argument("--rank", type=int)
+    lg.add_argument("--tail", type=int, default=100, help="last N lines per rank (default 100; 0 = all)")
+    lg.add_argument("--since", help="only lines since (docker's --since: 10m, 2026-11-29T10:00:00)")
+    lg.add_argument("--follow", "-f", action="store_true")
+    lg.set_defaults(func=run_logs)
+
+    r = sub.add_parser("runs", help="list run records; `runs show ID` prints one", formatter_class=fmt,
+                       epilog="examples:\n  sparkfleet runs\n  sparkfleet runs show 20261129-101500-a1b2c3")
+    add_json(r)
+    r.add_argument("action", nargs="?", choices=["show"])
+    r.add_argument("run_id", nargs="?")
+    r.set_defaults(func=run_runs)
+
+
+def _fleet(args: argparse.Namespace):
+    from sparkfleet.fleet.connect import transport_for
+    from sparkfleet.fleet.gather import gather
+
+    sp = spec(args)
+    inv = sp.inventory(args.inventory)
+    nodes = list(inv.nodes.values())
+    if getattr(args, "profile", None):
+        p = sp.profile(args.profile).profile
+        nodes = inv.group_nodes(p.group) if p.group in inv.groups else nodes
+    transport = transport_for(nodes)
+    return sp, inv, nodes, transport, gather(transport, nodes, {})
+
+
+def _ours(facts) -> list[dict]:
+    from sparkfleet.fleet.facts import NodeFacts
+
+    rows = []
+    for node, f in facts.items():
+        if not isinstance(f, NodeFacts):
+            rows.append({"node": node, "error": f.message or f.error})
+            continue
+        for c in (f.docker.containers if f.docker else []):
+            if LABEL in c.labels:
+                rows.append({"node": node, "profile": c.labels[LABEL], "rank": int(c.labels.get("sparkfleet.rank", -1)),
+                             "run": c.labels.get("sparkfleet.run"), "container": c.name, "id": c.id,
+                             "state": c.state, "started_at": c.started_at, "simulated": f.simulated})
+    return rows
+
+
+def _endpoint_status(base: str) -> dict:
+    out = {"endpoint": base}
+    try:
+        with httpx.Client(timeout=3.0) as http:
+            out["health"] = http.get(f"{base}/health").status_code
+            m = http.get(f"{base}/v1/models")
+            out["models"] = [x.get("id") for x in m.json().get("data", [])] if m.status_code == 200 else []
+            metrics = http.get(f"{base}/metrics")
+            if metrics.status_code == 200:
+                out["kv_cache_usage"] = _kv_usage(metrics.text)
+    except (httpx.HTTPError, ValueError) as exc:
+        out["error"] = type(exc).__name__
+    return out
+
+
+def _kv_usage(text: str) -> float | None:
+    # vllm:kv_cache_usage_perc, falling back to the deprecated vllm:gpu_cache_usage_perc (REFERENCE.md §1)
+    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                try:
+                    return float(line.rsplit(" ", 1)[1])
+                except ValueError:
+                    return None
+    return None
+
+
+def run_status(args: argparse.Namespace) -> int:
+    sp, inv, nodes, transport, facts = _fleet(args)
+    transport.close()
+    rows = [r for r in _ours(facts) if not args.profile or r.get("profile") in (None, args.profile)]
+    lanes = {}
+    for r in rows:
+        if r.get("rank") == 0 and r.get("state") == "running":
+            p = sp.profile(r["profile"]).profile
+            head = inv.nodes[r["node"]]
+            host = "127.0.0.1" if head.transport == "local" else head.ssh.host
+            lanes[r["profile"]] = _endpoint_status(f"http://{host}:{p.port}")
+    unreachable = [r for r in rows if "error" in r]
+    if args.json:
+        print_json({"containers": rows, "lanes": lanes})
+        return EXIT_FAIL if unreachable else EXIT_OK
+    sim = any(r.get("simulated") for r in rows)
+    table = Table(title="sparkfleet status" + (" [simulation]" if sim else ""), title_justify="left")
+    for col in ("node", "lane", "rank", "container", "state", "since"):
+        table.add_column(col)
+    for r in sorted(rows, key=lambda x: (x.get("profile") or "", x.get("rank", 0))):
+        if "error" in r:
+            table.add_row(r["node"], "", "", "", f"[red]unreachable[/]: {r['error']}", "")
+        else:
+            table.add_row(r["node"], r["profile"], str(r["rank"]), r["container"], r["state"], r["started_at"] or "")
+    out.print(table)
+    for name, st in lanes.items():
+        out.print(f"{name}: {st['endpoint']} health {st.get('health', '-')} models {st.get('models', [])} "
+                  f"KV usage {st.get('kv_cache_usage')}" + (f" ({st['error']})" if "error" in st else ""),
+                  markup=False)
+    if not rows:
+        out.print("no sparkfleet containers on these nodes")
+    return EXIT_FAIL if unreachable else EXIT_OK
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    sp, inv, nodes, transport, facts = _fleet(args)
+    try:
+        mine = [r for r in _ours(facts) if r.get("profile") == args.profile
+                and (args.node is None or r["node"] == args.node) and (args.rank is None or r["rank"] == args.rank)]
+        if not mine:
+            raise UserError(f"no container of lane {args.profile!r} on the selected nodes")
+        seen: dict[str, int] = {}
+        first = True
+        while True:
+            for r in sorted(mine, key=lambda x: x["rank"]):
+                opts = (f" --since {shlex.quote(args.since)}" if args.since and first else "")
+                tail = f" --tail {args.tail}" if args.tail and first else ""
+                cmd = f"docker logs{opts}{tail} {shlex.quote(r['id'])} 2>&1"
+                res = transport.run([inv.nodes[r["node"]]], cmd, timeout_s=60)[r["node"]]
+                lines = res.stdout.splitlines() if res.ok else [f"(cannot read logs: {res.message})"]
+                if not first:
+                    lines = lines[seen.get(r["id"], 0):]
+                    seen[r["id"]] = seen.get(r["id"], 0) + len(lines)
+                for line in lines:
+                    out.print(f"{r['node']}/r{r['rank']} | {line}", markup=False, highlight=False)
+            if not args.follow:
+                return EXIT_OK
+            if first:  # from now on count every line, so only new ones print
+                for r in mine:
+                    res = transport.run([inv.nodes[r["node"]]], f"docker logs {shlex.quote(r['id'])} 2>&1",
+                                        timeout_s=60)[r["node"]]
+                    seen[r["id"]] = len(res.stdout.splitlines())
+                first = False
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        transport.close()
+
+
+def run_runs(args: argparse.Namespace) -> int:
+    from sparkfleet.root import state_dir
+    from sparkfleet.runner.record import list_runs
+
+    runs_dir = state_dir() / "runs"
+    if args.action == "show":
+        if not args.run_id:
+            raise UserError("runs show needs a run id (see `sparkfleet runs`)")
+        path = runs_dir / f"{args.run_id}.json"
+        if not path.is_file():
+            raise UserError(f"no run {args.run_id!r} in {runs_dir}")
+        data = json.loads(path.read_text())
+        if args.json:
+            print_json(data)
+            return EXIT_OK
+        out.print(f"run {data['run_id']}: {data['playbook']} {data['profile']} on {data['inventory']}: "
+                  f"{data['outcome']}" + (f" ({data['reason']})" if data.get("reason") else "")
+                  + f", {data.get('duration_s')} s", markup=False)
+        for st in data["steps"]:
+            out.print(f"  {st['status']:>4} {st['step']:<14} {st['elapsed_s']:>7.2f}s  {st['summary']}", markup=False)
+        for rank, lines in (data.get("data", {}).get("last_log_lines") or {}).items():
+            out.print(f"  last lines of rank {rank}:", markup=False)
+            for line in lines[-10:]:
+                out.print(f"    {line}", markup=False)
+        return EXIT_OK
+    runs = list_runs(runs_dir)
+    if args.json:
+        print_json(runs)
+        return EXIT_OK
+    for r in runs:
+        out.print(f"{r['run_id']}  {r['playbook']:<8} {r['profile']:<16} {r['outcome']:<11} "
+                  f"{r.get('duration_s')} s  {r.get('reason') or ''}", markup=False)
+    if not runs:
+        out.print("no runs recorded yet")
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""The runner: executes a playbook's steps against the fleet, one run at a time, and records it."""

@@ -1,0 +1,98 @@
+"""What a run carries from step to step: the lane, the fleet, the transport and what was seen."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkfleet.engines.logs import LogFacts
+from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.plan import Plan
+from sparkfleet.runner.events import Events
+from sparkfleet.runner.record import Record
+from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.spec.load import Loaded, Spec
+from sparkfleet.spec.playbook import Playbook
+
+
+@dataclass
+class RunOptions:
+    dry_run: bool = False
+    save_as: str | None = None  # write a restore point after a successful up
+    keep: bool = False  # down --keep: stop containers but keep them (the Station's candidate lanes)
+    stop_on_gate_failure: bool = False
+    force: bool = False  # restore: go on despite drifted pins
+    boot_budget_s: float | None = None  # overrides the profile's expect.boot_budget_s
+    poll_s: float = 1.0
+    endpoint: str | None = None  # the head's API base URL, when the default guess is wrong
+    restore_point: dict | None = None  # restore: the recorded pins
+    stop_timeout_s: float = 60.0
+
+
+@dataclass
+class Started:
+    """A container this run started."""
+
+    node: str
+    rank: int
+    container: str  # name
+    id: str
+
+
+@dataclass
+class RunContext:
+    spec: Spec
+    loaded: Loaded
+    inventory: Inventory
+    playbook: Playbook
+    plan: Plan
+    transport: Transport
+    record: Record
+    events: Events
+    options: RunOptions
+    state_dir: Path
+    facts: dict[str, NodeFacts | Result] = field(default_factory=dict)
+    gid_index: dict[str, int] = field(default_factory=dict)
+    started: list[Started] = field(default_factory=list)
+    log_facts: dict[int, LogFacts] = field(default_factory=dict)
+    logs_tail: dict[int, list[str]] = field(default_factory=dict)
+    rendered: bool = False  # plan re-rendered with this run's id and resolved GID indexes
+
+    @property
+    def profile(self):
+        return self.loaded.profile
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [r.node for r in self.plan.ranks]
+
+    @property
+    def head(self) -> Node:
+        return self.plan.ranks[0].node
+
+    def node(self, name: str) -> Node:
+        return self.inventory.nodes[name]
+
+    def endpoint(self) -> str:
+        """The head's OpenAI-compatible base URL as seen from this machine."""
+        if self.options.endpoint:
+            return self.options.endpoint.rstrip("/")
+        head = self.head
+        host = "127.0.0.1" if head.transport == "local" else head.ssh.host
+        return f"http://{host}:{self.profile.port}"
+
+    def run_each(self, commands: dict[str, str], timeout_s: float = 120.0,
+                 stdin: dict[str, str] | None = None) -> dict[str, Result]:
+        """A different command per node, all at once (one thread per node)."""
+        if not commands:
+            return {}
+
+        def one(name: str) -> tuple[str, Result]:
+            res = self.transport.run([self.node(name)], commands[name], timeout_s=timeout_s,
+                                     stdin=(stdin or {}).get(name))
+            return name, res[name]
+
+        with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+            return dict(pool.map(one, list(commands)))

@@ -1,0 +1,93 @@
+"""After the lane serves: the profile's expectations against what the logs and the nodes say. Pure."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from sparkfleet.findings import Finding
+from sparkfleet.fleet.facts import NodeFacts
+
+if TYPE_CHECKING:
+    from sparkfleet.runner.context import RunContext
+
+GB = 1e9
+# Margin above earlyoom's SIGTERM threshold that MemAvailable must keep after load. The seeds' refused
+# lane sat at 2 GB against ~2.4 GB (FM-15); the head floor of 5 GB (HLT-23) is the profile's to set.
+EARLYOOM_MARGIN_BYTES = int(1 * GB)
+
+
+def assert_expectations(ctx: RunContext, after: dict) -> list[Finding]:
+    p = ctx.profile
+    e = p.expect
+    out: list[Finding] = []
+    head_rank = 0
+    kv = {r: lf.kv_tokens for r, lf in ctx.log_facts.items() if lf.kv_tokens is not None}
+    lo, hi = (e.kv_tokens.min, e.kv_tokens.max) if e.kv_tokens is not None else (None, None)
+    point = ctx.options.restore_point
+    if point and point.get("kv_tokens"):  # a restore accepts the recorded value and the profile's range
+        rec = point["kv_tokens"]
+        lo, hi = min(rec, lo if lo is not None else rec), max(rec, hi if hi is not None else rec)
+    if lo is not None and hi is not None:
+        got = kv.get(head_rank) if head_rank in kv else (min(kv.values()) if kv else None)
+        want = f"{lo:,}" + (f"..{hi:,}" if hi != lo else "")
+        if got is None:
+            out.append(Finding("kv-tokens", "fail", "no 'GPU KV cache size' line in the logs", expected=want))
+        elif not lo <= got <= hi:
+            out.append(Finding("kv-tokens", "fail", f"KV cache {got:,} tokens is outside the expected range",
+                               "a changed budget or graph-capture size moved it; look before serving (HLT-20)",
+                               observed=f"{got:,}", expected=want))
+        else:
+            note = f" (recorded {point['kv_tokens']:,})" if point and point.get("kv_tokens") else ""
+            out.append(Finding("kv-tokens", "ok", f"KV cache {got:,} tokens{note}", observed=f"{got:,}", expected=want))
+    if e.moe_backend:
+        lines = {r: lf.moe_backend_line for r, lf in ctx.log_facts.items()}
+        missing = [r for r, line in sorted(lines.items()) if line is None or e.moe_backend not in line]
+        if missing:
+            out.append(Finding("moe-backend", "fail", f"ranks {missing} did not log {e.moe_backend!r}",
+                               "the b12x kernels are not in use (HLT-21)", expected=e.moe_backend))
+        else:
+            out.append(Finding("moe-backend", "ok", e.moe_backend))
+    if e.engram_node_local and p.engram is not None:
+        nfs_ok = set(p.engram.nfs_ranks)
+        on_nfs = [r for r, lf in sorted(ctx.log_facts.items()) if not lf.engram_node_local]
+        surprising = [r for r in on_nfs if r not in nfs_ok]
+        if on_nfs:
+            out.append(Finding("engram-local", "warn", f"ranks {on_nfs} read Engram rows over NFS"
+                               + (f" (not expected: {surprising})" if surprising else " (as the profile lists)"),
+                               "6-8 ms a step over NFS against 3 locally (ENG-16); check the copy's manifest"))
+        else:
+            out.append(Finding("engram-local", "ok", "every rank logged 'read from node-local'"))
+    for line in e.log_lines:
+        head = ctx.logs_tail.get(head_rank, [])
+        if not any(re.search(line, x) for x in head):
+            out.append(Finding("log-line", "fail", f"the head never logged {line!r}", expected=line))
+    out += memory_after_load(ctx, after)
+    return out
+
+
+def memory_after_load(ctx: RunContext, after: dict) -> list[Finding]:
+    """MemAvailable on every node: at or above its floor and clear of earlyoom's threshold (HLT-23/24)."""
+    floors = ctx.profile.expect.mem_available_floor_gb
+    out = []
+    for r in ctx.plan.ranks:
+        f = after.get(r.node.name)
+        if not isinstance(f, NodeFacts) or f.meminfo is None:
+            out.append(Finding("mem-after-load", "warn", "no memory facts after load", node=r.node.name))
+            continue
+        avail = f.meminfo.mem_available_bytes
+        role = "head" if r.rank == 0 else "workers"
+        floor = floors.get(role)
+        threshold = f.earlyoom.sigterm_threshold_bytes if f.earlyoom else None
+        if floor is not None and avail < floor * GB:
+            out.append(Finding("mem-after-load", "fail", f"MemAvailable {avail / GB:.1f} GB under the {role} floor",
+                               "lower the KV budget (the seeds' 10 GiB lane left the head at 2 GB)",
+                               node=r.node.name, observed=f"{avail / GB:.1f} GB", expected=f">= {floor} GB"))
+        elif threshold is not None and avail < threshold + EARLYOOM_MARGIN_BYTES:
+            out.append(Finding("mem-after-load", "fail", f"MemAvailable is within {EARLYOOM_MARGIN_BYTES / GB:.0f} GB "
+                               "of earlyoom's SIGTERM threshold",
+                               "lower the KV budget", node=r.node.name, observed=f"{avail / GB:.1f} GB",
+                               expected=f">= {(threshold + EARLYOOM_MARGIN_BYTES) / GB:.1f} GB"))
+        else:
+            out.append(Finding("mem-after-load", "ok", f"MemAvailable {avail / GB:.1f} GB", node=r.node.name))
+    return out
