@@ -1,0 +1,192 @@
+"""Node facts for a lane (or for bare nodes): what to ask each node, the one round trip, the answers.
+
+`facts_requests` decides which paths each node reports on: its storage dirs, and for a lane the
+model dir, the Engram and cache dirs and every `-v SRC:DST` bind-mount source of that node's
+rendered launch (so a missing source is caught before Docker binds an empty directory, FM-12).
+`gather` runs the node-side helper everywhere in parallel and validates each answer as NodeFacts;
+a node that fails gives its failed Result and never hides the others.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sparkfleet.fleet.facts import FactsRequest, NodeFacts
+from sparkfleet.fleet.ship import run_helper
+from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.plan import Plan, make_plan
+from sparkfleet.spec.errors import UserError
+from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.spec.load import Loaded
+from sparkfleet.spec.playbook import Playbook, Step
+from sparkfleet.spec.profile import Profile
+
+HELPER = "facts.py"
+
+
+def _add(paths: list[str], path: str | None) -> None:
+    if path and path.startswith("/"):
+        path = posixpath.normpath(path)
+        if path not in paths:
+            paths.append(path)
+
+
+def storage_paths(node: Node) -> list[str]:
+    """The node's own storage dirs (inventory), whatever lane runs."""
+    s = node.storage
+    paths: list[str] = []
+    for p in (s.model_root, s.engram_local_dir, s.cache_dir,
+              s.nfs_mount.path if s.nfs_mount else None, s.nfs_export.path if s.nfs_export else None):
+        _add(paths, p)
+    return paths
+
+
+def model_dir(profile: Profile, node: Node) -> str | None:
+    """Where the lane's weights are on this node (TensorFold names its own dir)."""
+    if profile.tensorfold is not None:
+        return profile.tensorfold.model_dir
+    if profile.model is None:
+        return None
+    return posixpath.join(node.storage.model_root, profile.model.repo_dir)
+
+
+def bind_sources(argv: list[str], stop_at: str | None = None) -> list[str]:
+    """Host paths of `-v SRC:DST[:opts]`, `--volume[=]…` and `--mount type=bind,source=…` in a docker argv.
+
+    Parsing stops at `stop_at` (the image) so engine arguments after it are never read as docker options.
+    Named volumes (no leading '/') are not host paths and are skipped.
+    """
+    out: list[str] = []
+    it = iter(argv)
+    for token in it:
+        if stop_at is not None and token == stop_at:
+            break
+        value = None
+        if token in ("-v", "--volume", "--mount"):
+            value = next(it, None)
+            kind = "mount" if token == "--mount" else "volume"
+        elif token.startswith("--volume="):
+            value, kind = token.split("=", 1)[1], "volume"
+        elif token.startswith("--mount="):
+            value, kind = token.split("=", 1)[1], "mount"
+        if value is None:
+            continue
+        if kind == "volume":
+            _add(out, value.split(":", 1)[0])
+        else:
+            fields = dict(f.split("=", 1) for f in value.split(",") if "=" in f)
+            if fields.get("type", "volume") == "bind":
+                _add(out, fields.get("source") or fields.get("src"))
+    return out
+
+
+def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
+    """The lane's plan, rendered only for its launches (a one-step playbook: no playbook file read)."""
+    return make_plan(loaded, inventory, Playbook(name="facts", steps=[Step(step="facts")]), root)
+
+
+def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Profile | None = None,
+                   nodes: Iterable[str] = ()) -> dict[str, FactsRequest]:
+    """What to ask each node: the plan's nodes (lane paths) plus `nodes` (storage dirs only).
+
+    With `plan`, every bind-mount source of each node's launch argv is asked about; with `profile`
+    too, the model dir, the Engram dirs and TensorFold's recipe dir, and argv parsing stops at the
+    image. Paths are absolute, normalised and listed once, storage dirs first.
+    """
+    paths: dict[str, list[str]] = {}
+    for name in nodes:
+        if name not in inventory.nodes:
+            raise UserError(f"node {name!r} is not in inventory {inventory.name!r} "
+                            f"(nodes: {', '.join(inventory.nodes)})")
+        paths.setdefault(name, storage_paths(inventory.nodes[name]))
+    if plan is not None:
+        image = profile.image.pinned if profile is not None and profile.image is not None else None
+        for rank in plan.ranks:
+            node = rank.node
+            mine = paths.setdefault(node.name, storage_paths(node))
+            if profile is not None:
+                _add(mine, model_dir(profile, node))
+                if profile.tensorfold is not None:
+                    _add(mine, profile.tensorfold.recipe_dir)
+            for launch in plan.launches:
+                if launch.node == node.name:
+                    for src in bind_sources(launch.argv, image):
+                        _add(mine, src)
+    elif profile is not None:
+        raise ValueError("facts_requests: a profile needs its plan (see plan_for)")
+    return {name: FactsRequest(node=name, paths=p) for name, p in paths.items()}
+
+
+def _failed(node: str, message: str, r: Result) -> Result:
+    return Result(node=node, ok=False, stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code, error="error",
+                  message=message, elapsed_s=r.elapsed_s)
+
+
+def parse_facts(node: str, r: Result) -> NodeFacts | Result:
+    """A helper's output as NodeFacts, or a failed Result saying what was wrong with it."""
+    if not r.ok:
+        return r
+    text = r.stdout.strip()
+    if not text:
+        return _failed(node, f"{HELPER} on {node} printed nothing"
+                       + (f" (stderr: {r.stderr.strip().splitlines()[-1]})" if r.stderr.strip() else ""), r)
+    try:
+        data = json.loads(text.splitlines()[-1])
+    except ValueError as exc:
+        return _failed(node, f"{HELPER} on {node} printed invalid JSON ({exc.msg} at char {exc.pos}): "
+                       f"{text[:80]!r}", r)
+    try:
+        facts = NodeFacts.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(x) for x in e["loc"]) or "(document)"
+        return _failed(node, f"{HELPER} on {node} printed facts that do not match this sparkfleet's schema: "
+                       f"{where}: {e['msg']} ({exc.error_count()} error(s)); a helper from another version?", r)
+    if facts.node != node:
+        return _failed(node, f"{HELPER} on {node} answered for node {facts.node!r}", r)
+    return facts
+
+
+def gather(transport: Transport, nodes: Iterable[Node], requests: dict[str, FactsRequest],
+           timeout_s: float = 30.0) -> dict[str, NodeFacts | Result]:
+    """One helper run per node, in parallel; each node's NodeFacts, or its failed Result with the cause."""
+    nodes = list(nodes)
+    stdin = {n.name: requests.get(n.name, FactsRequest(node=n.name)).model_dump_json() for n in nodes}
+    results = run_helper(transport, nodes, HELPER, stdin, timeout_s)
+    return {n.name: parse_facts(n.name, results[n.name]) for n in nodes}
+
+
+def resolve_gid_indexes(inventory_nodes: Iterable[Node], facts: dict[str, NodeFacts | Result]) -> dict[str, int]:
+    """GID index per node for the launch: fixed indexes as given, `auto` from the node's facts.
+
+    `auto` is the RoCE v2 IPv4 entry on the port whose netdev is the node's fabric interface (the
+    entry carrying the node's fabric IP when there are several), else on the first listed HCA.
+    Nodes without RDMA, without facts, or where no such entry exists are left out; checks say why.
+    """
+    out: dict[str, int] = {}
+    for node in inventory_nodes:
+        if node.rdma is None:
+            continue
+        if node.rdma.gid_index != "auto":
+            out[node.name] = int(node.rdma.gid_index)
+            continue
+        f = facts.get(node.name)
+        if not isinstance(f, NodeFacts):
+            continue
+        iface = node.rdma.fabric_iface
+        on_iface = [p for p in f.rdma if p.netdev == iface or any(g.netdev == iface for g in p.gids)]
+        if on_iface:
+            candidates = [g for p in on_iface for g in p.gids
+                          if g.type == "RoCE v2" and g.ipv4 and g.netdev in (None, iface)]
+        else:  # the interface is not seen on any port: fall back to the first HCA the inventory names
+            candidates = [g for p in f.rdma if p.hca == node.rdma.hcas[0] for g in p.gids
+                          if g.type == "RoCE v2" and g.ipv4]
+        exact = [g for g in candidates if node.fabric_ip and g.ipv4 == node.fabric_ip]
+        if exact or candidates:
+            out[node.name] = (exact or candidates)[0].index
+    return out
