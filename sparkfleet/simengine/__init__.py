@@ -1,0 +1,76 @@
+"""The sim engine: a SIMULATED stand-in for vLLM/TensorFold that the simulated lab launches per rank.
+
+It says it is a simulation: its first log line starts with `SIMULATION:`, every HTTP response has
+the header `x-sparkfleet-sim: 1`, and `/v1/models` lists models `owned_by: "sparkfleet-sim"`.
+Standard library only, so it runs wherever python3 runs (inside the sim's sandboxes too).
+
+Launch (one process per rank; workers first, then the head, as the seeds did)::
+
+    python -m sparkfleet.simengine --rank R --world-size N --master-addr HOST --master-port P \\
+        --host H --port PORT --served-name NAME [--served-name ALIAS ...] --kv-tokens K \\
+        [--max-model-len L] [--moe-backend B12X_MXFP4_MXFP8 | --moe-backend "<whole line>"] \\
+        [--engram-ranges 'L:start:end,...'] [--engram-node-local] [--engram-dir DIR] \\
+        [--autotune-configs N] [--rehome-layers N] [--boot-seconds S] [--api-key-env VAR] \\
+        [--fault F ...] [--leak-file FILE] [--log FILE] [--step-ms MS] [--prefill-tokens-per-s TPS] \\
+        [--num-speculative-tokens K] [--max-num-seqs N] [--text-only] [--no-tools] [--thinking-default]
+
+or `--config FILE.json` with the same options as keys (`world_size`, `served_names`: [...],
+`engram_ranges`: "1:0:96000000" or [[1, 0, 96000000]], `faults`: [...]); flags override the file.
+The API key itself is read from the environment variable named by `--api-key-env`, never from argv.
+
+Rendezvous (rendezvous.py): rank 0 listens on master-addr:master-port; workers connect (retrying until
+the head listens), join, and boot when the whole world has joined. The head serves only after every
+worker reported ready. A head that is already serving still accepts joins, so a relaunched worker that
+finds an old head on the port joins it and cannot tell (the seeds' relaunch race); the new head then
+fails to bind the master port (`DistNetworkError ... EADDRINUSE`). When the head goes away a worker
+prints an NCCL error and exits 1; when the head shuts down it tells the workers, which exit 0. When a
+worker goes away the head prints an NCCL error and exits 1 (or, with --keep-alive-on-engine-death,
+keeps `/v1/models` up while `/health` answers 503).
+
+Startup lines, in order, spread over --boot-seconds (worker lines are prefixed `(Worker_TP<r> pid=N)`,
+head engine lines `(EngineCore_DP0 pid=N)`, API lines `(APIServer pid=N)`)::
+
+    SIMULATION: sparkfleet-sim engine ... (rank R of N); no GPU and no model weights are used
+    vLLM API server version 0.0.0+sparkfleet.sim                                  (head)
+    world_size=N rank=R local_rank=0 distributed_init_method=tcp://HOST:P backend=nccl
+    Starting to load model /models/DeepSeek-V4.1-Flash...
+    Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend.                                    (--moe-backend)
+    Engram DISK mode: layer L rows [start, end)                                     (per --engram-ranges item)
+    Engram layer L rows [start, end) read from node-local /engram-local             (--engram-node-local)
+    Loading safetensors checkpoint shards:  50% Completed | 24/48 [00:01]
+    Model loading took 81.5800 GiB memory and S seconds
+    Available KV cache memory: X GiB
+    GPU KV cache size: K tokens                                                     (head; min over ranks)
+    Maximum concurrency for L tokens per request: X.XXx                             (head)
+    Loaded N configs from the FlashInfer autotune cache                             (--autotune-configs)
+    Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|...| 15/15
+    Graph capturing finished in S secs, took 1.99 GiB
+    rehome done layers=N                                                            (--rehome-layers)
+    init engine (profile, create kv cache, warmup model) took S seconds             (head)
+    Starting vLLM API server 0 on http://H:PORT, Available routes are:, Route: ...  (head)
+    INFO:     Application startup complete.                                         (head; /health is 200 now)
+
+HTTP (head only): GET /health (503 while booting or after the engine died, 200 serving), /v1/models,
+/metrics (vLLM names, labels model_name and engine), /version; POST /v1/chat/completions and
+/v1/completions, streamed as SSE with several tokens per event and, with stream_options.include_usage,
+a final usage chunk. With --api-key-env naming a set variable, /v1 needs `Authorization: Bearer KEY`.
+
+Faults (--fault, repeatable; each should fail one gate and nothing else)::
+
+    worker-crash          the rank dies while loading weights (Traceback + OSError), exit 1
+    slow-boot             boot takes --slow-boot-factor (10) times longer
+    kv-low                the rank profiles 60% of --kv-tokens, so the lane prints a smaller KV size
+    missing-patch         ImportError traceback at model init, exit 1
+    engine-fatal          'RuntimeError: CUDA error: an illegal memory access was encountered', exit 1
+    engine-warning        a scary WARNING line (mentions a CUDA error) and the boot carries on
+    garbage-tokens        every answer is one repeated token ('!'), the drafter accepts nothing
+    count-off-by-one      counting answers skip one number
+    needle-blind          needle questions are answered 'I could not find ...'
+    no-tool-calls         a text answer where a tool call was due
+    nondeterministic      identical requests get different text (a random lead-in, unseeded sentences)
+    auth-open             the API key is not checked
+    stream-usage-missing  streams never send the usage chunk
+    memory-leak           each served request adds --leak-mb-per-request (64) MiB; the running total in kB
+                          is written (atomically, one integer and a newline) to --leak-file, for the sim
+                          lab to subtract from the node's MemAvailable
+"""

@@ -1,0 +1,161 @@
+"""Command line (or JSON file) of one sim engine rank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAULTS = (
+    "worker-crash",  # this rank dies with a fatal line while loading weights
+    "slow-boot",  # boot takes --slow-boot-factor times longer
+    "kv-low",  # this rank profiles less KV memory; the lane prints a KV size below --kv-tokens
+    "missing-patch",  # ImportError traceback at model init, exit 1 (a bind-mounted patch file is missing)
+    "engine-fatal",  # a fatal CUDA error line during graph capture, exit 1
+    "engine-warning",  # a scary WARNING line at distributed init; boot carries on and serves
+    "garbage-tokens",  # every answer is one repeated token (and the drafter accepts nothing)
+    "count-off-by-one",  # counting answers skip one number
+    "needle-blind",  # needle questions are never answered
+    "no-tool-calls",  # answers in text where a tool call was due
+    "nondeterministic",  # identical requests get different text
+    "auth-open",  # the API key is not checked
+    "stream-usage-missing",  # streams never carry the final usage chunk
+    "memory-leak",  # every served request adds --leak-mb-per-request to --leak-file
+)
+KV_LOW_FACTOR = 0.6  # kv-low: the rank finds 60% of the KV memory it was configured for
+BYTES_PER_KV_TOKEN = 6442450944 / 1888800  # dcp2: 6 GiB of KV holds 1,888,800 tokens (CATALOG HLT-20)
+
+
+@dataclass
+class Config:
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_names: list[str] = field(default_factory=lambda: ["sim-model"])
+    kv_tokens: int = 1_000_000
+    max_model_len: int = 262_144
+    model: str = "/models/DeepSeek-V4.1-Flash"
+    model_gib: float = 81.58
+    moe_backend: str | None = None
+    engram_ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    engram_node_local: bool = False
+    engram_dir: str = "/engram-local"
+    autotune_configs: int | None = None
+    rehome_layers: int | None = None
+    boot_seconds: float = 5.0
+    slow_boot_factor: float = 10.0
+    rendezvous_timeout: float = 600.0
+    api_key_env: str | None = None
+    faults: list[str] = field(default_factory=list)
+    log: str | None = None
+    leak_file: str | None = None
+    leak_mb_per_request: float = 64.0
+    num_speculative_tokens: int = 5
+    max_num_seqs: int = 8
+    step_ms: float = 10.0
+    prefill_tokens_per_s: float = 50_000.0
+    vision: bool = True
+    tools: bool = True
+    thinking_default: bool = False
+    keep_alive_on_engine_death: bool = False
+    stats_interval: float = 10.0
+
+    def has(self, fault: str) -> bool:
+        return fault in self.faults
+
+
+def parse_ranges(text: str) -> list[tuple[int, int, int]]:
+    """'1:0:96000000,14:0:96000000' -> [(1, 0, 96000000), (14, 0, 96000000)]."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"engram range {item!r} is not LAYER:START:END")
+        layer, start, end = (int(p) for p in parts)
+        if end < start:
+            raise ValueError(f"engram range {item!r} ends before it starts")
+        out.append((layer, start, end))
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sparkfleet.simengine",
+                                description="sparkfleet sim engine: a SIMULATED vLLM/TensorFold rank")
+    a = p.add_argument
+    a("--config", help="JSON file with any of the options below (keys with underscores); flags override it")
+    a("--rank", type=int)
+    a("--world-size", type=int)
+    a("--master-addr")
+    a("--master-port", type=int)
+    a("--host")
+    a("--port", type=int)
+    a("--served-name", dest="served_names", action="append", help="repeat for aliases; the first is the model")
+    a("--kv-tokens", type=int)
+    a("--max-model-len", type=int)
+    a("--model", help="model path printed in the load lines")
+    a("--model-gib", type=float, help="GiB reported by 'Model loading took'")
+    a("--moe-backend", help="a backend name (B12X_MXFP4_MXFP8) or the whole line to print")
+    a("--engram-ranges", help="this rank's Engram rows, 'LAYER:START:END,...'")
+    a("--engram-node-local", action="store_true", default=None)
+    a("--engram-dir")
+    a("--autotune-configs", type=int, help="print 'Loaded N configs' (Station autotune cache)")
+    a("--rehome-layers", type=int, help="print 'rehome done layers=N' (Station pin-hot hook)")
+    a("--boot-seconds", type=float)
+    a("--slow-boot-factor", type=float)
+    a("--rendezvous-timeout", type=float)
+    a("--api-key-env", help="name of the env var holding the API key (the key itself never goes on argv)")
+    a("--fault", dest="faults", action="append", choices=FAULTS)
+    a("--log", help="also append every log line to this file")
+    a("--leak-file", help="memory-leak fault: total leaked kB is written here")
+    a("--leak-mb-per-request", type=float)
+    a("--num-speculative-tokens", type=int)
+    a("--max-num-seqs", type=int)
+    a("--step-ms", type=float, help="time of one decode step")
+    a("--prefill-tokens-per-s", type=float)
+    a("--text-only", dest="vision", action="store_false", default=None, help="refuse image inputs")
+    a("--no-tools", dest="tools", action="store_false", default=None, help="no tool parser: auto tool choice is 400")
+    a("--thinking-default", action="store_true", default=None)
+    a("--keep-alive-on-engine-death", action="store_true", default=None)
+    a("--stats-interval", type=float)
+    return p
+
+
+def parse(argv: list[str] | None = None) -> Config:
+    """Defaults, then the JSON file, then flags."""
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    values: dict = {}
+    if ns.config:
+        try:
+            values.update(json.loads(Path(ns.config).read_text()))
+        except (OSError, ValueError) as exc:
+            parser.error(f"--config {ns.config}: {exc}")
+    for key, value in vars(ns).items():
+        if key != "config" and value is not None:
+            values[key] = value
+    known = set(Config.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        parser.error(f"unknown option(s) in --config: {', '.join(unknown)}")
+    if isinstance(values.get("engram_ranges"), str):
+        try:
+            values["engram_ranges"] = parse_ranges(values["engram_ranges"])
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        values["engram_ranges"] = [tuple(r) for r in values.get("engram_ranges", [])]
+    cfg = Config(**values)
+    bad = [f for f in cfg.faults if f not in FAULTS]
+    if bad:
+        parser.error(f"unknown fault(s): {', '.join(bad)} (known: {', '.join(FAULTS)})")
+    if not 0 <= cfg.rank < cfg.world_size:
+        parser.error(f"--rank {cfg.rank} is outside --world-size {cfg.world_size}")
+    if not cfg.served_names:
+        parser.error("at least one --served-name is needed")
+    if cfg.has("memory-leak") and not cfg.leak_file:
+        parser.error("--fault memory-leak needs --leak-file")
+    return cfg

@@ -1,0 +1,393 @@
+"""One sim engine rank: boot in phases with vLLM's startup lines, rendezvous, then serve (head) or follow (worker)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from sparkfleet.simengine import config as cfgmod
+from sparkfleet.simengine.config import BYTES_PER_KV_TOKEN, KV_LOW_FACTOR, Config
+from sparkfleet.simengine.log import Log
+from sparkfleet.simengine.rendezvous import Head, Member, Worker
+from sparkfleet.simengine.server import ROUTES, SIM_VERSION, App, make_server
+
+SITE = "/usr/local/lib/python3.12/dist-packages"
+NCCL_LOST = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+             "ProcessGroupNCCL.cpp:3690, remote process exited or there was a network error, NCCL version 2.27.7")
+NCCL_DETAIL = ("ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+               "prematurely.")
+SHARDS = 48
+
+
+class Stop(Exception):
+    """A clean stop: SIGTERM, or the head said shutdown."""
+
+
+class Fatal(Exception):
+    """This rank dies (its fatal lines are already printed)."""
+
+
+def moe_line(value: str) -> str:
+    """`--moe-backend` is a backend name or the whole line a profile expects."""
+    return value if " " in value else f"Using '{value}' Mxfp4 MoE backend."
+
+
+class Rank:
+    """What every rank does: print its phases over the boot time, honouring faults and stop requests."""
+
+    proc: str
+
+    def __init__(self, cfg: Config, log: Log) -> None:
+        self.cfg, self.log = cfg, log
+        self.stop = threading.Event()
+        self.started = time.monotonic()
+        self.scale = cfg.boot_seconds * (cfg.slow_boot_factor if cfg.has("slow-boot") else 1.0)
+        self.worker_proc = f"Worker_TP{cfg.rank}"
+
+    def check(self) -> None:
+        """Raise Stop or Fatal when the rank must end now."""
+        if self.stop.is_set():
+            raise Stop
+
+    def pause(self, fraction: float) -> None:
+        """Spend a fraction of the boot time, staying responsive to stop and to the other ranks."""
+        deadline = time.monotonic() + self.scale * fraction
+        while True:
+            self.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.stop.wait(min(left, 0.05))
+
+    def banner(self, proc: str) -> None:
+        c = self.cfg
+        self.log.info(proc, "simengine", f"SIMULATION: sparkfleet-sim engine {SIM_VERSION} standing in for vLLM "
+                      f"(rank {c.rank} of {c.world_size}); no GPU and no model weights are used")
+        if c.faults:
+            self.log.info(proc, "simengine", f"SIMULATION: injected faults: {', '.join(c.faults)}")
+
+    def traceback(self, frames: list[tuple[str, int, str, str]], last: str) -> None:
+        self.log.raw("Traceback (most recent call last):")
+        for path, line, func, code in frames:
+            self.log.raw(f'  File "{path}", line {line}, in {func}')
+            self.log.raw(f"    {code}")
+        self.log.raw(last)
+
+    # ------------------------------------------------------------------------------------ phases
+
+    def model_phases(self, report_kv: Callable[[int], None]) -> None:
+        """Model init, weights, KV profiling, graph capture: the lines every rank prints."""
+        c, log, p = self.cfg, self.log, self.worker_proc
+        log.info(p, "parallel_state.py:1165", f"world_size={c.world_size} rank={c.rank} local_rank=0 "
+                 f"distributed_init_method=tcp://{c.master_addr}:{c.master_port} backend=nccl")
+        if c.has("engine-warning"):
+            # Looks fatal to a grep for "CUDA error", but it is a WARNING and the boot carries on.
+            log.warning(p, "custom_all_reduce.py:137", "Custom allreduce is disabled because the P2P access probe "
+                        "returned a CUDA error between ranks (expected on GB10 unified memory); falling back to "
+                        "NCCL all-reduce, which may be slower. To silence this warning, specify "
+                        "disable_custom_all_reduce=True explicitly.")
+        self.pause(0.04)
+        if c.has("missing-patch"):
+            log.error(p, "multiproc_executor.py:597", "WorkerProc failed to start.")
+            self.traceback([
+                (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 571, "worker_main",
+                 "worker = WorkerProc(*args, **kwargs)"),
+                (f"{SITE}/vllm/model_executor/models/registry.py", 1049, "_try_load_model_cls",
+                 "return model.load_model_cls()"),
+                (f"{SITE}/vllm/models/deepseek_v4_1/model.py", 41, "<module>",
+                 "from vllm.models.deepseek_v4_1.common.engram import EngramDiskReader"),
+            ], "ImportError: cannot import name 'EngramDiskReader' from 'vllm.models.deepseek_v4_1.common.engram' "
+               f"({SITE}/vllm/models/deepseek_v4_1/common/engram.py)")
+            raise Fatal
+        log.info(p, "gpu_model_runner.py:2338", f"Starting to load model {c.model}...")
+        if c.moe_backend:
+            log.info(p, "mxfp4.py:352", moe_line(c.moe_backend))
+        for layer, start, end in c.engram_ranges:
+            log.info(p, "engram.py:212", f"Engram DISK mode: layer {layer} rows [{start}, {end})")
+        for layer, start, end in c.engram_ranges:
+            where = f"read from node-local {c.engram_dir}" if c.engram_node_local else \
+                "read from the model directory (no node-local copy)"
+            log.info(p, "engram.py:248", f"Engram layer {layer} rows [{start}, {end}) {where}")
+        if c.engram_node_local and not c.engram_ranges:
+            log.info(p, "engram.py:248", f"Engram rows read from node-local {c.engram_dir}")
+        loaded = time.monotonic()
+        for done in range(0, SHARDS + 1, SHARDS // 4):
+            pct = 100 * done // SHARDS
+            log.raw(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {done}/{SHARDS} "
+                    f"[{self._clock(time.monotonic() - loaded)}]")
+            if done == SHARDS // 2 and c.has("worker-crash"):
+                log.error(p, "multiproc_executor.py:597", "WorkerProc hit an exception.")
+                self.traceback([
+                    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 571, "worker_main",
+                     "worker = WorkerProc(*args, **kwargs)"),
+                    (f"{SITE}/vllm/model_executor/model_loader/weight_utils.py", 512, "safetensors_weights_iterator",
+                     "for name, param in f.items():"),
+                ], f"OSError: [Errno 5] Input/output error: '{c.model}/model-{done:05d}-of-{SHARDS:05d}"
+                   ".safetensors'")
+                raise Fatal
+            if done < SHARDS:
+                self.pause(0.5 / 4)
+        log.info(p, "gpu_model_runner.py:2370", f"Model loading took {c.model_gib:.4f} GiB memory and "
+                 f"{time.monotonic() - loaded:.6f} seconds")
+        self.pause(0.1)
+        kv = int(c.kv_tokens * (KV_LOW_FACTOR if c.has("kv-low") else 1.0))
+        log.info(p, "gpu_worker.py:298", f"Available KV cache memory: {kv * BYTES_PER_KV_TOKEN / 2**30:.2f} GiB")
+        report_kv(kv)
+        if c.autotune_configs is not None:
+            log.info(p, "autotuner.py:283", f"Loaded {c.autotune_configs} configs from the FlashInfer autotune cache")
+        captured = time.monotonic()
+        self.pause(0.2)
+        log.raw("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 15/15")
+        if c.has("engine-fatal"):
+            log.error(p, "core.py:708", "EngineCore encountered a fatal error.")
+            log.raw("RuntimeError: CUDA error: an illegal memory access was encountered")
+            log.raw("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+                    "below might be incorrect.")
+            raise Fatal
+        log.info(p, "gpu_model_runner.py:3480", f"Graph capturing finished in {time.monotonic() - captured:.0f} "
+                 "secs, took 1.99 GiB")
+        if c.rehome_layers is not None:
+            log.info(p, "pin_hot_experts_hook.py:412", f"rehome done layers={c.rehome_layers}")
+        self.pause(0.05)
+
+    @staticmethod
+    def _clock(seconds: float) -> str:
+        return f"{int(seconds) // 60:02d}:{int(seconds) % 60:02d}"
+
+
+class HeadRank(Rank):
+    """Rank 0: the rendezvous, its own share of the model, then the API server."""
+
+    def __init__(self, cfg: Config, log: Log) -> None:
+        super().__init__(cfg, log)
+        self.app = App(cfg, log)
+        self.rdv: Head | None = None
+        self.died = threading.Event()
+        self.lane_kv = cfg.kv_tokens
+
+    def check(self) -> None:
+        super().check()
+        lost = self.rdv.lost() if self.rdv else []
+        if lost:
+            self.report_lost(lost[0])
+            raise Fatal
+
+    def report_lost(self, m: Member) -> None:
+        self.log.error("EngineCore_DP0", "core.py:718", f"EngineCore failed: rank {m.rank} (pid {m.pid} on "
+                       f"{m.link.peer}) went away")
+        self.log.raw(NCCL_LOST)
+        self.log.raw(NCCL_DETAIL)
+
+    def _joined(self, m: Member, extra: bool) -> None:
+        self.log.info("EngineCore_DP0", "simengine", f"rank {m.rank} joined the rendezvous from {m.link.peer} "
+                      f"(pid {m.pid}){' after the world was complete' if extra else ''}")
+
+    def _lost(self, m: Member) -> None:
+        if self.app.state == "serving":
+            self.died.set()
+
+    def run(self) -> int:
+        c, log = self.cfg, self.log
+        self.banner("APIServer")
+        log.info("APIServer", "api_server.py:1880", f"vLLM API server version {SIM_VERSION}")
+        if c.api_key_env and self.app.key:
+            log.info("APIServer", "api_server.py:1895", f"API key authentication is on for /v1 (key from "
+                     f"${c.api_key_env}; never logged)")
+        elif c.api_key_env:
+            log.warning("APIServer", "api_server.py:1897", f"${c.api_key_env} is not set: the API is open")
+        try:
+            self.rdv = Head(c.master_addr, c.master_port, c.world_size, self._joined, self._lost)
+        except OSError as exc:
+            code = errno.errorcode.get(exc.errno or 0, "UNKNOWN")
+            log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start.")
+            self.traceback([(f"{SITE}/torch/distributed/rendezvous.py", 189, "_create_c10d_store",
+                             "return TCPStore(")],
+                           "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                           f"network address. port: {c.master_port}, useIpv6: false, code: -{exc.errno}, name: "
+                           f"{code}, message: {exc.strerror}")
+            return 1
+        try:
+            httpd = make_server(self.app, c.host, c.port)
+        except OSError as exc:
+            log.raw(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+                    f"('{c.host}', {c.port}): {exc.strerror}")
+            self.rdv.shutdown()
+            return 1
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        code = 0
+        try:
+            code = self._boot_and_serve()
+        except Stop:
+            log.info("APIServer", "launcher.py:80", "Shutting down FastAPI HTTP server.")
+        except Fatal:
+            code = 1
+        finally:
+            self.rdv.shutdown()
+            httpd.shutdown()
+            httpd.server_close()
+        return code
+
+    def _boot_and_serve(self) -> int:
+        c, log, rdv = self.cfg, self.log, self.rdv
+        assert rdv is not None
+        if c.world_size > 1:
+            log.info("EngineCore_DP0", "simengine", f"waiting for {c.world_size - 1} worker(s) on the rendezvous "
+                     f"{c.master_addr}:{c.master_port}")
+        if not rdv.wait(lambda world: True, c.rendezvous_timeout, self._aborting):
+            self.check()
+            log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start.")
+            log.raw(f"torch.distributed.DistStoreError: Timed out after {c.rendezvous_timeout:.0f} seconds waiting "
+                    f"for clients. {rdv.joined()}/{c.world_size} clients joined.")
+            raise Fatal
+        rdv.send_go()
+        self.model_phases(self._sync_kv)
+        if not rdv.wait(lambda world: all(m.ready for m in world), c.rendezvous_timeout, self._aborting):
+            self.check()
+            log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start: workers did not get ready")
+            raise Fatal
+        log.info("EngineCore_DP0", "core.py:210", "init engine (profile, create kv cache, warmup model) took "
+                 f"{time.monotonic() - self.started:.2f} seconds")
+        self.pause(0.05)
+        api = "APIServer"
+        log.info(api, "api_server.py:1971", f"Starting vLLM API server 0 on http://{c.host}:{c.port}")
+        log.info(api, "launcher.py:37", "Available routes are:")
+        for path, method in ROUTES:
+            log.info(api, "launcher.py:45", f"Route: {path}, Methods: {method}")
+        log.raw(f"({api} pid={log.pid}) INFO:     Started server process [{log.pid}]")
+        log.raw(f"({api} pid={log.pid}) INFO:     Waiting for application startup.")
+        self.app.start_serving(self.lane_kv)
+        log.raw(f"({api} pid={log.pid}) INFO:     Application startup complete.")
+        threading.Thread(target=self._stats, daemon=True).start()
+        while not self.stop.is_set():
+            if self.died.wait(0.1):
+                lost = rdv.lost()
+                if lost:
+                    self.report_lost(lost[0])
+                self.app.engine_died()
+                if not c.keep_alive_on_engine_death:
+                    return 1
+                self.died.clear()
+        log.info(api, "launcher.py:80", "Shutting down FastAPI HTTP server.")
+        log.raw(f"({api} pid={log.pid}) INFO:     Shutting down")
+        log.raw(f"({api} pid={log.pid}) INFO:     Finished server process [{log.pid}]")
+        return 1 if self.app.state == "dead" else 0
+
+    def _aborting(self) -> bool:
+        return self.stop.is_set() or bool(self.rdv and self.rdv.lost())
+
+    def _sync_kv(self, own: int) -> None:
+        """The lane's KV is the smallest any rank found (vLLM sizes the cache by the tightest rank)."""
+        c, rdv = self.cfg, self.rdv
+        assert rdv is not None
+        if not rdv.wait(lambda world: all(m.kv is not None for m in world), c.rendezvous_timeout, self._aborting):
+            self.check()
+            raise Fatal
+        with rdv.cond:
+            kvs = [m.kv for m in rdv.state.members.values() if m.rank < c.world_size and m.kv is not None]
+        self.lane_kv = min([own, *kvs])
+        self.log.info("EngineCore_DP0", "kv_cache_utils.py:1087", f"GPU KV cache size: {self.lane_kv:,} tokens")
+        self.log.info("EngineCore_DP0", "kv_cache_utils.py:1091", f"Maximum concurrency for {c.max_model_len:,} "
+                      f"tokens per request: {self.lane_kv / c.max_model_len:.2f}x")
+
+    def _stats(self) -> None:
+        """vLLM's periodic line, when there was traffic in the last interval."""
+        m = self.app.metrics
+        last = (0.0, 0.0)
+        while not self.stop.wait(self.cfg.stats_interval):
+            with m.lock:
+                now = (m.counters["vllm:prompt_tokens"], m.counters["vllm:generation_tokens"])
+                queries, hits = m.counters["vllm:prefix_cache_queries"], m.counters["vllm:prefix_cache_hits"]
+            if now == last or self.app.engine is None:
+                continue
+            running, waiting, usage = self.app.engine.snapshot()
+            dt = self.cfg.stats_interval
+            self.log.info("APIServer", "loggers.py:123", f"Engine 000: Avg prompt throughput: "
+                          f"{(now[0] - last[0]) / dt:.1f} tokens/s, Avg generation throughput: "
+                          f"{(now[1] - last[1]) / dt:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} "
+                          f"reqs, GPU KV cache usage: {usage * 100:.1f}%, Prefix cache hit rate: "
+                          f"{(hits / queries * 100) if queries else 0.0:.1f}%")
+            last = now
+
+
+class WorkerRank(Rank):
+    """Ranks 1..N-1: join the head, boot, report, then wait for shutdown (or die when the head goes)."""
+
+    def __init__(self, cfg: Config, log: Log) -> None:
+        super().__init__(cfg, log)
+        self.link: Worker | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.link is None:
+            return
+        if self.link.shutdown.is_set():
+            raise Stop
+        if self.link.head_lost.is_set():
+            self.log.error(self.worker_proc, "multiproc_executor.py:612", "the head went away")
+            self.log.raw(NCCL_LOST)
+            self.log.raw(NCCL_DETAIL)
+            raise Fatal
+
+    def run(self) -> int:
+        c, log, p = self.cfg, self.log, self.worker_proc
+        self.banner(p)
+        log.info(p, "simengine", f"connecting to the rendezvous at {c.master_addr}:{c.master_port} "
+                 f"(headless worker, rank {c.rank})")
+        deadline = time.monotonic() + c.rendezvous_timeout
+        self.link = Worker.connect(c.master_addr, c.master_port, deadline, self.stop)
+        if self.link is None:
+            if self.stop.is_set():
+                return 0
+            log.error(p, "multiproc_executor.py:612", "could not reach the head")
+            log.raw(f"torch.distributed.DistNetworkError: The client socket has timed out after "
+                    f"{c.rendezvous_timeout:.0f}s while trying to connect to ({c.master_addr}, {c.master_port}).")
+            return 1
+        try:
+            self.link.send({"op": "join", "rank": c.rank, "world_size": c.world_size, "pid": os.getpid()})
+            if not self.link.welcome.wait(10):
+                self.check()
+                log.error(p, "multiproc_executor.py:612", "the rendezvous did not answer")
+                log.raw(NCCL_LOST)
+                return 1
+            log.info(p, "simengine", f"joined the rendezvous at {c.master_addr}:{c.master_port}")
+            waited = time.monotonic()
+            while not self.link.go.wait(0.05):
+                self.check()
+                if time.monotonic() - waited > c.rendezvous_timeout:
+                    log.raw(f"torch.distributed.DistStoreError: Timed out after {c.rendezvous_timeout:.0f} seconds "
+                            "waiting for the other ranks.")
+                    return 1
+            self.model_phases(lambda kv: self.link.send({"op": "kv", "tokens": kv}) if self.link else None)
+            self.link.send({"op": "ready"})
+            log.info(p, "simengine", "worker ready; serving through the head")
+            while True:
+                self.check()
+                self.stop.wait(0.1)
+        except Stop:
+            why = "the head asked" if self.link.shutdown.is_set() else "stop signal"
+            log.info(p, "multiproc_executor.py:540", f"Worker shutting down ({why}).")
+            return 0
+        except Fatal:
+            return 1
+        finally:
+            self.link.link.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = cfgmod.parse(argv)
+    log = Log(cfg.log)
+    rank: Rank = HeadRank(cfg, log) if cfg.rank == 0 else WorkerRank(cfg, log)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        rank.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return rank.run()  # type: ignore[attr-defined]
+    finally:
+        log.close()
