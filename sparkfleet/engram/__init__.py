@@ -1,0 +1,1 @@
+"""Node-local Engram rows: safetensors headers, harvested row ranges, manifests and the fleet copy."""

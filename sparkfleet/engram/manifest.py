@@ -1,0 +1,87 @@
+"""What `up` checks before launch: does a rank's node-local copy serve that rank, or will it read NFS?
+
+The engine uses a node-local copy only when its manifest matches the lane's checkpoint and format
+and covers the rank's rows; otherwise it silently falls back to the model directory over NFS
+(CATALOG ENG-25, FM-24, FM-62). sparkfleet says so before launch. The manifest schema (OQ-20) is in
+docs/engram-local.md; the copy that writes it is sparkfleet/fleet/nodeside/engram_copy.py.
+"""
+
+from __future__ import annotations
+
+from sparkfleet.engram.ranges import Ranges
+from sparkfleet.findings import Finding
+from sparkfleet.fleet.nodeside.engram_copy import MANIFEST, MANIFEST_SCHEMA
+
+__all__ = ["MANIFEST", "MANIFEST_SCHEMA", "check_rank", "falls_back"]
+
+CHECK = "engram-copy"
+
+
+def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revision: str | None,
+               fmt: str | None, ranges: Ranges | None, whole_shards: bool = False,
+               problem: str | None = None, source_changed: list[str] | None = None) -> list[Finding]:
+    """Findings for one rank's copy: ok (node-local) or fail (this rank falls back to NFS), plus warnings.
+
+    `manifest` is the manifest as the node-side `status` returns it (None when there is none, with
+    `problem` saying why); `ranges` the rows this rank reads per layer; `source_changed` the shards
+    whose header differs from the one copied."""
+    who = f"rank {rank} ({node})"
+    nfs = "falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)"
+
+    def fail(msg: str, remedy: str, observed: str | None = None, expected: str | None = None) -> Finding:
+        return Finding(CHECK, "fail", f"{who}: {msg}: {nfs}", remedy, node=node, where=dest,
+                       observed=observed, expected=expected)
+
+    redo = f"sparkfleet engram-local --profile <lane> --node {node}"
+    if manifest is None:
+        return [fail(problem or "no engram-manifest.json: the copy is missing or incomplete",
+                     f"make (or resume) the copy: {redo}")]
+    if manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("complete"):
+        return [fail(f"the manifest is not a complete {MANIFEST_SCHEMA} manifest", f"copy again: {redo}")]
+    out: list[Finding] = []
+    have_rev = (manifest.get("source") or {}).get("revision")
+    if revision and have_rev != revision:
+        out.append(fail(f"the copy is of checkpoint {have_rev or 'unknown'}, the lane runs {revision} (CATALOG FM-62)",
+                        f"copies are per checkpoint: {redo}", have_rev, revision))
+    elif not revision:
+        out.append(Finding(CHECK, "warn", f"{who}: the lane has no model.revision, so the copy's checkpoint "
+                           f"({have_rev or 'unknown'}) cannot be checked", "set model.revision in the profile",
+                           node=node, where=dest))
+    if source_changed:
+        out.append(fail("the checkpoint's shards changed since the copy (" + "; ".join(source_changed) + ")",
+                        f"copy again: {redo}"))
+    if fmt and manifest.get("format") != fmt:
+        out.append(fail(f"the copy holds {manifest.get('format') or 'an unknown'} Engram tables, the lane reads {fmt} "
+                        "(CATALOG FM-24)", f"copies are per format: {redo}", manifest.get("format"), fmt))
+    mode = manifest.get("mode")
+    if whole_shards:
+        if mode != "whole-shards":
+            out.append(fail(f"the copy holds rows ({mode}), the lane needs whole shards", f"{redo} --whole-shards"))
+    elif mode != "rows" and mode != "whole-shards":
+        out.append(fail(f"unknown copy mode {mode!r}", f"copy again: {redo}"))
+    elif mode == "rows":
+        have = {int(k): (v["start"], v["end"]) for k, v in (manifest.get("layers") or {}).items()}
+        for layer, (start, end) in sorted((ranges or {}).items()):
+            got = have.get(layer)
+            if got is None:
+                out.append(fail(f"layer {layer} is not in the copy", f"copy again with the harvested ranges: {redo}",
+                                None, f"[{start}, {end})"))
+            elif not (got[0] <= start and end <= got[1]):
+                out.append(fail(f"layer {layer}: the copy holds rows [{got[0]}, {got[1]}), the rank reads "
+                                f"[{start}, {end})", f"copy again with the harvested ranges: {redo}",
+                                f"[{got[0]}, {got[1]})", f"[{start}, {end})"))
+    if not manifest.get("verified"):
+        out.append(Finding(CHECK, "warn", f"{who}: the copy was made without verification (--no-verify)",
+                           f"verify it: sparkfleet engram-local verify --dest {dest}", node=node, where=dest))
+    if not any(f.status == "fail" for f in out):
+        layers = ", ".join(f"{k} [{v['start']}, {v['end']})" for k, v in (manifest.get("layers") or {}).items())
+        what = "whole shards" if mode == "whole-shards" else f"rows {layers}"
+        out.insert(0, Finding(CHECK, "ok", f"{who}: node-local {manifest.get('format') or ''} copy of {what} "
+                              f"(checkpoint {have_rev or 'unknown'}, completed {manifest.get('completed_at')})",
+                              node=node, where=dest))
+    return out
+
+
+def falls_back(findings: list[Finding]) -> bool:
+    """True when this rank will read its Engram rows over NFS."""
+    return any(f.check == CHECK and f.status == "fail" for f in findings)
