@@ -69,6 +69,10 @@ class Harvest:
                    harvested_at=d.get("harvested_at"))
 
 
+def _half(r: tuple[int, int]) -> str:
+    return f"[{r[0]}, {r[1]})"
+
+
 def parse_lines(text: str) -> list[tuple[int | None, int, tuple[int, int], int]]:
     """(rank marker or None, layer, (start, end), line number) for every Engram DISK mode line."""
     out = []
@@ -90,7 +94,7 @@ def one_rank(text: str, where: str) -> Ranges:
         if start >= end:
             raise UserError(f"{where}:{no}: layer {layer} rows [{start}, {end}) is empty")
         if layer in found and found[layer] != rng:
-            raise UserError(f"{where}:{no}: layer {layer} has rows {list(rng)} here and {list(found[layer])} "
+            raise UserError(f"{where}:{no}: layer {layer} has rows {_half(rng)} here and {_half(found[layer])} "
                             "earlier: these are several ranks' lines; give one rank's log, or harvest them")
         found[layer] = rng
     if not found:
@@ -106,11 +110,11 @@ def by_rank(text: str, where: str) -> dict[int, Ranges]:
             raise UserError(f"{where}:{no}: an Engram DISK mode line without a rank marker (rank=N, [rankN]); "
                             "give each rank's log with --from NODE=FILE")
         if rng[0] >= rng[1]:
-            raise UserError(f"{where}:{no}: layer {layer} rows {list(rng)} is empty")
+            raise UserError(f"{where}:{no}: layer {layer} rows {_half(rng)} is empty")
         have = out.setdefault(rank, {})
         if layer in have and have[layer] != rng:
-            raise UserError(f"{where}:{no}: rank {rank} layer {layer} has rows {list(rng)} here and "
-                            f"{list(have[layer])} earlier")
+            raise UserError(f"{where}:{no}: rank {rank} layer {layer} has rows {_half(rng)} here and "
+                            f"{_half(have[layer])} earlier")
         have[layer] = rng
     if not out:
         raise UserError(f"{where}: no 'Engram DISK mode: layer L rows [start, end)' lines")
