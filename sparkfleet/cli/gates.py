@@ -1,0 +1,146 @@
+"""`gates`: answer checks against a lane's OpenAI-compatible endpoint (count, needle, image, tools, soak...)."""
+
+from __future__ import annotations
+
+import argparse
+
+from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
+from sparkfleet.spec.errors import SpecError, UserError
+
+ORDER = 35
+STYLE = {"pass": "green", "fail": "bold red", "skip": "dim"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from sparkfleet.gates.run import GATES
+
+    p = sub.add_parser(
+        "gates", help="answer gates against a lane's endpoint: models, count100, needle, image, tools, soak...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check that a lane answers correctly, not just that it emits tokens (CATALOG §5.3). "
+        "Each gate prints pass/fail, what was sent, what came back and why. Exit 0 when every gate passes, "
+        "1 when one fails, 2 on bad input.",
+        epilog="gates: " + ", ".join(GATES) + "\n\nexamples:\n  sparkfleet gates --profile dcp2\n"
+        "  sparkfleet gates --profile dcp2 --only count100,needle --json\n"
+        "  sparkfleet gates --profile boot10 --long --soak-minutes 20\n"
+        "  sparkfleet gates --profile tf1017 --endpoint http://127.0.0.1:8000")
+    add_root(p)
+    add_inventory(p)
+    add_json(p)
+    p.add_argument("--profile", "-p", required=True)
+    p.add_argument("--only", metavar="GATE[,GATE]", help="run only these gates")
+    p.add_argument("--endpoint", metavar="URL", help="API base URL (default: http://HEAD:PORT of the lane)")
+    p.add_argument("--long", action="store_true",
+                   help="needles at 128K and the seeds' exact lengths up to 500K tokens (default: 32K)")
+    p.add_argument("--needle-tokens", metavar="N[,N]", help="needle sizes in prompt tokens (overrides --long)")
+    p.add_argument("--needle-depth", type=float, default=0.5, metavar="F", help="needle depth, 0..1 (default 0.5)")
+    p.add_argument("--soak-minutes", type=float, default=2.0, metavar="M", help="soak length (default 2)")
+    p.add_argument("--soak-streams", type=int, default=8, metavar="N", help="concurrent soak streams (default 8)")
+    p.add_argument("--reasoning-effort", metavar="E", help="reasoning_effort for the reasoning gate (never medium)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per request (default 600)")
+    p.set_defaults(func=run)
+
+
+def _ranks(args: argparse.Namespace, sp, loaded):
+    """The lane's ranks on the inventory (for the default endpoint and the memory sampler)."""
+    from sparkfleet.placement import place
+
+    inventory = sp.inventory(args.inventory)
+    return place(loaded, inventory)
+
+
+def endpoint_for(node, port: int) -> str:
+    """http://<head ssh host, or 127.0.0.1 for a local-transport node>:<port> (as RunContext.endpoint)."""
+    host = "127.0.0.1" if node.transport == "local" else node.ssh.host
+    return f"http://{host}:{port}"
+
+
+def _options(args: argparse.Namespace):
+    from sparkfleet.gates.env import NEEDLE_DEFAULT, NEEDLE_LONG, GateOptions
+
+    sizes = NEEDLE_LONG if args.long else NEEDLE_DEFAULT
+    if args.needle_tokens:
+        try:
+            sizes = tuple(int(s.replace("_", "")) for s in args.needle_tokens.split(",") if s.strip())
+        except ValueError:
+            raise UserError(f"--needle-tokens {args.needle_tokens!r}: expected numbers like 32768,131072") from None
+    if args.soak_minutes <= 0:
+        raise UserError("--soak-minutes must be more than 0")
+    effort = args.reasoning_effort
+    if effort is not None and effort.isdigit():
+        effort = int(effort)
+    try:
+        return GateOptions(needle_tokens=sizes, needle_depth=args.needle_depth, soak_seconds=args.soak_minutes * 60,
+                           soak_streams=args.soak_streams, reasoning_effort=effort, timeout_s=args.timeout)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from sparkfleet.gates.run import GateSetupError, api_key_for, parse_only, run_gates, summary
+    from sparkfleet.gates.soak import fleet_sampler
+
+    sp = spec(args)
+    loaded = sp.profile(args.profile)
+    profile = loaded.profile
+    if profile.abstract:
+        raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane")
+    try:
+        only = parse_only(args.only)
+        key = api_key_for(profile)
+    except GateSetupError as exc:
+        raise UserError(str(exc)) from None
+    options = _options(args)
+    options.api_key = key
+    ranks = None
+    try:
+        ranks = _ranks(args, sp, loaded)
+    except SpecError:
+        if not args.endpoint:
+            raise  # no endpoint without the lane's head: a spec error, exit 2
+    base = args.endpoint.rstrip("/") if args.endpoint else endpoint_for(ranks[0].node, profile.port)
+    if ranks is not None and (only is None or "soak" in only):
+        from sparkfleet.fleet.connect import transport_for
+
+        transport = transport_for([r.node for r in ranks])
+        options.mem_sampler = fleet_sampler(transport, [(r.node, r.role if r.role == "head" else "workers")
+                                                        for r in ranks], profile.expect.mem_available_floor_gb)
+    else:
+        transport = None
+
+    def started(name: str) -> None:
+        if not args.json:
+            err.print(f"[dim]  .. {name}[/]", highlight=False)
+
+    def finished(r) -> None:
+        if not args.json:
+            show(r)
+
+    if not args.json:
+        out.print(f"gates for {profile.name} at {base}", markup=False)
+    try:
+        results = run_gates(base, profile, only, options, on_result=finished, on_start=started)
+    finally:
+        if transport is not None:
+            transport.close()
+    passed = not any(r.status == "fail" for r in results)
+    if args.json:
+        print_json({"profile": profile.name, "endpoint": base, "passed": passed, "summary": summary(results),
+                    "gates": [r.as_dict() for r in results]})
+    else:
+        out.print(("[green]PASS[/] " if passed else "[bold red]FAIL[/] ") + summary(results), highlight=False)
+    return EXIT_OK if passed else EXIT_FAIL
+
+
+def show(r) -> None:
+    """One line per gate; failed checks with what was sent, what came back and why."""
+    out.print(f"[{STYLE[r.status]}]{r.status.upper():<4}[/] {r.name:<12} ({r.elapsed_s:.1f} s) ", end="",
+              highlight=False)
+    out.print(r.summary, markup=False, highlight=False)
+    for c in r.checks:
+        if c.ok is False:
+            out.print(f"     x {c.name}: {c.why}", markup=False, highlight=False)
+            if c.sent:
+                out.print(f"       sent: {c.sent}", markup=False, highlight=False)
+            if c.got:
+                out.print(f"       got:  {c.got}", markup=False, highlight=False)
