@@ -6,6 +6,7 @@ engine commit, HLT-53), fails with what was missing or repeated.
 
 from __future__ import annotations
 
+import re
 import time
 
 from sparkfleet.gates.env import GateEnv, user
@@ -25,10 +26,23 @@ def judge(text: str, finish_reason: str | None, top: int = TOP) -> tuple[bool, s
     return ok, why
 
 
+def near_problem(text: str, why: str) -> str:
+    """The few characters of the answer around the first missing or repeated number, or ''."""
+    m = re.search(r"(?:missing|repeated) (\d+)", why)
+    if not m:
+        return ""
+    n = int(m.group(1))
+    hit = re.search(rf"(?<!\d){n - 1 if why.startswith('missing') else n}(?!\d)", text)
+    if not hit:
+        return ""
+    return f"; around it: {text[max(0, hit.start() - 12):hit.end() + 16]!r}"
+
+
 def run(env: GateEnv) -> GateResult:
     t0 = time.monotonic()
     rec = Recorder()
     with rec.step("count 1..100", f"{PROMPT!r} (temperature 0, thinking off, max_tokens {MAX_TOKENS})") as c:
         reply = env.client.chat(env.body(user(PROMPT), max_tokens=MAX_TOKENS))
-        rec.judge(c, judge(reply.content, reply.finish_reason), reply.show())
+        ok, why = judge(reply.content, reply.finish_reason)
+        rec.judge(c, (ok, why), reply.show() + ("" if ok else near_problem(reply.content, why)))
     return verdict(NAME, rec.checks, t0, f"1..{TOP} exact, in order")

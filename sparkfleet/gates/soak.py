@@ -12,6 +12,7 @@ load at once (earlyoom would otherwise kill the engine, CATALOG HLT-23/24, FM-15
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 import string
@@ -74,7 +75,7 @@ def percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(p / 100 * len(ordered))))
     return ordered[rank - 1]
 
 
