@@ -1,0 +1,323 @@
+"""End to end: the gates against a single-rank sim engine on loopback.
+
+Every gate passes on a healthy engine, and each answer fault fails exactly the gates that check
+what it breaks, with the evidence in the output. The gates only speak HTTP; which gates a fault must
+fail is decided here, from what the fault does to answers:
+
+- garbage-tokens: every answer is one repeated token, so every gate that reads an answer fails;
+  models/health and auth look at status codes only.
+- count-off-by-one: counting skips a number: count100, and the soak (its prompts count too).
+- nondeterministic: both text-equality gates (streamed == plain, concurrent == solo).
+- memory-leak: the soak, through a sampler that reads the leak file as a node's MemAvailable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkfleet.gates.env import GateOptions, MemSample
+from sparkfleet.gates.run import GATES, run_gates
+from sparkfleet.spec.profile import Profile
+
+KEY_ENV = "SPARKFLEET_TEST_GATE_KEY"
+KEY = "sk-gate-e2e-5f1c0d7e9a"
+GB = 10**9
+BASE_AVAILABLE = 8 * GB  # the pretend node: 8 GB available, floor 5 GB (HLT-23), earlyoom at 2.4 GB (HLT-24)
+FLOOR, SIGTERM = 5 * GB, int(2.4 * GB)
+
+EXPECTED_FAILS = {
+    "garbage-tokens": {"count100", "needle", "image", "tools", "reasoning", "streaming", "determinism", "soak"},
+    "count-off-by-one": {"count100", "soak"},
+    "needle-blind": {"needle"},
+    "no-tool-calls": {"tools"},
+    "nondeterministic": {"streaming", "determinism"},
+    "auth-open": {"auth"},
+    "stream-usage-missing": {"streaming"},
+    "memory-leak": {"soak"},
+}
+# What the failing gate's evidence must say, per fault (a substring of a failed check's why or got).
+EVIDENCE = {
+    "garbage-tokens": {"count100": "one repeated token: '!'", "soak": "one repeated token"},
+    "count-off-by-one": {"count100": "missing 51", "soak": "missing"},
+    "needle-blind": {"needle": "lacks the needle"},
+    "no-tool-calls": {"tools": "no tool_calls in the answer"},
+    "nondeterministic": {"streaming": "streamed text differs", "determinism": "concurrent text differs from solo"},
+    "auth-open": {"auth": "answered 200: the endpoint serves requests without a valid key"},
+    "stream-usage-missing": {"streaming": "no usage block"},
+    "memory-leak": {"soak": "under its floor 5.00 GB"},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SimEngine:
+    """One sim engine rank (world size 1) on loopback; its leak file is always set, written only by the fault."""
+
+    def __init__(self, tmp: Path, faults: list[str]) -> None:
+        self.port = free_port()
+        self.leak = tmp / "leak_kb"
+        argv = [sys.executable, "-m", "sparkfleet.simengine", "--rank", "0", "--world-size", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--host", "127.0.0.1",
+                "--port", str(self.port), "--served-name", "deepseek-v4.1-flash", "--served-name", "glm-5.3-flash",
+                "--kv-tokens", "2000000", "--boot-seconds", "0.2", "--step-ms", "1", "--api-key-env", KEY_ENV,
+                "--leak-file", str(self.leak), "--log", str(tmp / "engine.log")]
+        for f in faults:
+            argv += ["--fault", f]
+        self.proc = subprocess.Popen(argv, env={**os.environ, KEY_ENV: KEY}, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sim engine exited {self.proc.returncode}: {(tmp / 'engine.log').read_text()}")
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("sim engine did not become healthy in 20 s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def sampler(self):
+        """MemAvailable of a pretend node, less what the engine says it leaked since the first sample."""
+        start: list[int] = []
+
+        def leaked_kb() -> int:
+            try:
+                return int(self.leak.read_text().strip() or 0)
+            except (OSError, ValueError):
+                return 0  # no fault: the engine never writes the file
+
+        def sample() -> dict[str, MemSample]:
+            kb = leaked_kb()
+            if not start:
+                start.append(kb)
+            return {"sim-head": MemSample(BASE_AVAILABLE - (kb - start[0]) * 1024, FLOOR, SIGTERM)}
+
+        return sample
+
+
+def lane(**kw) -> Profile:
+    base = dict(name="sim-lane", engine="vllm", image={"ref": "sim:1"}, model={"repo_dir": "m"}, group="g", port=1,
+                served_names=["deepseek-v4.1-flash", "glm-5.3-flash"], vision=True, tools=True, api_key_env=KEY_ENV)
+    return Profile(**{**base, **kw})
+
+
+def options(engine: SimEngine) -> GateOptions:
+    # Small sizes keep the suite fast; the defaults (32K needle, 2-minute 8-way soak) are for real use.
+    return GateOptions(needle_tokens=(1500,), soak_seconds=1.0, soak_streams=4, soak_sample_s=0.05,
+                       mem_sampler=engine.sampler(), api_key=KEY)
+
+
+@pytest.fixture
+def engine_for(tmp_path):
+    started: list[SimEngine] = []
+
+    def start(*faults: str) -> SimEngine:
+        e = SimEngine(tmp_path, list(faults))
+        started.append(e)
+        return e
+
+    yield start
+    for e in started:
+        e.stop()
+
+
+def test_every_gate_passes_on_a_healthy_engine(engine_for):
+    engine = engine_for()
+    results = run_gates(engine.url, lane(), None, options(engine))
+    assert [r.name for r in results] == list(GATES)
+    assert {r.name: r.status for r in results} == {name: "pass" for name in GATES}, \
+        [r.as_dict() for r in results if r.status != "pass"]
+    soak = next(r for r in results if r.name == "soak")
+    assert soak.data["requests"] > 10 and soak.data["errors"] == 0
+    assert soak.data["memory"]["sim-head"]["samples"] >= 3
+    assert soak.data["ttft_s"]["p50"] > 0 and soak.data["decode_tok_s"]["p50"] > 0
+    assert KEY not in json.dumps([r.as_dict() for r in results])
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED_FAILS))
+def test_each_fault_fails_exactly_its_gates(engine_for, fault):
+    engine = engine_for(fault)
+    results = run_gates(engine.url, lane(), None, options(engine))
+    failed = {r.name for r in results if r.status == "fail"}
+    assert failed == EXPECTED_FAILS[fault], {r.name: r.summary for r in results if r.status == "fail"}
+    assert all(r.status == "pass" for r in results if r.name not in failed)
+    by = {r.name: r for r in results}
+    for gate, phrase in EVIDENCE[fault].items():
+        evidence = " | ".join(f"{c.why} {c.got}" for c in by[gate].failures())
+        assert phrase in evidence, (gate, evidence)
+        assert all(c.why and (c.sent or c.got) for c in by[gate].failures() if not c.name.startswith("memory")) \
+            or gate == "soak"
+    assert KEY not in json.dumps([r.as_dict() for r in results])
+
+
+def test_memory_leak_stops_the_soak_before_earlyoom(engine_for):
+    engine = engine_for("memory-leak")
+    opts = options(engine)
+    opts.soak_seconds = 30  # the breach, not the clock, must end it
+    result = run_gates(engine.url, lane(), ["soak"], opts)[0]
+    assert result.status == "fail"
+    assert result.data["seconds"] < 10
+    mem = result.data["memory"]["sim-head"]
+    assert mem["first"] > FLOOR > mem["lowest"]
+    assert result.checks[0].ok is True  # every answer was right; memory alone failed it
+
+
+def test_a_text_only_lane_without_tools_or_key_skips_those_gates(engine_for):
+    engine = engine_for()
+    p = lane(vision=False, tools=False, api_key_env=None)
+    results = run_gates(engine.url, p, ["models", "count100", "image", "tools", "auth"],
+                        GateOptions(api_key=KEY))
+    status = {r.name: r.status for r in results}
+    assert status == {"models": "pass", "count100": "pass", "image": "skip", "tools": "skip", "auth": "skip"}
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def cli_root(ops_root: Path) -> Path:
+    (ops_root / "profiles" / "simgate.yaml").write_text(
+        "engine: vllm\nimage: {ref: 'sim:1'}\nmodel: {repo_dir: m}\ngroup: sparks\ntp: 4\nport: 8000\n"
+        f"served_names: [deepseek-v4.1-flash, glm-5.3-flash]\nvision: true\ntools: true\napi_key_env: {KEY_ENV}\n")
+    return ops_root
+
+
+def cli(root: Path, *args: str) -> int:
+    from sparkfleet.cli.main import main
+
+    return main(["gates", "--root", str(root), "--profile", "simgate", *args])
+
+
+def test_cli_json_and_exit_codes(engine_for, cli_root, capsys, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    engine = engine_for()
+    assert cli(cli_root, "--endpoint", engine.url, "--only", "models,count100,auth", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"profile", "endpoint", "passed", "summary", "gates"}
+    assert doc["profile"] == "simgate" and doc["endpoint"] == engine.url and doc["passed"] is True
+    assert [g["name"] for g in doc["gates"]] == ["models", "count100", "auth"]
+    gate = doc["gates"][1]
+    assert set(gate) >= {"name", "status", "summary", "elapsed_s", "checks"} and gate["status"] == "pass"
+    assert set(gate["checks"][0]) >= {"name", "ok", "sent", "got", "why", "elapsed_s"}
+    assert KEY not in json.dumps(doc)
+
+    broken = engine_for("count-off-by-one")
+    assert cli(cli_root, "--endpoint", broken.url, "--only", "count100") == 1
+    text = capsys.readouterr().out
+    assert "FAIL count100" in text and "missing 51" in text and "sent: 'Count from 1 to 100" in text
+
+
+def test_cli_bad_input_exits_2(cli_root, capsys, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    assert cli(cli_root, "--endpoint", "http://127.0.0.1:9", "--only", "count100,bogus") == 2
+    assert "unknown gate(s) bogus" in capsys.readouterr().err
+    monkeypatch.delenv(KEY_ENV)
+    assert cli(cli_root, "--endpoint", "http://127.0.0.1:9") == 2
+    assert f"${KEY_ENV}, which is not set" in capsys.readouterr().err
+    monkeypatch.setenv(KEY_ENV, KEY)
+    assert cli(cli_root, "--endpoint", "http://127.0.0.1:9", "--needle-tokens", "12k") == 2
+    assert cli(cli_root, "--endpoint", "http://127.0.0.1:9", "--reasoning-effort", "medium") == 2
+    assert "medium" in capsys.readouterr().err
+
+
+def test_cli_default_endpoint_is_the_heads_host_and_port(cli_root):
+    """Without --endpoint: the head's SSH host (127.0.0.1 for a local-transport node) at the profile's port,
+    the rule RunContext.endpoint() follows. No request is sent (the lab hosts are not on loopback)."""
+    from sparkfleet.cli.gates import endpoint_for
+    from sparkfleet.spec.load import Spec
+
+    inv = Spec(cli_root).inventory("lab")
+    head = inv.nodes[inv.groups["sparks"][0]]
+    assert endpoint_for(head, 8000) == f"http://{head.ssh.host}:8000"
+    local = head.model_copy(update={"transport": "local"})
+    assert endpoint_for(local, 8000) == "http://127.0.0.1:8000"
+
+
+# ---------------------------------------------------------------------------------------------- the `up` step
+
+
+class Events:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def emit(self, event: str, **data) -> None:
+        self.lines.append(data.get("text", event))
+
+
+def fake_ctx(url: str, stop_on_gate_failure: bool):
+    """The parts of a RunContext the gates step uses: endpoint, profile, options, record, events, plan, head."""
+    from types import SimpleNamespace
+
+    from sparkfleet.runner.record import Record
+
+    head = SimpleNamespace(name="reddie")
+    return SimpleNamespace(
+        endpoint=lambda: url, profile=lane(), head=head, transport=None, events=Events(),
+        options=SimpleNamespace(dry_run=False, stop_on_gate_failure=stop_on_gate_failure),
+        record=Record("run-1", "up", "sim-lane", "sim", "sparkfleet up"),
+        plan=SimpleNamespace(ranks=[SimpleNamespace(node=head, role="head", rank=0)]))
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_up_gates_step_fails_the_run_and_stops_the_lane_only_when_asked(engine_for, monkeypatch, stop):
+    from sparkfleet.gates.run import gates_step
+    from sparkfleet.spec.playbook import Step
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    stopped: list[object] = []
+    monkeypatch.setattr("sparkfleet.runner.steps.stop_launch", stopped.append)
+    engine = engine_for("needle-blind")
+    ctx = fake_ctx(engine.url, stop)
+    result = gates_step(ctx, Step(step="gates", args={"only": ["models", "needle"], "needle_tokens": 1500}))
+    assert result.status == "fail"
+    assert [f.check for f in result.findings] == ["gate needle"] and "lacks the needle" in result.findings[0].message
+    assert "I could not find" in result.findings[0].observed
+    assert result.data == {"results": {"models": "pass", "needle": "fail"}}
+    assert KEY in ctx.record.secret_values  # so the record redacts it
+    assert [r["name"] for r in ctx.record.data["gates"]["results"]] == ["models", "needle"]
+    assert any(line.startswith("gate needle: fail") for line in ctx.events.lines)
+    if stop:
+        assert stopped == [ctx] and "every rank of this launch was stopped" in result.summary
+    else:
+        assert stopped == [] and "left running" in result.summary
+    assert KEY not in json.dumps(ctx.record.as_dict())
+
+
+def test_up_gates_step_passes_on_a_healthy_engine(engine_for, monkeypatch):
+    from sparkfleet.gates.run import gates_step
+    from sparkfleet.spec.playbook import Step
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    engine = engine_for()
+    ctx = fake_ctx(engine.url, True)
+    result = gates_step(ctx, Step(step="gates", args={"only": "models,count100,auth"}))
+    assert result.status == "ok" and result.summary == "3 passed, 0 failed, 0 skipped"
+    bad = gates_step(ctx, Step(step="gates", args={"soak_hours": 2}))
+    assert bad.status == "fail" and "unknown gates argument(s) soak_hours" in bad.summary
