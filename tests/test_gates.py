@@ -563,3 +563,16 @@ def test_an_unreachable_endpoint_fails_every_gate_quickly():
     results = run_gates("http://fake", profile(), ["models", "count100", "streaming"], client=client)
     assert [r.status for r in results] == ["fail", "fail", "fail"]
     assert "ConnectError" in results[1].checks[0].why
+
+
+def test_a_crashing_gate_is_a_failure_not_a_traceback(monkeypatch):
+    from sparkfleet.gates import run as runmod
+
+    def boom(env):
+        raise KeyError("content")
+
+    monkeypatch.setitem(runmod.GATES, "count100", boom)
+    api = FakeApi(text("OK"))
+    results = run_gates("http://fake", profile(), ["models", "count100"], client=api.client())
+    assert [r.status for r in results] == ["pass", "fail"]
+    assert "the gate itself crashed (a sparkfleet bug): KeyError" in results[1].summary

@@ -126,6 +126,9 @@ def run_gates(base_url: str, profile: Profile, only: list[str] | None = None, op
                     result = GATES[name](env)
                 except RequestFailed as exc:  # outside a check: e.g. the endpoint went away between checks
                     result = GateResult(name, "fail", str(exc), [Check(name, False, why=str(exc))])
+                except Exception as exc:  # a gate bug must not hide the other gates' verdicts or the run record
+                    why = f"the gate itself crashed (a sparkfleet bug): {type(exc).__name__}: {exc}"
+                    result = GateResult(name, "fail", why, [Check(name, False, why=why)])
             result.elapsed_s = result.elapsed_s or time.monotonic() - t0
             result = _scrub(result, options.api_key)
             results.append(result)
