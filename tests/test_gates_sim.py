@@ -228,6 +228,13 @@ def test_cli_json_and_exit_codes(engine_for, cli_root, capsys, monkeypatch):
     assert set(gate["checks"][0]) >= {"name", "ok", "sent", "got", "why", "elapsed_s"}
     assert KEY not in json.dumps(doc)
 
+    # The soak from the command line; --no-mem-sample keeps it off the lab inventory's (non-loopback) nodes.
+    assert cli(cli_root, "--endpoint", engine.url, "--only", "soak", "--soak-minutes", "0.01", "--soak-streams", "2",
+               "--no-mem-sample", "--json") == 0
+    soak = json.loads(capsys.readouterr().out)["gates"][0]
+    assert soak["status"] == "pass" and soak["data"]["requests"] > 0 and soak["data"]["streams"] == 2
+    assert [c["ok"] for c in soak["checks"]] == [True, None] and "not sampled" in soak["checks"][1]["why"]
+
     broken = engine_for("count-off-by-one")
     assert cli(cli_root, "--endpoint", broken.url, "--only", "count100") == 1
     text = capsys.readouterr().out

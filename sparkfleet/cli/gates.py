@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--soak-streams", type=int, default=8, metavar="N", help="concurrent soak streams (default 8)")
     p.add_argument("--reasoning-effort", metavar="E", help="reasoning_effort for the reasoning gate (never medium)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per request (default 600)")
+    p.add_argument("--no-mem-sample", action="store_true",
+                   help="do not sample MemAvailable on the lane's nodes during the soak (an endpoint whose nodes "
+                   "this machine cannot reach)")
     p.set_defaults(func=run)
 
 
@@ -99,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.endpoint:
             raise  # no endpoint without the lane's head: a spec error, exit 2
     base = args.endpoint.rstrip("/") if args.endpoint else endpoint_for(ranks[0].node, profile.port)
-    if ranks is not None and (only is None or "soak" in only):
+    if ranks is not None and not args.no_mem_sample and (only is None or "soak" in only):
         from sparkfleet.fleet.connect import transport_for
 
         transport = transport_for([r.node for r in ranks])
