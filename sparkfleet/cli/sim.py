@@ -1,0 +1,156 @@
+"""`sparkfleet sim up|down|status|fault|heal`: the simulated lab (a stand-in of an inventory on this machine)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.markup import escape
+from rich.table import Table
+
+from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, out, print_json
+from sparkfleet.sim import faults, lab
+
+ORDER = 90
+TAG = "[sim]"  # every line the sim prints starts with this: nobody should mistake it for the real lab
+
+
+def say(line: str) -> None:
+    out.print(f"{TAG} {line}", markup=False, highlight=False)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sim", help="a simulated copy of the lab on this machine (SIMULATION), for rehearsal and tests",
+        description="Build, inspect, break and remove a simulated lab: one sandbox per inventory node with "
+        "its own /proc, /sys, storage dirs and shims for nvidia-smi, docker and ibdev2netdev. Everything it "
+        "prints is labelled [sim]. Nothing here touches real hardware.",
+        epilog="examples:\n  sparkfleet sim up                      # local transport\n"
+        "  sparkfleet sim up --transport ssh --force   # one real sshd per node on 127.0.0.1\n"
+        "  sparkfleet sim fault asusi clock-latch\n  sparkfleet sim fault reddie port-taken --port 8410\n"
+        "  sparkfleet sim heal                    # every fault on every node\n"
+        "  sparkfleet sim status --json\n  sparkfleet sim down",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ss = p.add_subparsers(dest="sim_command", metavar="ACTION")
+    ss.required = True
+
+    up = ss.add_parser("up", help="build the simulated lab under <state_dir>/sim/")
+    add_root(up)
+    add_inventory(up)
+    add_json(up)
+    up.add_argument("--transport", choices=("local", "ssh"), default="local",
+                    help="local: run on this machine; ssh: one real sshd per node on 127.0.0.1 (default: local)")
+    up.add_argument("--force", action="store_true", help="tear down an existing simulated lab first")
+    up.set_defaults(func=run_up)
+
+    down = ss.add_parser("down", help="stop every sshd the sim started and remove the sandboxes (idempotent)")
+    add_json(down)
+    down.set_defaults(func=run_down)
+
+    st = ss.add_parser("status", help="nodes, transport, faults, sshd pids and ports")
+    add_json(st)
+    st.set_defaults(func=run_status)
+
+    kinds = "\n".join(f"  {k.name:<21} {k.summary}" for k in faults.KINDS.values())
+    f = ss.add_parser("fault", help="inject a fault on one node", epilog=f"kinds:\n{kinds}",
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("node")
+    f.add_argument("kind", metavar="KIND", help="one of: " + ", ".join(faults.KINDS))
+    f.add_argument("--mhz", type=int, help="clock-latch: the latched SM clock under load")
+    f.add_argument("--gib", type=float, help="low-memory: MemAvailable in GiB")
+    f.add_argument("--what", choices=("engram", "cache"), help="missing-mount-source: which dir disappears")
+    f.add_argument("--port", type=int, help="port-taken: the port the foreign container listens on")
+    add_json(f)
+    f.set_defaults(func=run_fault)
+
+    h = ss.add_parser("heal", help="heal one fault, every fault on a node, or all faults")
+    h.add_argument("node", nargs="?")
+    h.add_argument("kind", nargs="?", metavar="KIND")
+    add_json(h)
+    h.set_defaults(func=run_heal)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    sim = lab.up(args.inventory, transport=args.transport, ops_root=args.root, force=args.force)
+    status = sim.status()
+    if args.json:
+        print_json(status)
+        return EXIT_OK
+    say(f"SIMULATION of inventory {args.inventory!r} built in {status['dir']} (transport {sim.transport})")
+    for name, node in status["nodes"].items():
+        where = f"  sshd 127.0.0.1:{node['sshd']['port']} pid {node['sshd']['pid']}" if "sshd" in node else ""
+        say(f"  {name:<10} {node['hardware']:<6} {node['sim_root']}{where}")
+    say(f"inventory: {status['inventory']}  (pass it as --inventory)")
+    if status["known_hosts"]:
+        say(f"host keys pinned in {status['known_hosts']}")
+    for skipped in sim.manifest.get("skipped_profiles", []):
+        say(f"profile skipped (did not load): {skipped}")
+    return EXIT_OK
+
+
+def run_down(args: argparse.Namespace) -> int:
+    removed = lab.down()
+    if args.json:
+        print_json({"simulation": True, "removed": removed})
+    else:
+        say("simulated lab stopped and removed" if removed else "no simulated lab to remove")
+    return EXIT_OK
+
+
+def run_status(args: argparse.Namespace) -> int:
+    sim = lab.current()
+    if sim is None:
+        if args.json:
+            print_json({"simulation": True, "exists": False})
+        else:
+            say("no simulated lab (build one with `sparkfleet sim up`)")
+        return EXIT_OK
+    status = sim.status()
+    if args.json:
+        print_json({"exists": True, **status})
+        return EXIT_OK
+    table = Table(title=escape(f"{TAG} SIMULATION: simulated lab, transport {status['transport']} "
+                               f"({status['dir']})"), title_justify="left")
+    for col in ("node", "hardware", "reachable", "faults", "sshd"):
+        table.add_column(col, overflow="fold")
+    for name, node in status["nodes"].items():
+        sshd = ""
+        if "sshd" in node:
+            pid = node["sshd"]["pid"]
+            sshd = f"127.0.0.1:{node['sshd']['port']} " + (f"pid {pid}" if pid else "stopped")
+        fl = ", ".join(k + "".join(f" {p}={v}" for p, v in params.items() if p in faults.KINDS[k].params
+                                   or p == "what")
+                       for k, params in node["faults"].items())
+        table.add_row(escape(f"{TAG} {name}"), node["hardware"], "yes" if node["reachable"] else "[red]no[/]",
+                      escape(fl) or "-", sshd)
+    out.print(table)
+    say(f"inventory: {status['inventory']}")
+    return EXIT_OK
+
+
+def run_fault(args: argparse.Namespace) -> int:
+    sim = lab.require()
+    params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port}
+    recorded = sim.fault(args.node, args.kind, **params)
+    if args.json:
+        print_json({"simulation": True, "node": args.node, "fault": args.kind, "params": recorded})
+        return EXIT_OK
+    shown = ", ".join(f"{k}={v}" for k, v in recorded.items() if k in faults.KINDS[args.kind].params or k == "what")
+    say(f"fault {args.kind} injected on {args.node}" + (f" ({shown})" if shown else "")
+        + f": {faults.KINDS[args.kind].summary}")
+    return EXIT_OK
+
+
+def run_heal(args: argparse.Namespace) -> int:
+    sim = lab.require()
+    node, kind = args.node, args.kind
+    if kind is None and node in faults.KINDS and node not in sim.nodes:
+        node, kind = None, node  # `sim heal clock-latch`: that kind on every node
+    healed = sim.heal(node, kind)
+    if args.json:
+        print_json({"simulation": True, "healed": [{"node": n, "fault": k} for n, k in healed]})
+        return EXIT_OK
+    if not healed:
+        say("nothing to heal")
+    for node, kind in healed:
+        say(f"healed {kind} on {node}")
+    return EXIT_OK

@@ -1,0 +1,265 @@
+"""Building one node's sandbox from the inventory and the shipped profiles (docs/sim-layout.md).
+
+The controller writes the node's state files (state/node.json: what the node *is*; gpu.json, docker.json,
+faults.json: what it is doing), creates the storage directories the lanes use, copies the shims into
+bin/, and lets `shim.render` derive proc/, sys/ and etc/ from the state. Faults later change only
+state and re-render, which is why healing restores the healthy files byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import posixpath
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkfleet.sim import shim, values
+from sparkfleet.sim.paths import inside
+from sparkfleet.spec.errors import SpecError
+from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.spec.load import Spec
+from sparkfleet.spec.profile import Profile
+
+SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load")
+KIB_PER_GIB = 1024 * 1024
+
+
+@dataclass
+class Lanes:
+    """What the shipped profiles need on the nodes: repo dirs, other paths, images (by node)."""
+
+    profiles: list[Profile] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # profiles that did not load (named in `sim up`'s output)
+
+
+_LANES_CACHE: dict[tuple, Lanes] = {}
+
+
+def load_lanes(spec: Spec) -> Lanes:
+    """Every shipped profile, merged; cached while no profile file changes (parsing them is most of `sim up`)."""
+    files = sorted((spec.root / "profiles").glob("*.yaml"))
+    key = (str(spec.root), tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files))
+    if key not in _LANES_CACHE:
+        _LANES_CACHE.clear()
+        _LANES_CACHE[key] = _load_lanes(spec)
+    return _LANES_CACHE[key]
+
+
+def _load_lanes(spec: Spec) -> Lanes:
+    lanes = Lanes()
+    for name in spec.profile_names():
+        try:
+            lanes.profiles.append(spec.profile(name).profile)
+        except SpecError as exc:
+            lanes.skipped.append(f"{name}: {exc}")
+    return lanes
+
+
+def profiles_for(inv: Inventory, node: Node, lanes: Lanes) -> list[Profile]:
+    """The lanes that would run on this node: their group (or explicit ranks) includes it."""
+    out = []
+    for p in lanes.profiles:
+        members = set(p.ranks or []) | set(inv.groups.get(p.group or "", []))
+        if node.name in members:
+            out.append(p)
+    return out
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _netdev(node: Node, i: int, hca: str) -> str:
+    """HCA i's netdev: the fabric interface, the rail-2 interface, else the mlx5 naming (rocepXsYfZ -> enpXsYfZnp0)."""
+    assert node.rdma is not None
+    if i == 0:
+        return node.rdma.fabric_iface
+    if i == 1 and node.rdma.rail2_iface:
+        return node.rdma.rail2_iface
+    return "en" + hca.removeprefix("roce") + "np0"
+
+
+def _link_local(mac: str) -> str:
+    """fe80:: address from the MAC by modified EUI-64, as the kernel derives it."""
+    b = bytearray(int(x, 16) for x in mac.split(":"))
+    b[0] ^= 0x02
+    eui = bytes(b[:3]) + b"\xff\xfe" + bytes(b[3:])
+    return str(ipaddress.IPv6Address(b"\xfe\x80" + b"\x00" * 6 + eui))
+
+
+def node_state(inv: Inventory, node: Node, ordinal: int) -> dict:
+    """state/node.json: the static facts the shims render from."""
+    hw = inv.hardware(node)
+    sim = values.HARDWARE[node.hardware]
+    total_gib = hw.host_memory_gib or hw.gpu_memory_gib
+    assert total_gib is not None, f"hardware class {node.hardware} has no memory size"
+    total_kb = round(total_gib * KIB_PER_GIB)
+    earlyoom_args = (["-m", _num(hw.earlyoom_percent)] + sim["earlyoom_args_default"]
+                     if hw.earlyoom_percent is not None else list(sim["earlyoom_args_default"]))
+    st = node.storage
+    mounts = [list(m) for m in values.BASE_MOUNTS]
+    if st.model_local and node.hardware in values.LOCAL_MODEL_MOUNT:
+        dev, fstype, opts = values.LOCAL_MODEL_MOUNT[node.hardware]
+        mounts.append([dev, st.model_root, fstype, opts])
+    if st.nfs_mount:
+        server = st.nfs_mount.source.split(":", 1)[0]
+        mode = "ro" if "ro" in st.nfs_mount.options.split(",") else "rw"
+        opts = f"{mode},relatime," + values.NFS4_OPTIONS.format(client=node.fabric_ip or "0.0.0.0", server=server)
+        mounts.append([st.nfs_mount.source, st.nfs_mount.path, "nfs4", opts])
+    processes = [
+        {"pid": values.PIDS["sshd"], "comm": "sshd", "argv": values.SSHD_ARGV, "listen": [["0.0.0.0", 22], ["::", 22]]},
+        {"pid": values.PIDS["earlyoom"], "comm": "earlyoom", "argv": [values.EARLYOOM_BIN] + earlyoom_args,
+         "listen": []},
+    ]
+    kernel_listeners: list[list] = []
+    if st.nfs_export:  # the head serves the model over NFS: rpcbind plus the kernel's nfsd on 2049
+        processes.insert(0, {"pid": values.PIDS["rpcbind"], "comm": "rpcbind", "argv": values.RPCBIND_ARGV,
+                             "listen": [["0.0.0.0", 111], ["::", 111]]})
+        kernel_listeners = [["0.0.0.0", 2049], ["::", 2049]]
+    rdma = []
+    if node.rdma:
+        last = node.fabric_ip.split(".")[-1] if node.fabric_ip else str(ordinal)
+        for i, hca in enumerate(node.rdma.hcas):
+            mac = f"{values.MAC_PREFIX}:{ordinal:02x}:{i:02x}:00"
+            ipv4 = node.fabric_ip if i == 0 else None
+            rdma.append({"hca": hca, "port": 1, "netdev": _netdev(node, i, hca), "mac": mac,
+                         "link_local": _link_local(mac), "ipv4": ipv4,
+                         "ipv6_global": f"{values.IPV6_GLOBAL_PREFIX}::{last}" if ipv4 else None,
+                         "state": "4: ACTIVE", "rate": values.PORT_RATE})
+    uptime = sim["uptime_s"]
+    return {
+        "simulated": True,
+        "node": node.name,
+        "hostname": node.name,
+        "hardware": node.hardware,
+        "meminfo": {"total_kb": total_kb, "available_kb": total_kb - round(sim["used_gib"] * KIB_PER_GIB),
+                    "swap_kb": round(sim["swap_gib"] * KIB_PER_GIB),
+                    "cached_kb": round(values.MEM_CACHED_GIB * KIB_PER_GIB),
+                    "buffers_kb": values.MEM_BUFFERS_MIB * 1024},
+        "uptime": f"{uptime:.2f} {uptime * sim['cpus'] * values.IDLE_FRACTION:.2f}",
+        "mounts": mounts,
+        "storage": st.model_dump(mode="json"),
+        "cifs": {"source": values.CIFS_SOURCE, "options": values.CIFS_OPTIONS},
+        "earlyoom": {"pid": values.PIDS["earlyoom"], "default_args": " ".join(earlyoom_args)},
+        "processes": processes,
+        "kernel_listeners": kernel_listeners,
+        "rdma": rdma,
+        "sim": {"gid_table_size": values.GID_TABLE_SIZE, "container_pid_base": values.CONTAINER_PID_BASE,
+                "container_comm": values.CONTAINER_COMM, "stop_exit_code": values.STOP_EXIT_CODE,
+                "kill_exit_code": values.KILL_EXIT_CODE, "docker_version": values.DOCKER_SERVER_VERSION},
+    }
+
+
+def _uuid(text: str) -> str:
+    h = hashlib.sha256(text.encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def gpu_state(node: Node) -> dict:
+    sim = values.HARDWARE[node.hardware]
+    return {
+        "driver": sim["driver"], "cuda": sim["cuda"],
+        "busy_until": 0,  # set by sim-gpu-load: until then nvidia-smi reads load clocks
+        "step_ms": values.STEP_MS, "slow_after_idle_ms": values.SLOW_AFTER_IDLE_MS,
+        "gpus": [{
+            "index": 0, "name": sim["gpu_name"], "uuid": _uuid(f"sparkfleet-sim gpu {node.name}"), "pstate": "P0",
+            "idle_sm_mhz": sim["idle_sm_mhz"], "load_sm_mhz": sim["load_sm_mhz"], "max_sm_mhz": sim["max_sm_mhz"],
+            "idle_power_w": sim["idle_power_w"], "load_power_w": sim["load_power_w"],
+            "memory_total_mib": sim["memory_total_mib"], "memory_used_mib": sim["memory_used_mib"],
+        }],
+    }
+
+
+def image_id(ref: str) -> str:
+    return "sha256:" + hashlib.sha256(f"sparkfleet-sim image {ref}".encode()).hexdigest()
+
+
+def repository(ref: str) -> str:
+    """`repo:tag` -> `repo` (a registry port's colon is not a tag)."""
+    head, _, last = ref.rpartition("/")
+    return (head + "/" if head else "") + last.split(":", 1)[0]
+
+
+def image_record(ref: str, digests: list[str]) -> dict:
+    """One image as `docker image inspect` shows it; a pinned profile digest is the image's RepoDigest."""
+    if not digests:
+        digests = ["sha256:" + hashlib.sha256(f"sparkfleet-sim digest {ref}".encode()).hexdigest()]
+    return {"Id": image_id(ref), "RepoTags": [ref], "RepoDigests": [f"{repository(ref)}@{d}" for d in digests],
+            "Created": values.IMAGE_CREATED, "Size": values.IMAGE_SIZE, "Architecture": "arm64", "Os": "linux"}
+
+
+def docker_state(profiles: list[Profile]) -> dict:
+    images: dict[str, list[str]] = {}
+    for p in profiles:
+        if p.image:
+            digests = images.setdefault(p.image.ref, [])
+            if p.image.digest and p.image.digest not in digests:
+                digests.append(p.image.digest)
+    return {"daemon": "up", "next_seq": 1, "images": [image_record(r, d) for r, d in images.items()],
+            "containers": []}
+
+
+def storage_paths(node: Node, profiles: list[Profile]) -> tuple[list[str], list[str]]:
+    """(directories, files) the node holds: the lanes' repo dirs and snapshots, Engram/cache/patch roots,
+    TensorFold's recipe and weights dirs, and every bind-mount source the lanes name."""
+    st = node.storage
+    dirs = [st.model_root, st.cache_dir, st.patch_root] + ([st.engram_local_dir] if st.engram_local_dir else [])
+    files: list[str] = []
+    for p in profiles:
+        if p.model:
+            repo = posixpath.join(st.model_root, p.model.repo_dir)
+            snapshot = p.model.snapshot or p.model.revision
+            dirs.append(posixpath.join(repo, "snapshots", snapshot) if snapshot else repo)
+        if p.tensorfold:
+            dirs += [p.tensorfold.recipe_dir, p.tensorfold.model_dir]
+        for m in p.mounts:
+            # a source with a file extension is a file (sitecustomize.py), anything else a directory
+            (files if posixpath.splitext(m.source)[1] else dirs).append(m.source)
+    return sorted(set(dirs)), sorted(set(files) - set(dirs))
+
+
+def install_shims(root: Path) -> None:
+    source = Path(shim.__file__).read_bytes()
+    for name in SHIM_NAMES:
+        target = root / "bin" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source)
+        target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def build_node(root: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lanes) -> None:
+    """Create the sandbox R for one node (R must not exist yet)."""
+    profiles = profiles_for(inv, node, lanes)
+    root.mkdir(parents=True)
+    for sub in ("home", "state/logs", "state/stash"):
+        (root / sub).mkdir(parents=True)
+    (root / shim.STATE / ".lock").touch()
+    shim.save(root, "node.json", node_state(inv, node, ordinal))
+    shim.save(root, "gpu.json", gpu_state(node))
+    shim.save(root, "docker.json", docker_state(profiles))
+    shim.save(root, "faults.json", {"faults": {}})
+    dirs, files = storage_paths(node, profiles)
+    for d in dirs:
+        inside(root, d).mkdir(parents=True, exist_ok=True)
+    for f in files:
+        path = inside(root, f)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# sparkfleet simulation: placeholder for a file a lane bind-mounts\n")
+    for p in profiles:
+        if p.model and p.model.revision:
+            refs = inside(root, posixpath.join(node.storage.model_root, p.model.repo_dir, "refs", "main"))
+            refs.parent.mkdir(parents=True, exist_ok=True)
+            refs.write_text(p.model.revision)
+    install_shims(root)
+    shim.render(root)
+
+
+def remove_tree(path: Path) -> None:
+    """rm -rf, quiet when the path is already gone."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)

@@ -1,0 +1,235 @@
+"""Faults the simulated lab can inject per node, each one of the failures in CATALOG.md §8 (or §1).
+
+A fault is recorded in R/state/faults.json with its parameters. Most faults only change state and
+let `shim.render` redraw proc/ and sys/ (so `heal` gives back the healthy files byte for byte); the
+rest move something aside and back (a storage dir, the whole sandbox) or stop and restart an sshd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkfleet.sim import shim, values
+from sparkfleet.sim.build import image_record
+from sparkfleet.sim.paths import inside
+from sparkfleet.spec.errors import UserError
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    summary: str
+    params: tuple[str, ...] = ()
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("clock-latch", f"under load the SM clock sits at --mhz (default {values.CLOCK_LATCH_MHZ}, inside the "
+         "630-950 MHz latch band) with no throttle reason (FM-09)", ("mhz",)),
+    Kind("slow-state", f"the GPU's steps after an idle pause take {values.SLOW_AFTER_IDLE_MS:g} ms against "
+         f"{values.STEP_MS:g} ms back to back (sim-gpu-load's step timings) (FM-10)"),
+    Kind("low-memory", "MemAvailable drops to --gib (default: below the 100 GiB rank floor on GB10, below the "
+         "10 GiB host floor on GB300) (HLT-03, FM-15)", ("gib",)),
+    Kind("earlyoom-off", "no earlyoom process runs (its /etc/default/earlyoom stays) (INV-13, HLT-24)"),
+    Kind("wrong-gid", "a global IPv6 address takes GID indexes 2/3, so the RoCE v2 IPv4 entry moves from 3 to 5 "
+         "(INV-23)"),
+    Kind("missing-mount-source", "the node's Engram dir (--what engram, default) or cache dir (--what cache) "
+         "disappears (FM-12)", ("what",)),
+    Kind("cifs-model", "the model root is a CIFS/SMB mount instead of local NVMe or the head's NFS (FM-44)"),
+    Kind("port-taken", "a foreign container without sparkfleet labels runs and listens on --port (default 8000) "
+         "(FM-48)", ("port",)),
+    Kind("unreachable", "the node cannot be reached: local mode parks its sandbox, ssh mode stops its sshd (FM-25)"),
+    Kind("docker-down", "the docker daemon is down: every docker command fails as the real CLI does"),
+)}
+
+
+@dataclass
+class Target:
+    """One node as the fault code needs it; `root()` follows the sandbox when it is parked."""
+
+    node: str
+    root: Callable[[], Path]
+    disconnect: Callable[[], None]
+    reconnect: Callable[[], None]
+
+
+def check_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Drop unset parameters; refuse ones the kind does not take."""
+    given = {k: v for k, v in params.items() if v is not None}
+    extra = sorted(set(given) - set(KINDS[kind].params))
+    if extra:
+        takes = ", ".join(f"--{p}" for p in KINDS[kind].params) or "no options"
+        raise UserError(f"fault {kind} does not take --{extra[0]} (it takes {takes})")
+    return given
+
+
+def inject(t: Target, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Turn the fault on; returns the parameters recorded in faults.json."""
+    params = check_params(kind, params)
+    root = t.root()
+    with shim.locked(root):
+        faults = shim.load(root, "faults.json")
+        if kind in faults["faults"]:
+            raise UserError(f"fault {kind} is already on for {t.node}; heal it first: sparkfleet sim heal {t.node} "
+                            f"{kind}")
+        recorded = APPLY[kind](root, params)
+        faults["faults"][kind] = recorded
+        shim.save(root, "faults.json", faults)
+        shim.render(root)
+    if kind == "unreachable":
+        t.disconnect()
+    return recorded
+
+
+def heal(t: Target, kind: str) -> bool:
+    """Turn the fault off and restore exactly what it changed; False when it was not on."""
+    if kind == "unreachable" and kind in active(t.root()):
+        t.reconnect()
+    root = t.root()
+    with shim.locked(root):
+        faults = shim.load(root, "faults.json")
+        if kind not in faults["faults"]:
+            return False
+        HEAL.get(kind, _nothing)(root, faults["faults"][kind])
+        del faults["faults"][kind]
+        shim.save(root, "faults.json", faults)
+        shim.render(root)
+    return True
+
+
+def active(root: Path) -> dict[str, dict[str, Any]]:
+    return shim.load(root, "faults.json")["faults"]
+
+
+# -- per kind ---------------------------------------------------------------------------------
+
+
+def _nothing(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def _clock_latch(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    mhz = int(params.get("mhz", values.CLOCK_LATCH_MHZ))
+    if mhz <= 0:
+        raise UserError(f"--mhz {mhz}: expected a clock in MHz above 0")
+    return {"mhz": mhz}
+
+
+def _low_memory(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    node = shim.load(root, "node.json")
+    gib = float(params.get("gib", values.HARDWARE[node["hardware"]]["low_memory_gib"]))
+    total_gib = node["meminfo"]["total_kb"] / (1024 * 1024)
+    if not 0 <= gib < total_gib:
+        raise UserError(f"--gib {gib:g}: expected 0 <= GiB < MemTotal ({total_gib:g} GiB)")
+    return {"gib": gib, "available_kb": round(gib * 1024 * 1024)}
+
+
+def _wrong_gid(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    node = shim.load(root, "node.json")
+    if not any(p.get("ipv4") for p in node["rdma"]):
+        raise UserError(f"{node['node']} has no RoCE port with a fabric IP (no rdma/fabric_ip in the inventory)")
+    return {}
+
+
+def _stash(root: Path, what: str) -> Path:
+    return root / shim.STATE / "stash" / what
+
+
+def _missing_source(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    node = shim.load(root, "node.json")
+    st = node["storage"]
+    what = params.get("what") or ("engram" if st.get("engram_local_dir") else "cache")
+    keys = {"engram": "engram_local_dir", "cache": "cache_dir"}
+    if what not in keys:
+        raise UserError(f"--what {what}: expected engram or cache")
+    path = st.get(keys[what])
+    if not path:
+        raise UserError(f"{node['node']} has no {keys[what]} in the inventory")
+    src = inside(root, path)
+    if not src.exists():
+        raise UserError(f"{path} is already missing on {node['node']}")
+    os.replace(src, _stash(root, what))  # moved aside, contents kept, so heal puts back the same tree
+    return {"what": what, "path": path}
+
+
+def _unmissing_source(root: Path, params: dict[str, Any]) -> None:
+    target = inside(root, params["path"])
+    if target.is_dir() and not any(target.iterdir()):
+        target.rmdir()  # e.g. `docker run -v` re-created it empty, as dockerd does
+    if target.exists():
+        raise UserError(f"cannot heal missing-mount-source: {params['path']} exists again and is not empty; "
+                        f"the original is kept in {_stash(root, params['what'])}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(_stash(root, params["what"]), target)
+
+
+def _port_taken(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    port = int(params.get("port", 8000))
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port {port}: expected 1-65535")
+    node = shim.load(root, "node.json")
+    docker = shim.load(root, "docker.json")
+    name = f"foreign-lane-{port}"
+    if any(c["Name"] == "/" + name for c in docker["containers"]):
+        raise UserError(f"a container named {name} already exists on {node['node']}")
+    image = next((i for i in docker["images"] if values.FOREIGN_IMAGE in i["RepoTags"]), None)
+    added_image = image is None
+    if image is None:
+        image = image_record(values.FOREIGN_IMAGE, [])
+        docker["images"].append(image)
+    cid = hashlib.sha256(f"sparkfleet-sim foreign {node['node']} {port}".encode()).hexdigest()
+    docker["containers"].append(shim.container_record(
+        node, cid, name, values.FOREIGN_IMAGE, image["Id"],
+        ["vllm", "serve", "/models/glm-5.3", "--port", str(port)], labels=dict(values.FOREIGN_LABELS),
+        network="bridge", ports={f"{port}/tcp": [{"HostIp": "", "HostPort": str(port)}]},
+        created=values.FOREIGN_STARTED_AT, running=True, pid=values.FOREIGN_PID))
+    shim.save(root, "docker.json", docker)
+    return {"port": port, "container": cid, "added_image": added_image}
+
+
+def _unport_taken(root: Path, params: dict[str, Any]) -> None:
+    docker = shim.load(root, "docker.json")
+    gone = [c for c in docker["containers"] if c["Id"] == params["container"]]
+    docker["containers"] = [c for c in docker["containers"] if c["Id"] != params["container"]]
+    for c in gone:
+        with_logs = root / shim.STATE / "logs" / f"{c['Id']}.log"
+        if with_logs.exists():
+            with_logs.unlink()
+    if params.get("added_image"):
+        iid = next((i["Id"] for i in docker["images"] if values.FOREIGN_IMAGE in i["RepoTags"]), None)
+        if iid and not any(c["Image"] == iid for c in docker["containers"]):
+            docker["images"] = [i for i in docker["images"] if i["Id"] != iid]
+    shim.save(root, "docker.json", docker)
+
+
+def _daemon(state: str) -> Callable[[Path, dict[str, Any]], Any]:
+    def change(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+        docker = shim.load(root, "docker.json")
+        docker["daemon"] = state
+        shim.save(root, "docker.json", docker)
+        return {}
+    return change
+
+
+APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "clock-latch": _clock_latch, "slow-state": _nothing, "low-memory": _low_memory, "earlyoom-off": _nothing,
+    "wrong-gid": _wrong_gid,
+    "missing-mount-source": _missing_source, "cifs-model": _nothing, "port-taken": _port_taken,
+    "unreachable": _nothing, "docker-down": _daemon("down"),
+}
+HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
+    "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
+}
+
+
+def move_tree(src: Path, dst: Path) -> None:
+    """Rename a sandbox (same filesystem), falling back to copy+delete across filesystems."""
+    try:
+        os.replace(src, dst)
+    except OSError:
+        shutil.move(str(src), str(dst))

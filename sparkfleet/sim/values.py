@@ -1,0 +1,110 @@
+"""Simulation inputs: every number and name the simulated lab shows that the seeds do not give.
+
+THESE ARE SIMULATION INPUTS, NOT MEASUREMENTS. The seeds (CATALOG.md) give GB10's 121 GiB of unified
+memory, GB300's 494 GiB of Grace RAM and 250.7 GiB of HBM, earlyoom at 2 % on GB10, the 630-950 MHz
+clock latch, the 100 GiB MemAvailable floor, GID index 3 and the Station's XFS /models; those come
+from the inventory's hardware classes or are quoted where used. Everything in this module (idle
+clocks, power draw, pids, MAC addresses, uptimes, container ids, ...) was chosen to look plausible
+and to sit clearly on one side of each threshold the checks use. Change them here, nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Per hardware class: what nvidia-smi and /proc show when the node is healthy.
+HARDWARE: dict[str, dict[str, Any]] = {
+    "gb10": {
+        "gpu_name": "NVIDIA GB10",
+        "max_sm_mhz": 3003,  # clocks.max.sm, as in docs/sim-layout.md's example line
+        "idle_sm_mhz": 208,
+        "load_sm_mhz": 3003,  # a healthy GPU under load runs at its max SM clock, reason 0x0
+        "idle_power_w": 4.8,
+        "load_power_w": 35.2,
+        "memory_total_mib": None,  # unified memory: nvidia-smi prints [N/A] (REFERENCE §4)
+        "memory_used_mib": None,
+        "driver": "580.95.05",
+        "cuda": "13.0",
+        "used_gib": 4.0,  # RAM in use on an idle node after dropping caches: MemAvailable = 117 GiB
+        "low_memory_gib": 80.0,  # low-memory fault default: below the 100 GiB rank floor (HLT-03)
+        "swap_gib": 0,
+        "cpus": 20,
+        "uptime_s": 261234.56,
+        "earlyoom_args_default": ["-r", "3600"],  # Debian's /etc/default/earlyoom (REFERENCE §5)
+    },
+    "gb300": {
+        "gpu_name": "NVIDIA GB300",
+        "max_sm_mhz": 2032,
+        "idle_sm_mhz": 345,
+        "load_sm_mhz": 2032,
+        "idle_power_w": 115.4,
+        "load_power_w": 880.0,
+        "memory_total_mib": 256717,  # 250.7 GiB of visible HBM (INV-50), in MiB
+        "memory_used_mib": 0,
+        "driver": "595.84",  # INV-56
+        "cuda": "13.0",
+        "used_gib": 14.0,  # idle Grace: MemAvailable = 480 GiB
+        "low_memory_gib": 8.0,  # low-memory fault default: below the 10 GiB pin-hot host floor (FM-43)
+        "swap_gib": 0,  # INV-57: "no swap"
+        "cpus": 72,
+        "uptime_s": 93784.12,
+        "earlyoom_args_default": ["-r", "3600"],
+    },
+}
+
+MEM_CACHED_GIB = 1.0  # page cache left after dropping caches (part of MemAvailable)
+MEM_BUFFERS_MIB = 64
+# sim-gpu-load's step timings: 63 ms back to back and 94 ms after idle in the slow state are the seeds'
+# GB10 decode steps (FM-10); the sim reuses them for its stand-in load on every hardware class.
+STEP_MS = 63.0
+SLOW_AFTER_IDLE_MS = 94.0
+CLOCK_LATCH_MHZ = 780  # clock-latch fault default: inside GB10's 630-950 MHz latch band (INV-15)
+IDLE_FRACTION = 0.97  # /proc/uptime's idle seconds = uptime * cpus * this
+
+# Mounts every node has; `/` is the node's own NVMe (ext4), which is where a GB10 head keeps its model root.
+BASE_MOUNTS: list[tuple[str, str, str, str]] = [
+    ("sysfs", "/sys", "sysfs", "rw,nosuid,nodev,noexec,relatime"),
+    ("proc", "/proc", "proc", "rw,nosuid,nodev,noexec,relatime"),
+    ("udev", "/dev", "devtmpfs", "rw,nosuid,relatime,mode=755,inode64"),
+    ("tmpfs", "/run", "tmpfs", "rw,nosuid,nodev,noexec,relatime,size=12689396k,mode=755,inode64"),
+    ("/dev/nvme0n1p2", "/", "ext4", "rw,relatime,errors=remount-ro"),
+    ("/dev/nvme0n1p1", "/boot/efi", "vfat", "rw,relatime,fmask=0077,dmask=0077,codepage=437,iocharset=iso8859-1"),
+]
+# A model root that is its own filesystem on a model-local node, by hardware class (GB300: INV-53, RAID0 XFS).
+LOCAL_MODEL_MOUNT: dict[str, tuple[str, str, str]] = {
+    "gb300": ("/dev/md0", "xfs", "rw,relatime,attr2,inode64,logbufs=8,logbsize=32k,sunit=1024,swidth=2048,noquota"),
+}
+NFS4_OPTIONS = ("vers=4.2,rsize=1048576,wsize=1048576,namlen=255,hard,proto=tcp,timeo=600,retrans=2,sec=sys,"
+                "clientaddr={client},local_lock=none,addr={server}")
+# cifs-model fault: the model root served from the archive NAS over SMB (INV-61 names Milo-Ark; FM-44).
+CIFS_SOURCE = "//milo-ark/models"
+CIFS_OPTIONS = ("rw,relatime,vers=3.1.1,cache=strict,username=milo,uid=0,noforceuid,gid=0,noforcegid,"
+                "addr=10.10.0.50,file_mode=0755,dir_mode=0755,soft,nounix,serverino,mapposix,rsize=4194304,"
+                "wsize=4194304,bsize=1048576,echo_interval=60,actimeo=1,closetimeo=1")
+
+# Processes the sim pretends run on every node (pid, comm, argv, listening (address, port) pairs).
+PIDS = {"rpcbind": 812, "sshd": 1034, "earlyoom": 1187}
+SSHD_ARGV = ["sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups"]
+RPCBIND_ARGV = ["/sbin/rpcbind", "-f", "-w"]
+EARLYOOM_BIN = "/usr/bin/earlyoom"  # systemd's ExecStart=/usr/bin/earlyoom $EARLYOOM_ARGS
+CONTAINER_PID_BASE = 50000  # the main process of the sim's N-th container gets pid BASE + N
+CONTAINER_COMM = "python3"
+
+# RDMA: GID tables are this long (real ConnectX tables hold 255; the sim keeps the first 16).
+GID_TABLE_SIZE = 16
+MAC_PREFIX = "02:5f:46"  # locally administered: node ordinal and HCA ordinal fill the rest
+IPV6_GLOBAL_PREFIX = "fd5f:4600:0:192"  # wrong-gid fault: a global IPv6 address sorts before the IPv4 entries
+PORT_RATE = "200 Gb/sec (4X HDR)"  # INV-21: 200G fabric
+
+# Docker: image metadata (ids and digests are derived from the ref with sha256, so they are stable).
+IMAGE_CREATED = "2026-10-17T03:36:00.000000000Z"
+IMAGE_SIZE = 21474836480
+DOCKER_SERVER_VERSION = "28.3.3"
+STOP_EXIT_CODE = 0  # what `docker stop` leaves as ExitCode (a server that exits cleanly on SIGTERM)
+KILL_EXIT_CODE = 137
+
+# port-taken fault: a lane somebody else started by hand (FM-48: a GLM lane live on :30001 during a launch).
+FOREIGN_IMAGE = "vllm/vllm-openai:glm-5.3"
+FOREIGN_LABELS = {"com.example.owner": "someone-else", "com.example.lane": "glm-5.3"}
+FOREIGN_STARTED_AT = "2026-11-28T22:14:09.512873041Z"
+FOREIGN_PID = 48250
