@@ -328,3 +328,43 @@ def test_up_gates_step_passes_on_a_healthy_engine(engine_for, monkeypatch):
     assert result.status == "ok" and result.summary == "3 passed, 0 failed, 0 skipped"
     bad = gates_step(ctx, Step(step="gates", args={"soak_hours": 2}))
     assert bad.status == "fail" and "unknown gates argument(s) soak_hours" in bad.summary
+
+
+# ---------------------------------------------------------------------------------------------- the fleet sampler
+
+
+def test_fleet_sampler_reads_every_node_of_a_simulated_lab_and_the_soak_catches_low_memory(tmp_path, monkeypatch):
+    """fleet_sampler over the simulated lab (local transport: every node is a sandbox on this machine).
+    A node made low on memory fails the soak with its name and numbers; the others pass."""
+    from sparkfleet.fleet.connect import transport_for
+    from sparkfleet.gates import soak
+    from sparkfleet.gates.env import GateEnv
+    from sparkfleet.sim import lab
+    from tests.test_gates import FakeApi, _solver
+
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path))
+    sim = lab.up("lab")
+    try:
+        inv = sim.inventory()
+        names = inv.groups["sparks"]
+        ranks = [(inv.nodes[n], "head" if i == 0 else "workers") for i, n in enumerate(names)]
+        transport = transport_for([node for node, _ in ranks])
+        sampler = soak.fleet_sampler(transport, ranks, {"head": 5, "workers": 4})
+        healthy = sampler()
+        assert set(healthy) == set(names)
+        for name, s in healthy.items():
+            assert s.error is None and s.available > 10 * GB and s.sigterm is not None
+            assert s.floor == (5 * GB if name == names[0] else 4 * GB)
+        low = names[2]
+        sim.fault(low, "low-memory", gib=3)
+        api = FakeApi(_solver)
+        env = GateEnv(api.client(), "dsv", ["dsv"], True, True, None,
+                      GateOptions(soak_seconds=20, soak_streams=1, soak_sample_s=0.2, mem_sampler=sampler))
+        result = soak.run(env)
+        transport.close()
+    finally:
+        lab.down()
+    assert result.status == "fail" and result.data["seconds"] < 10  # the baseline sample stopped it
+    bad = result.failures()
+    assert [c.name for c in bad] == [f"memory {low}"]
+    assert f"{low}: MemAvailable 3.22 GB under its floor 4.00 GB" in bad[0].why
