@@ -72,7 +72,8 @@ class FakeApi:
                  for i, (n, a) in enumerate(ans.get("tool_calls", []))]
         finish = ans.get("finish", "tool_calls" if calls else "stop")
         tokens = max(1, len(content.split()) + len(reasoning_text.split()))
-        usage = {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
+        prompt = sum(len(str(m.get("content") or "").split()) for m in body["messages"]) + 5  # one token a word
+        usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}
         if not body.get("stream"):
             msg = {"role": "assistant", "content": content or None, "reasoning_content": reasoning_text or None,
                    "tool_calls": calls}
@@ -255,6 +256,18 @@ def test_needle_size_is_exact_with_tokenize_and_places_the_needle_at_depth():
     prompt = [b for b in api.bodies if b["max_tokens"] == needle.ANSWER_TOKENS][0]["messages"][0]["content"]
     at = prompt.index("The secret passphrase is") / len(prompt)
     assert 0.2 < at < 0.3
+
+
+def test_needle_without_tokenize_is_sized_from_two_probes_usage_blocks():
+    api = FakeApi(_needle_answer)
+    r = needle.run(env_for(api, needle_tokens=(5000, 9000)))
+    assert r.status == "pass"
+    for size in r.data["sizes"]:
+        assert size["sizing"] == "calibrated" and size["tokenized"] is None
+        assert abs(size["prompt_tokens"] - size["target"]) <= 20, size
+    probes = [b for b in api.bodies if b["max_tokens"] == 1]
+    assert len(probes) == 2  # calibrated once per run, not per size
+    assert "sized from two probes' usage blocks" in r.checks[0].sent
 
 
 def test_needle_judge():

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
 from sparkfleet.spec.errors import SpecError, UserError
+
+if TYPE_CHECKING:
+    from sparkfleet.gates.env import GateOptions
+    from sparkfleet.gates.result import GateResult
+    from sparkfleet.placement import Rank
+    from sparkfleet.spec.inventory import Node
+    from sparkfleet.spec.load import Loaded, Spec
 
 ORDER = 35
 STYLE = {"pass": "green", "fail": "bold red", "skip": "dim"}
@@ -44,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _ranks(args: argparse.Namespace, sp, loaded):
+def _ranks(args: argparse.Namespace, sp: Spec, loaded: Loaded) -> list[Rank]:
     """The lane's ranks on the inventory (for the default endpoint and the memory sampler)."""
     from sparkfleet.placement import place
 
@@ -52,13 +60,13 @@ def _ranks(args: argparse.Namespace, sp, loaded):
     return place(loaded, inventory)
 
 
-def endpoint_for(node, port: int) -> str:
+def endpoint_for(node: Node, port: int) -> str:
     """http://<head ssh host, or 127.0.0.1 for a local-transport node>:<port> (as RunContext.endpoint)."""
     host = "127.0.0.1" if node.transport == "local" else node.ssh.host
     return f"http://{host}:{port}"
 
 
-def _options(args: argparse.Namespace):
+def _options(args: argparse.Namespace) -> GateOptions:
     from sparkfleet.gates.env import NEEDLE_DEFAULT, NEEDLE_LONG, GateOptions
 
     sizes = NEEDLE_LONG if args.long else NEEDLE_DEFAULT
@@ -115,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             err.print(f"[dim]  .. {name}[/]", highlight=False)
 
-    def finished(r) -> None:
+    def finished(r: GateResult) -> None:
         if not args.json:
             show(r)
 
@@ -135,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if passed else EXIT_FAIL
 
 
-def show(r) -> None:
+def show(r: GateResult) -> None:
     """One line per gate; failed checks with what was sent, what came back and why."""
     out.print(f"[{STYLE[r.status]}]{r.status.upper():<4}[/] {r.name:<12} ({r.elapsed_s:.1f} s) ", end="",
               highlight=False)

@@ -153,12 +153,14 @@ def fit(client: ApiClient, model: str, target: int, depth: float, sizing: Sizing
     seed = secrets.randbits(64) if seed is None else seed
     nonce = make_nonce(random.Random(seed ^ 0x5EED))
     n_words = sizing.words_for(target)
+    if sizing.how != "tokenize":
+        return build(random.Random(seed), n_words, nonce, depth), None
     best: tuple[Haystack, int] | None = None
     for _ in range(FIT_ROUNDS):
         hay = build(random.Random(seed), n_words, nonce, depth)  # same seed: the same words, more or fewer
         count = count_tokens(client, model, hay.text)
-        if count is None:
-            return hay, None
+        if count is None:  # /tokenize answered before but not now: keep the closest fit so far
+            return best if best is not None else (hay, None)
         if best is None or abs(count - target) < abs(best[1] - target):
             best = (hay, count)
         if count == target:
@@ -196,6 +198,8 @@ def run(env: GateEnv) -> GateResult:
             hay, counted = fit(env.client, env.model, send, env.options.needle_depth, sizing)
             if counted is not None:
                 size = f"{counted:,} prompt tokens (/tokenize)"
+            elif sizing.how == "tokenize":
+                size = f"~{send:,} prompt tokens (/tokenize stopped answering; estimated)"
             elif sizing.how == "calibrated":
                 size = f"~{send:,} prompt tokens (sized from two probes' usage blocks; no /tokenize)"
             else:

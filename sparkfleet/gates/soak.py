@@ -20,11 +20,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sparkfleet.gates.client import ApiClient, RequestFailed, clip
 from sparkfleet.gates.env import GateEnv, MemSample, MemSampler, user
 from sparkfleet.gates.result import Check, GateResult, verdict
 from sparkfleet.gates.text import judge_count, judge_number
+
+if TYPE_CHECKING:
+    from sparkfleet.fleet.transport import Transport
+    from sparkfleet.spec.inventory import Node
 
 NAME = "soak"
 GB = 10**9
@@ -281,7 +286,7 @@ def _show(value: float | None, unit: str) -> str:
     return "n/a" if value is None else f"{value:.3g} {unit}"
 
 
-def fleet_sampler(transport, ranks: list[tuple[object, str]], floors_gb: dict[str, float]) -> MemSampler:
+def fleet_sampler(transport: Transport, ranks: list[tuple[Node, str]], floors_gb: dict[str, float]) -> MemSampler:
     """A sampler over the lane's nodes: one facts round trip per node per sample.
 
     `ranks` is [(inventory Node, role)] with role head or workers; floors come from the profile's
