@@ -589,3 +589,16 @@ def test_a_crashing_gate_is_a_failure_not_a_traceback(monkeypatch):
     results = run_gates("http://fake", profile(), ["models", "count100"], client=api.client())
     assert [r.status for r in results] == ["pass", "fail"]
     assert "the gate itself crashed (a sparkfleet bug): KeyError" in results[1].summary
+
+
+def test_requests_keep_the_clients_timeout():
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.extensions["timeout"])
+        return httpx.Response(200, json={"data": []})
+
+    client = ApiClient("http://x", timeout_s=7.0, transport=httpx.MockTransport(handler))
+    client.request("GET", "/v1/models")
+    client.request("GET", "/v1/models", timeout_s=3.0)
+    assert seen[0]["read"] == 7.0 and seen[1]["read"] == 3.0

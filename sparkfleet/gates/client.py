@@ -138,6 +138,11 @@ class ApiClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @staticmethod
+    def _timeout(timeout_s: float | None) -> Any:
+        # httpx reads timeout=None as "no timeout at all"; the client's own default is a sentinel
+        return httpx.Timeout(timeout_s, connect=10.0) if timeout_s else httpx.USE_CLIENT_DEFAULT
+
     def _headers(self, key: Any) -> dict[str, str]:
         key = self.api_key if key is DEFAULT else key
         return {"Authorization": f"Bearer {key}"} if key else {}
@@ -147,7 +152,7 @@ class ApiClient:
         """A raw request (any status); transport errors become RequestFailed."""
         try:
             return self.http.request(method, path, json=body, headers=self._headers(key),
-                                     timeout=httpx.Timeout(timeout_s, connect=10.0) if timeout_s else None)
+                                     timeout=self._timeout(timeout_s))
         except httpx.HTTPError as exc:
             raise RequestFailed(f"{method} {path}: {type(exc).__name__}: {exc}") from None
 
@@ -198,7 +203,7 @@ class ApiClient:
         t0 = time.monotonic()
         try:
             with self.http.stream("POST", "/v1/chat/completions", json=body, headers=self._headers(DEFAULT),
-                                  timeout=httpx.Timeout(timeout_s, connect=10.0) if timeout_s else None) as resp:
+                                  timeout=self._timeout(timeout_s)) as resp:
                 if resp.status_code != 200:
                     resp.read()
                     raise RequestFailed(f"HTTP {resp.status_code}: {_error_text(resp)}", resp.status_code)
