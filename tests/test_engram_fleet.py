@@ -154,7 +154,7 @@ def test_whole_shards(lab: dict, capsys) -> None:
 
 
 def test_progress_lines_come_from_each_node_while_it_copies(lab: dict, monkeypatch) -> None:
-    monkeypatch.setenv("SPARKFLEET_ENGRAM_FAULT", "sleep_per_chunk=0.02")
+    monkeypatch.setenv("SPARKFLEET_ENGRAM_FAULT", "sleep_per_chunk=0.05")
     sp = Spec(lab["ops"])
     loaded = sp.profile("lane")
     ranks = place(loaded, sp.inventory("sim"))
@@ -167,7 +167,7 @@ def test_progress_lines_come_from_each_node_while_it_copies(lab: dict, monkeypat
     seen: list[tuple[str, str]] = []
     transport = transport_for([j.node for j in jobs])
     results = fleet.run_copies(transport, jobs, on_progress=lambda j, e: seen.append((j.node.name, e["event"])),
-                               poll_s=0.2)
+                               poll_s=0.1)
     assert all(r.ok for r, _ in results.values())
     for node in NODES:
         events = [e for n, e in seen if n == node]

@@ -134,7 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--revision", help="checkpoint revision (default: from a .../snapshots/<rev> path)")
     c.add_argument("--no-verify", action="store_true", default=argparse.SUPPRESS, help="skip the read-back")
     c.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help="copy again from scratch")
-    c.add_argument("--chunk-mb", type=float, default=ec.DEFAULT_CHUNK / ec.MiB, help="chunk size (default 8)")
+    c.add_argument("--chunk-mb", type=float, default=ec.DEFAULT_CHUNK / ec.MiB, help="chunk size (default 4)")
     quiet_json(c)
     c.set_defaults(func=run_copy)
 

@@ -51,8 +51,8 @@ STATUS = ".engram-status.json"
 LOCK = ".engram-lock"
 HASH = "sha256"
 MiB = 1 << 20
-DEFAULT_CHUNK = 8 * MiB
-DEFAULT_WINDOW = 32 * MiB  # bytes written between fdatasyncs; the source buffers kept for the compare
+DEFAULT_CHUNK = 4 * MiB
+DEFAULT_WINDOW = 16 * MiB  # bytes per fdatasync + read-back; verify keeps up to 3 windows of buffers
 READ_AHEAD = 2  # chunks the reader thread may hold beyond the window
 MAX_HEADER = 100 * MiB  # safetensors refuses larger headers too
 WHOLE_TENSOR_MAX = 1 * MiB  # 0-/1-D tensors of a layer (NVFP4's global scale) are copied whole
@@ -649,6 +649,13 @@ class Copier:
                               "(CATALOG FM-62: a copy must come from the lane's checkpoint)")
         revision = revision or seen
         plan = build_plan(req, self.source)
+        # A fresh copy removes the files it will write: never let that be the checkpoint itself.
+        if os.path.realpath(self.dest) == os.path.realpath(self.source):
+            raise EngramError(f"{req.dest}: the destination is the checkpoint directory itself")
+        for shard in plan.shards:
+            target = os.path.join(self.dest, shard.name)
+            if os.path.exists(target) and os.path.samefile(target, shard.path):
+                raise EngramError(f"{target} is the source shard itself (a link to it?): choose another --dest")
         try:
             os.makedirs(self.dest, exist_ok=True)
         except OSError as exc:
@@ -790,11 +797,23 @@ class Copier:
 
     def _copy(self, todo: list[Chunk], fds: dict, done: dict, journal, base: dict, done_before: int,
               started: float) -> None:
+        """Three stages, each in its own thread, so the disk is never idle waiting for one of them:
+        reader (pread + hash the source), writer (pwrite), syncer (fdatasync a window, drop it from the
+        cache, read it back and compare, journal it). Memory is the buffers in flight, nothing more."""
         req = self.req
-        count = max(1, req.window_bytes // req.chunk_bytes) + READ_AHEAD
-        pool = BufferPool(count)
-        q: queue.Queue = queue.Queue(maxsize=count)
+        per_window = max(1, req.window_bytes // req.chunk_bytes)
+        # verify keeps each source buffer until its chunk was read back: the window being written, one
+        # waiting and one being synced; without verify a buffer is free once written
+        pool = BufferPool((3 * per_window if req.verify else 1) + READ_AHEAD)
+        reads: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
+        windows: queue.Queue = queue.Queue(maxsize=1)
         stop = threading.Event()
+        failed: list[BaseException] = []
+        state = {"copied": 0, "journaled": 0, "file": None}
+        crash_after = self.faults.get("crash_after_chunks")
+        crash_before_journal = self.faults.get("crash_before_journal")
+        enospc_after = self.faults.get("enospc_after_bytes")
+        delay = self.faults.get("sleep_per_chunk")
 
         def reader() -> None:
             try:
@@ -803,53 +822,35 @@ class Copier:
                         return
                     buf = pool.get(c.length)
                     sfd, _ = fds[c.file]
-                    _pread_into(sfd, buf, c.offset, os.path.join(self.req.source, c.file))
+                    _pread_into(sfd, buf, c.offset, os.path.join(req.source, c.file))
                     digest = hashlib.new(HASH, buf).hexdigest()  # hashlib drops the GIL: overlaps the writes
                     _fadvise_dontneed(sfd, c.offset, c.length)
-                    q.put((c, buf, digest))
-            except BaseException as exc:  # noqa: B036 - handed to the main thread, which raises it
-                q.put(exc)
+                    reads.put((c, buf, digest))
+            except BaseException as exc:  # noqa: B036 - handed to the writer, which raises it
+                reads.put(exc)
                 return
-            q.put(None)
+            reads.put(None)
 
-        thread = threading.Thread(target=reader, name="engram-reader", daemon=True)
-        thread.start()
-        window: list[tuple[Chunk, bytearray, str]] = []
-        window_bytes = 0
-        copied = 0
-        crash_after = self.faults.get("crash_after_chunks")
-        crash_before_journal = self.faults.get("crash_before_journal")
-        enospc_after = self.faults.get("enospc_after_bytes")
-        delay = self.faults.get("sleep_per_chunk")
-        journaled = 0
-        written = 0
-        written_chunks = 0
-        vbufs: dict[int, bytearray] = {}
-
-        def flush() -> None:
-            nonlocal window_bytes, journaled, copied
-            if not window:
-                return
+        def sync_window(window: list) -> None:
             for name in {c.file for c, _, _ in window}:
-                dpath = os.path.join(self.dest, name)
                 try:
-                    os.fdatasync(fds[name][1])  # durable before it is journaled or read back
+                    os.fdatasync(fds[name][1])  # durable before it is read back or journaled
                 except OSError as exc:
                     if _full(exc):
-                        raise EngramError(f"{dpath}: no space left on device; free space and run the copy again "
-                                          "(it resumes from the last verified chunk)", 1) from None
+                        raise EngramError(f"{os.path.join(self.dest, name)}: no space left on device; free "
+                                          "space and run the copy again (it resumes from the last verified chunk)",
+                                          1) from None
                     raise
+            vbuf = bytearray(0)
             while window:
                 c, buf, digest = window[0]
                 dfd = fds[c.file][1]
-                dpath = os.path.join(self.dest, c.file)
                 _fadvise_dontneed(dfd, c.offset, c.length)
                 if req.verify:
                     # read back past the page cache: the disk's bytes, not the buffer just written
-                    vbuf = vbufs.get(c.length)
-                    if vbuf is None:
-                        vbufs.clear()
-                        vbuf = vbufs[c.length] = bytearray(c.length)
+                    if len(vbuf) != c.length:
+                        vbuf = bytearray(c.length)
+                    dpath = os.path.join(self.dest, c.file)
                     _pread_into(dfd, vbuf, c.offset, dpath)
                     _fadvise_dontneed(dfd, c.offset, c.length)
                     if not _same(vbuf, buf):
@@ -858,41 +859,66 @@ class Copier:
                 journal.write(json.dumps({"f": c.file, "o": c.offset, "n": c.length, "h": digest,
                                           "v": req.verify}) + "\n")
                 done[c.key] = {"hash": digest, "verified": req.verify}
-                copied += c.length
+                state["copied"] += c.length
                 window.pop(0)
-                pool.put(buf)
-                journaled += 1
-                if crash_after is not None and journaled >= crash_after:
+                if buf is not None:
+                    pool.put(buf)
+                state["journaled"] += 1
+                if crash_after is not None and state["journaled"] >= crash_after:
                     journal.flush()
                     Faults.crash()
             journal.flush()
-            window_bytes = 0
             elapsed = max(time.monotonic() - started, 1e-9)
-            rate = copied / elapsed
-            left = base["bytes_total"] - done_before - copied
-            self.emit({"event": "progress", **base, "bytes_done": done_before + copied,
+            rate = state["copied"] / elapsed
+            left = base["bytes_total"] - done_before - state["copied"]
+            self.emit({"event": "progress", **base, "bytes_done": done_before + state["copied"],
                        "rate_mb_s": round(rate / MiB, 1), "eta_s": round(left / rate, 1) if rate else None,
-                       "file": window_file})
+                       "file": state["file"]})
 
-        window_file = None
+        def syncer() -> None:
+            while True:
+                window = windows.get()
+                if window is None:
+                    return
+                if failed:  # after a failure only hand the buffers back, so the writer is never stuck
+                    for _, buf, _ in window:
+                        if buf is not None:
+                            pool.put(buf)
+                    continue
+                try:
+                    sync_window(window)
+                except BaseException as exc:  # noqa: B036 - raised again by the writer
+                    failed.append(exc)
+                    for _, buf, _ in window:
+                        if buf is not None:
+                            pool.put(buf)
+
+        rthread = threading.Thread(target=reader, name="engram-reader", daemon=True)
+        sthread = threading.Thread(target=syncer, name="engram-syncer", daemon=True)
+        rthread.start()
+        sthread.start()
+        window: list[tuple[Chunk, bytearray | None, str]] = []
+        window_bytes = written = written_chunks = 0
         try:
             while True:
-                item = q.get()
+                if failed:
+                    raise failed[0]
+                item = reads.get()
                 if item is None:
                     break
                 if isinstance(item, BaseException):
                     raise item
                 c, buf, digest = item
-                window_file = c.file
-                dfd = fds[c.file][1]
+                state["file"] = c.file
                 dpath = os.path.join(self.dest, c.file)
                 try:
                     if enospc_after is not None and written + c.length > enospc_after:
                         raise OSError(errno.ENOSPC, "No space left on device (injected)")
-                    _pwrite_all(dfd, memoryview(buf), c.offset)
+                    _pwrite_all(fds[c.file][1], memoryview(buf), c.offset)
                 except OSError as exc:
+                    pool.put(buf)
                     if _full(exc):
-                        raise EngramError(f"{dpath}: no space left on device after {done_before + copied} of "
+                        raise EngramError(f"{dpath}: no space left on device after {done_before + written} of "
                                           f"{base['bytes_total']} bytes; free space and run the copy again "
                                           "(it resumes from the last verified chunk)", 1) from None
                     raise EngramError(f"{dpath}: write failed: {exc.strerror or exc}", 1) from None
@@ -900,6 +926,9 @@ class Copier:
                 written_chunks += 1
                 if crash_before_journal is not None and written_chunks >= crash_before_journal:
                     Faults.crash()  # written, maybe durable, never journaled: must be copied again
+                if not req.verify:
+                    pool.put(buf)
+                    buf = None
                 window.append((c, buf, digest))
                 window_bytes += c.length
                 if self.on_chunk is not None:
@@ -907,20 +936,29 @@ class Copier:
                 if delay:
                     time.sleep(delay)
                 if window_bytes >= req.window_bytes:
-                    flush()
-            flush()
+                    windows.put(window)
+                    window, window_bytes = [], 0
+            if window:
+                windows.put(window)
+                window = []
         finally:
             stop.set()
-            for _, buf, _ in window:  # first, so a reader waiting for a buffer can finish
-                pool.put(buf)
+            for _, b, _ in window:  # first, so a reader waiting for a buffer can finish
+                if b is not None:
+                    pool.put(b)
             window.clear()
-            while thread.is_alive():  # unblock a reader waiting on a full queue or pool
+            # windows already handed over are still synced and journaled: they were written
+            windows.put(None)
+            sthread.join()
+            while rthread.is_alive():  # unblock a reader waiting on a full queue or pool
                 try:
-                    got = q.get(timeout=0.05)
+                    got = reads.get(timeout=0.05)
                     if isinstance(got, tuple):
                         pool.put(got[1])
                 except queue.Empty:
                     pass
+        if failed:
+            raise failed[0]
 
     def _source_unchanged(self, plan: Plan) -> None:
         """Size, mtime and header hash again at the end: a copy of a moving source is not a copy."""
