@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--profile", "-p", required=True)
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
     up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
+    up.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
+    up.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default 2)")
     up.set_defaults(func=run_playbook, playbook="up")
 
     down = sub.add_parser("down", help="stop a lane (head first), remove rail-2 aliases, verify it is gone",
@@ -65,7 +67,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace, **extra) -> RunOptions:
-    return RunOptions(dry_run=args.dry_run, save_as=getattr(args, "save_as", None), keep=getattr(args, "keep", False),
+    gate_args = {}
+    if getattr(args, "gates", None):
+        gate_args["only"] = args.gates
+    if getattr(args, "soak_minutes", None) is not None:
+        gate_args["soak_minutes"] = args.soak_minutes
+    return RunOptions(gate_args=gate_args, dry_run=args.dry_run, save_as=getattr(args, "save_as", None),
+                      keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint, **extra)
 

@@ -57,6 +57,8 @@ class HumanEvents(Events):
         self._stop_live()
         if event == "step":
             status = data["status"]
+            if status == "start":  # people see the result line; scripts get both
+                return
             style = STATUS_STYLE.get(status, "")
             label = {"start": "..", "ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}.get(status, status)
             self.console.print(f"[{style}]{label:>4}[/] {data['step']:<12} {data.get('summary', '')}")

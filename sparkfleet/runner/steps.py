@@ -505,6 +505,8 @@ def gates(ctx: RunContext, st: Step) -> StepResult:
         from sparkfleet.gates.run import gates_step
     except ImportError:
         return StepResult("skip", "answer gates are not part of this build")
+    if ctx.options.gate_args:
+        st = st.model_copy(update={"args": {**st.args, **ctx.options.gate_args}})
     return gates_step(ctx, st)
 
 

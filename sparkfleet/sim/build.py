@@ -13,6 +13,7 @@ import ipaddress
 import posixpath
 import shutil
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,6 +222,23 @@ def storage_paths(node: Node, profiles: list[Profile]) -> tuple[list[str], list[
     return sorted(set(dirs)), sorted(set(files) - set(dirs))
 
 
+def engine_state(profiles: list[Profile]) -> dict:
+    """state/engine.json: how the docker shim starts the sim engine for a sparkfleet lane.
+
+    A lane's simulated KV size is the lower end of its profile's expectation (a simulation input:
+    real vLLM derives it from the hardware), so a healthy sim lane meets its expectations."""
+    import sparkfleet
+
+    lanes = {}
+    for p in profiles:
+        kv = p.expect.kv_tokens.min if p.expect.kv_tokens else values.ENGINE_DEFAULT_KV_TOKENS
+        lanes[p.name] = {"kv_tokens": kv, "moe_backend": p.expect.moe_backend,
+                         "rehome_layers": 40 if any("rehome done layers=40" in x for x in p.expect.log_lines) else None}
+    return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
+            "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
+            "engram_layers": list(values.ENGRAM_LAYERS), "stop_wait_s": values.ENGINE_STOP_WAIT_S, "lanes": lanes}
+
+
 def install_shims(root: Path) -> None:
     source = Path(shim.__file__).read_bytes()
     for name in SHIM_NAMES:
@@ -241,6 +259,7 @@ def build_node(root: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lane
     shim.save(root, "gpu.json", gpu_state(node))
     shim.save(root, "docker.json", docker_state(profiles))
     shim.save(root, "faults.json", {"faults": {}})
+    shim.save(root, "engine.json", engine_state(profiles))
     dirs, files = storage_paths(node, profiles)
     for d in dirs:
         inside(root, d).mkdir(parents=True, exist_ok=True)

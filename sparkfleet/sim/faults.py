@@ -45,7 +45,24 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "(FM-48)", ("port",)),
     Kind("unreachable", "the node cannot be reached: local mode parks its sandbox, ssh mode stops its sshd (FM-25)"),
     Kind("docker-down", "the docker daemon is down: every docker command fails as the real CLI does"),
+    *(Kind(name, f"sim engine fault for the next launch on this node: {what}") for name, what in (
+        ("worker-crash", "the rank dies while loading weights"),
+        ("slow-boot", "the boot takes ten times longer"),
+        ("kv-low", "the rank profiles less KV than the lane expects"),
+        ("missing-patch", "an ImportError at model init (a patch file that was not mounted)"),
+        ("engine-fatal", "a CUDA error line, then the rank exits"),
+        ("engine-warning", "a scary WARNING line; the boot carries on"),
+        ("garbage-tokens", "every answer is one repeated token (the wrong-commit symptom, FM-13)"),
+        ("count-off-by-one", "counting answers skip a number"),
+        ("needle-blind", "needle questions are never answered"),
+        ("no-tool-calls", "text where a tool call was due"),
+        ("nondeterministic", "identical requests get different text"),
+        ("auth-open", "the API key is not checked"),
+        ("stream-usage-missing", "streams never send the usage chunk"),
+        ("memory-leak", "every request leaks memory"),
+    )),
 )}
+ENGINE_FAULTS = frozenset(k for k, v in KINDS.items() if v.summary.startswith("sim engine fault"))
 
 
 @dataclass
@@ -221,6 +238,7 @@ APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "wrong-gid": _wrong_gid,
     "missing-mount-source": _missing_source, "cifs-model": _nothing, "port-taken": _port_taken,
     "unreachable": _nothing, "docker-down": _daemon("down"),
+    **{k: _nothing for k in ENGINE_FAULTS},
 }
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),

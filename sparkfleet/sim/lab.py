@@ -1,6 +1,6 @@
 """The simulated lab as a whole: `up`, `down`, status, and faults per node (the API the CLI and tests use).
 
-    from sparkfleet.sim import lab
+    from sparkfleet.sim import shim, lab
     sim = lab.up("lab", transport="local")     # builds <state_dir>/sim/; refuses if one exists (force=True)
     sim.fault("asusi", "clock-latch")          # or sim.fault("reddie", "port-taken", port=8410)
     sim.heal("asusi")                          # every fault on asusi; sim.heal() heals all
@@ -153,6 +153,7 @@ def down() -> bool:
     d = paths.sim_dir()
     if not d.exists():
         return False
+    stop_engines()
     ssh = paths.ssh_dir()
     if ssh.is_dir():  # also after a half-finished `up` that never wrote its manifest
         for conf in sorted(ssh.glob("*/sshd_config")):
@@ -260,3 +261,17 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         down()  # leave nothing half-built or running
         raise
     return sim
+
+
+def stop_engines() -> None:
+    """End every sim engine a `docker run` started on any node (parked sandboxes included)."""
+    import signal
+
+    for docker_json in sorted(paths.nodes_dir().glob("*/state/docker.json")):
+        try:
+            docker = json.loads(docker_json.read_text())
+        except (OSError, ValueError):
+            continue
+        for c in docker.get("containers", []):
+            if c.get("SimProcess") and c["State"].get("Running"):
+                shim.stop_engine(c, 2.0, signal.SIGTERM)

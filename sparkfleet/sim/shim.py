@@ -29,6 +29,7 @@ from typing import Any
 
 STATE = "state"
 LABEL_PREFIX = "sparkfleet."  # containers sparkfleet launched carry labels under this prefix
+ENGINE_STOP_WAIT_S = 10.0  # docker stop's default grace before SIGKILL
 ZERO_TIME = "0001-01-01T00:00:00Z"
 DAEMON_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
 
@@ -765,7 +766,7 @@ def docker_ps(argv: list[str], root: Path) -> int:
     if pos:
         raise ShimError(f'"docker ps" accepts no arguments.\nSee \'docker ps --help\'.\n\nUsage:  docker ps '
                         f"[OPTIONS]\n\nList containers (got {pos[0]!r})", 1)
-    docker = _docker_ready(root)
+    docker = _refreshed(root)
     now = time.time()
     everyone = _flag(opts, "-a", "--all")
     rows = [c for c in reversed(docker["containers"])  # newest first, like docker
@@ -828,7 +829,7 @@ def docker_inspect(argv: list[str], root: Path, kind: str | None = None) -> int:
     opts, pos = _opts(argv, {"-f", "--format", "--type"}, {"-s", "--size"})
     if not pos:
         raise ShimError("\"docker inspect\" requires at least 1 argument.\nSee 'docker inspect --help'.", 1)
-    docker = _docker_ready(root)
+    docker = _refreshed(root)
     kind = kind or (_get(opts, "--type") or [None])[-1]
     found, code = [], 0
     for ref in pos:
@@ -945,6 +946,9 @@ def docker_run(argv: list[str], root: Path) -> int:
                 "DeviceRequests": _gpus((_get(opts, "--gpus") or [None])[-1]),
             })
         docker["next_seq"] = seq + 1
+        if running:
+            (root / STATE / "logs").mkdir(exist_ok=True)
+            start_engine(root, container)
         if running or not container["HostConfig"]["AutoRemove"]:  # --rm and exited at once: nothing is left
             docker["containers"].append(container)
             (root / STATE / "logs").mkdir(exist_ok=True)
@@ -957,6 +961,175 @@ def docker_run(argv: list[str], root: Path) -> int:
         sys.stderr.write("[sim] docker run: foreground containers exit at once in the sparkfleet simulation "
                          "(no process runs)\n")
     return 0
+
+
+# -- the sim engine behind a sparkfleet lane's container ----------------------------------------
+# `docker run -d` of a container carrying sparkfleet's labels starts the sim engine as a real process
+# (THIS IS A SIMULATION: no GPU, no weights), its output going to the container's log; stop/kill/rm
+# end it, and ps/inspect/logs first notice a process that has exited (with its exit code).
+
+SUPERVISOR = ("import subprocess, sys\n"
+              "rc = subprocess.call(sys.argv[2:])\n"
+              "open(sys.argv[1], 'w').write(str(rc))\n")
+
+
+def _vllm_flags(cmd: list[str]) -> dict[str, list[str]]:
+    """A vLLM command line as {flag: values} (values run until the next --flag)."""
+    out: dict[str, list[str]] = {}
+    key = None
+    for tok in cmd:
+        if tok.startswith("--"):
+            key, _, val = tok.partition("=")
+            out.setdefault(key, [])
+            if val:
+                out[key].append(val)
+        elif key is not None:
+            out[key].append(tok)
+        else:
+            out.setdefault("", []).append(tok)  # positionals before the first flag (the model path)
+    return out
+
+
+def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[str] | None:
+    """The sim engine command for a lane container, or None when it is not a vLLM lane we can stand in for."""
+    labels = container["Config"]["Labels"] or {}
+    profile = labels.get(LABEL_PREFIX + "profile")
+    cmd = container["Config"]["Cmd"] or []
+    if profile is None or "--port" not in cmd:
+        return None
+    f = _vllm_flags(cmd)
+    env = dict(e.partition("=")[::2] for e in container["Config"]["Env"] or [])
+    lane = cfg["lanes"].get(profile, {})
+    rank = int((f.get("--node-rank") or ["0"])[0])
+    world = int((f.get("--nnodes") or ["1"])[0])
+    port = int(f["--port"][0])
+    argv = [cfg["python"], "-m", "sparkfleet.simengine", "--rank", str(rank), "--world-size", str(world),
+            "--master-addr", "127.0.0.1", "--master-port", (f.get("--master-port") or [str(port + 20000)])[0],
+            "--host", "127.0.0.1", "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
+            "--kv-tokens", str(lane.get("kv_tokens") or 0)]
+    for name in f.get("--served-model-name") or ["model"]:
+        argv += ["--served-name", name]
+    if f.get("--max-model-len"):
+        argv += ["--max-model-len", f["--max-model-len"][0]]
+    model = (f.get("") or f.get("--model") or [None])[0]
+    if model:
+        argv += ["--model", model]
+    if lane.get("moe_backend") and f.get("--moe-backend"):
+        argv += ["--moe-backend", lane["moe_backend"]]
+    if lane.get("rehome_layers"):
+        argv += ["--rehome-layers", str(lane["rehome_layers"])]
+    if env.get("DSV41_ENGRAM_DISK") == "1":
+        rows = int(cfg["engram_table_rows"])
+        start, end = rows * rank // world, rows * (rank + 1) // world
+        argv += ["--engram-ranges", ",".join(f"{layer}:{start}:{end}" for layer in cfg["engram_layers"])]
+        local = env.get("DSV41_ENGRAM_DIR")
+        for b in container["HostConfig"].get("Binds") or []:
+            src, _, rest = b.partition(":")
+            if local and rest.split(":")[0] == local and (root / src.lstrip("/") / "engram-manifest.json").is_file():
+                argv += ["--engram-node-local", "--engram-dir", local]
+    for fault in sorted(faults):
+        if fault in ENGINE_FAULT_NAMES:
+            argv += ["--fault", fault]
+    return argv
+
+
+ENGINE_FAULT_NAMES = frozenset({
+    "worker-crash", "slow-boot", "kv-low", "missing-patch", "engine-fatal", "engine-warning", "garbage-tokens",
+    "count-off-by-one", "needle-blind", "no-tool-calls", "nondeterministic", "auth-open", "stream-usage-missing",
+    "memory-leak"})
+
+
+def start_engine(root: Path, container: dict) -> None:
+    import subprocess
+
+    cfg_path = root / STATE / "engine.json"
+    if not cfg_path.is_file():
+        return
+    cfg = json.loads(cfg_path.read_text())
+    argv = engine_argv(root, container, cfg, load(root, "faults.json")["faults"])
+    if argv is None:
+        return
+    cid = container["Id"]
+    log = root / STATE / "logs" / f"{cid}.log"
+    exit_file = root / STATE / "logs" / f"{cid}.exit"
+    exit_file.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
+    env["PYTHONPATH"] = cfg["package_root"]
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([cfg["python"], "-c", SUPERVISOR, str(exit_file), *argv], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(root), env=env,
+                                start_new_session=True)
+    container["SimProcess"] = {"pid": proc.pid, "exit_file": str(exit_file), "argv": argv}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (our child, not reaped yet) is not alive
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def reap(docker: dict) -> bool:
+    """Mark containers whose engine process ended as exited (with its exit code); True if any changed."""
+    changed = False
+    for c in docker.get("containers", []):
+        sp = c.get("SimProcess")
+        if not sp or not c["State"]["Running"]:
+            continue
+        exit_file = Path(sp["exit_file"])
+        if exit_file.is_file():
+            try:
+                rc = int(exit_file.read_text().strip() or "1")
+            except ValueError:
+                rc = 1
+        elif not _alive(int(sp["pid"])):
+            rc = 137
+        else:
+            continue
+        c["State"].update({"Status": "exited", "Running": False, "Pid": 0, "ExitCode": rc,
+                           "FinishedAt": rfc3339(time.time())})
+        c["NetworkSettings"]["Ports"] = {}
+        changed = True
+    return changed
+
+
+def _refreshed(root: Path) -> dict:
+    """docker.json after noticing engines that exited (so ps/inspect/logs tell the truth)."""
+    with locked(root):
+        docker = _docker_ready(root)
+        if reap(docker):
+            save(root, "docker.json", docker)
+            render(root)
+    return docker
+
+
+def stop_engine(c: dict, wait_s: float, sig_first: int = signal.SIGTERM) -> int | None:
+    """End a container's engine: SIGTERM, then SIGKILL after `wait_s`; the exit code when known."""
+    sp = c.get("SimProcess")
+    if not sp:
+        return None
+    pid, exit_file = int(sp["pid"]), Path(sp["exit_file"])
+    for sig, grace in ((sig_first, wait_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        deadline = time.time() + grace
+        while time.time() < deadline and _alive(pid) and not exit_file.is_file():
+            time.sleep(0.05)
+        if not _alive(pid) or exit_file.is_file():
+            break
+    with contextlib.suppress(OSError, ValueError):
+        return int(exit_file.read_text().strip())
+    return None
 
 
 def container_record(node: dict, cid: str, name: str, image_ref: str, image_id: str, cmd: list[str], *,
@@ -1017,6 +1190,7 @@ def _change(argv: list[str], root: Path, verb: str) -> int:
     with locked(root):
         docker = _docker_ready(root)
         node = load(root, "node.json")
+        reap(docker)
         now = time.time()
         for ref in pos:
             c = _find_container(docker, ref)
@@ -1033,6 +1207,9 @@ def _change(argv: list[str], root: Path, verb: str) -> int:
                     continue
                 if st["Running"]:
                     exit_code = node["sim"]["stop_exit_code"] if verb == "stop" else node["sim"]["kill_exit_code"]
+                    real = stop_engine(c, ENGINE_STOP_WAIT_S if verb == "stop" else 0.0,
+                                       signal.SIGTERM if verb == "stop" else signal.SIGKILL)
+                    exit_code = real if real is not None else exit_code
                     st.update({"Status": "exited", "Running": False, "Pid": 0, "ExitCode": exit_code,
                                "FinishedAt": rfc3339(now)})
                     c["NetworkSettings"]["Ports"] = {}
@@ -1048,6 +1225,8 @@ def _change(argv: list[str], root: Path, verb: str) -> int:
                 st.update({"Status": "running", "Running": True, "ExitCode": 0, "FinishedAt": ZERO_TIME,
                            "StartedAt": rfc3339(now),
                            "Pid": container_pid(node, c["Id"])})
+                if c.get("SimProcess"):
+                    start_engine(root, c)
                 c["NetworkSettings"]["Ports"] = _published(c["HostConfig"].get("PortBindings") or {})
             if verb == "rm":
                 _remove(root, docker, c)
@@ -1069,7 +1248,7 @@ def docker_logs(argv: list[str], root: Path) -> int:
                       {"-f", "--follow", "-t", "--timestamps", "--details"})
     if len(pos) != 1:
         raise ShimError("\"docker logs\" requires exactly 1 argument.\nSee 'docker logs --help'.", 1)
-    docker = _docker_ready(root)
+    docker = _refreshed(root)
     c = _find_container(docker, pos[0])
     if c is None:
         raise ShimError(f"Error response from daemon: No such container: {pos[0]}", 1)

@@ -108,3 +108,11 @@ FOREIGN_IMAGE = "vllm/vllm-openai:glm-5.3"
 FOREIGN_LABELS = {"com.example.owner": "someone-else", "com.example.lane": "glm-5.3"}
 FOREIGN_STARTED_AT = "2026-11-28T22:14:09.512873041Z"
 FOREIGN_PID = 48250
+
+
+# -- the sim engine that `docker run` starts for a sparkfleet lane (simulation inputs, not measurements) --
+ENGINE_BOOT_S = 2.0  # the seeds' Spark boot takes ~11 min (LCH-14); the sim compresses it to seconds
+ENGINE_DEFAULT_KV_TOKENS = 1_000_000  # for a lane whose profile states no KV expectation (e.g. dcp4)
+ENGRAM_TABLE_ROWS = 384_000_000  # ENG-01: 384 million rows per table; a rank reads its 1/TP share (ENG-03)
+ENGRAM_LAYERS = (1, 14)  # ENG-01
+ENGINE_STOP_WAIT_S = 10.0  # `docker stop`'s default grace before SIGKILL
