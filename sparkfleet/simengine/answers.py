@@ -142,7 +142,7 @@ def image_urls(content: Any) -> list[str]:
 
 def places(text: str) -> list[str]:
     """Capitalised names in the text that are not sentence words: the cities a user asks about."""
-    out: list[str] = []
+    found: list[tuple[list[str], bool]] = []
     for m in PLACE.finditer(text):
         words = m.group(1).split()
         while words and words[0].lower().strip(".'’") in NOT_PLACES:
@@ -151,6 +151,17 @@ def places(text: str) -> list[str]:
             words.pop()
         if not words:
             continue
+        before = text[:m.start()].rstrip()
+        # A capital at the start of a sentence may just be the sentence's first word ("Compare ...");
+        # a lone word is kept when it is clearly part of a list ("Tokyo and Berlin", "Tokyo, Berlin").
+        initial = (not before or before[-1] in ".!?:\n\"'“") and words[0] == m.group(1).split()[0]
+        listed = re.match(r"\s*(?:,|and\b|or\b|&|vs\b)", text[m.end():]) is not None
+        found.append((words, initial and (not listed or len(words) > 1)))
+    others = any(not initial for _, initial in found)
+    out: list[str] = []
+    for words, initial in found:
+        if initial and others:
+            words = words[1:]  # drop the sentence's first word; other names show what the user meant
         phrase = re.sub(r"['’]s$", "", " ".join(words)).rstrip(".'’")
         if phrase and phrase not in out:
             out.append(phrase)
@@ -463,7 +474,7 @@ def tool_result_answer(messages: list[dict]) -> tuple[str, str] | None:
     for m in results:
         name, args = calls.get(str(m.get("tool_call_id")), (str(m.get("name") or "the tool"), {}))
         place = next((v for k, v in args.items() if any(x in k.lower() for x in LOCATION_KEYS)), None)
-        rendered = render_tool_result(text_of(m.get("content")))
+        rendered = render_tool_result(text_of(m.get("content"))).rstrip(".")
         if "weather" in name.lower() and place:
             sentences.append(f"The weather in {place}: {rendered}.")
         else:

@@ -23,6 +23,7 @@ FAULTS = (
     "stream-usage-missing",  # streams never carry the final usage chunk
     "memory-leak",  # every served request adds --leak-mb-per-request to --leak-file
 )
+DEFAULT_KV_TOKENS = 1_000_000
 KV_LOW_FACTOR = 0.6  # kv-low: the rank finds 60% of the KV memory it was configured for
 BYTES_PER_KV_TOKEN = 6442450944 / 1888800  # dcp2: 6 GiB of KV holds 1,888,800 tokens (CATALOG HLT-20)
 
@@ -36,7 +37,7 @@ class Config:
     host: str = "0.0.0.0"
     port: int = 8000
     served_names: list[str] = field(default_factory=lambda: ["sim-model"])
-    kv_tokens: int = 1_000_000
+    kv_tokens: int = DEFAULT_KV_TOKENS  # 0 or less on the command line means this default
     max_model_len: int = 262_144
     model: str = "/models/DeepSeek-V4.1-Flash"
     model_gib: float = 81.58
@@ -158,4 +159,6 @@ def parse(argv: list[str] | None = None) -> Config:
         parser.error("at least one --served-name is needed")
     if cfg.has("memory-leak") and not cfg.leak_file:
         parser.error("--fault memory-leak needs --leak-file")
+    if cfg.kv_tokens <= 0:
+        cfg.kv_tokens = DEFAULT_KV_TOKENS  # a lane without a KV expectation still gets a usable cache
     return cfg

@@ -219,7 +219,7 @@ class Worker:
             try:
                 sock = socket.create_connection((addr, port), timeout=2)
             except OSError:
-                stop.wait(0.1)
+                stop.wait(0.05)  # the head is not listening yet: workers start first
                 continue
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -31,7 +31,7 @@ SIM_VERSION = "0.0.0+sparkfleet.sim"
 OWNER = "sparkfleet-sim"
 SIM_HEADER = "x-sparkfleet-sim"
 MAX_BODY = 256 * 1024 * 1024  # a 500K-token needle prompt is a few MB; leave room
-ROUTES = (("/health", "GET"), ("/metrics", "GET"), ("/version", "GET"), ("/v1/models", "GET"),
+ROUTES = (("/health", "GET"), ("/metrics", "GET"), ("/version", "GET"), ("/tokenize", "POST"), ("/v1/models", "GET"),
           ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"))
 IMAGE_PATCH = 28  # one prompt token per 28x28 patch of an image
 
@@ -239,6 +239,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/version":
                 self._json(200, {"version": SIM_VERSION})
+            elif path == "/tokenize":
+                self._tokenize(body)
             elif path == "/v1/models":
                 self._json(200, {"object": "list", "data": [self._model_card(n) for n in app.cfg.served_names]})
             elif app.state == "dead" or app.engine is None:
@@ -259,6 +261,20 @@ class Handler(BaseHTTPRequestHandler):
                 "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len, "permission": []}
 
     # -------------------------------------------------------------------------------- completions
+
+    def _tokenize(self, body: dict) -> None:
+        """vLLM's /tokenize: the prompt's tokens as the engine counts them (chat template applied)."""
+        if body.get("model") not in (None, *self.app.cfg.served_names):
+            raise ApiError(404, f"The model `{body['model']}` does not exist.", "NotFoundError", "model")
+        if "messages" in body:
+            pieces = chat_prompt(body)
+        elif isinstance(body.get("prompt"), str):
+            pieces = tokens.tokenize(body["prompt"])
+        else:
+            raise ApiError(400, "give 'prompt' (a string) or 'messages'", param="prompt")
+        ids = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=3).digest(), "big") for t in pieces]
+        self._json(200, {"count": len(ids), "max_model_len": self.app.cfg.max_model_len, "tokens": ids,
+                         "token_strs": None})
 
     def _completion(self, body: dict, chat: bool) -> None:
         app, cfg = self.app, self.app.cfg
