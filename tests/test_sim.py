@@ -147,9 +147,9 @@ def test_up_builds_one_sandbox_per_node_with_the_contract_layout(ro_sim, source)
         "meminfo", "uptime", "mounts", "net", "sys", "812", "1034", "1187"}  # the head also runs rpcbind for NFS
     assert (asusi / "proc/sys/vm/drop_caches").read_text() == "0\n"
     assert {p.name for p in (asusi / "state").iterdir()} == {
-        "node.json", "gpu.json", "docker.json", "faults.json", "logs", "stash", ".lock"}
-    assert sorted(p.name for p in (asusi / "bin").iterdir()) == ["docker", "ibdev2netdev", "nvidia-smi",
-                                                                 "sim-gpu-load"]
+        "node.json", "gpu.json", "docker.json", "faults.json", "engine.json", "logs", "stash", ".lock"}
+    assert sorted(p.name for p in (asusi / "bin").iterdir()) == ["docker", "ibdev2netdev", "ip", "nvidia-smi",
+                                                                 "sim-gpu-load", "sysctl"]
     for shim in (asusi / "bin").iterdir():
         assert os.access(shim, os.X_OK)
         assert shim.read_text().startswith("#!/usr/bin/env python3\n")
@@ -370,7 +370,7 @@ DCP2_RUN = ["run", "-d", "--name", "sf-dcp2-r1", "--label", "sparkfleet.profile=
             "-v", "/nvme/cache:/cache", "-e", "VLLM_HOST_IP=192.168.192.12",
             "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2",
             "/models/repo/snapshots/df42c109f1defefcbfcedbe7d905718a12266e40", "--host", "0.0.0.0", "--port", "8410",
-            "--node-rank", "1", "--headless"]
+            "--node-rank", "1", "--headless"]  # no --nnodes: not a whole lane rank, so no sim engine starts
 
 
 def listening_ports(root: Path) -> set[int]:

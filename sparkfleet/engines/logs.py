@@ -18,6 +18,7 @@ AUTOTUNE_LOADED = re.compile(r"Loaded (\d+) configs")
 AUTOTUNE_PRELOADED = re.compile(r"Preloaded (\d+)/(\d+)")
 REHOME = re.compile(r"rehome done layers=(\d+)")
 API_UP = re.compile(r"Application startup complete|Starting vLLM API server")
+EXCEPTION = re.compile(r"^(\(\w+ pid=\d+\) )?[\w.]*(Error|Exception|Interrupt)\b.*")
 WARNING = re.compile(r"\bWARN(ING)?\b")
 
 
@@ -36,6 +37,7 @@ class LogFacts:
     rehome_layers: int | None = None
     api_up: bool = False
     fatal: str | None = None  # the first fatal line
+    fatal_detail: str | None = None  # for a traceback: the exception line that ends it
     lines_seen: int = 0
     phase: str = "starting"  # the latest boot phase seen, for the live display
 
@@ -89,6 +91,9 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str]) -> LogFacts:
                 facts.phase = phase
         if facts.fatal is None and fatal_match(line, signatures):
             facts.fatal = line.strip()
+        elif facts.fatal and facts.fatal.startswith("Traceback") and facts.fatal_detail is None \
+                and EXCEPTION.search(line):
+            facts.fatal_detail = line.strip()
     return facts
 
 

@@ -444,7 +444,8 @@ def wait_ready(ctx: RunContext, st: Step) -> StepResult:
                               for r, s in sorted(states.items())])
             for rank, lf in sorted(ctx.log_facts.items()):
                 if lf.fatal:
-                    return _fail_launch(ctx, f"rank {rank} logged a fatal line: {lf.fatal}")
+                    detail = f" ... {lf.fatal_detail}" if lf.fatal_detail else ""
+                    return _fail_launch(ctx, f"rank {rank} logged a fatal line: {lf.fatal}{detail}")
             for rank, s in sorted(states.items()):
                 if s["state"] in ("exited", "dead", "missing"):
                     return _fail_launch(ctx, f"rank {rank} on {s['node']} {s['state']}"

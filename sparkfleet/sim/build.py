@@ -24,7 +24,7 @@ from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.load import Spec
 from sparkfleet.spec.profile import Profile
 
-SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load")
+SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl")
 KIB_PER_GIB = 1024 * 1024
 
 
