@@ -60,6 +60,9 @@ def lane(tmp_path_factory):
     ln.start(1)
     ln.start(2)
     before: list[int | None] = []
+    deadline = time.monotonic() + 20
+    while ln.health() is None and time.monotonic() < deadline:  # the head's API port is bound early
+        time.sleep(0.02)
     deadline = time.monotonic() + 1.0  # twice the boot time: a lane not waiting for rank 3 would be up by now
     while time.monotonic() < deadline:
         before.append(ln.health())
@@ -179,7 +182,7 @@ def test_startup_lines_come_in_order_with_the_configured_numbers(lane):
 
 
 def test_health_is_503_until_every_worker_has_joined(lane):
-    assert 503 in lane.before and 200 not in lane.before
+    assert lane.before and set(lane.before) == {503}
     assert 503 in lane.after and lane.after[-1] == 200
     assert lane.healthy_at > lane.rank3_started
     head = lane.log("r0")
@@ -376,6 +379,9 @@ def test_request_errors_look_like_vllm(lane):
     bad = lane.http.post(lane.url + "/v1/chat/completions", content=b"{not json", headers=lane.headers())
     assert bad.status_code == 400
     assert lane.http.get(lane.url + "/v1/chat/completions", headers=lane.headers()).status_code == 405
+    odd = lane.chat({"messages": msg, "tools": [{"type": "function", "function": {"name": "f", "parameters": 7}}]})
+    assert odd.status_code == 400 and odd.json()["error"]["param"] == "tools"
+    assert "Traceback" not in lane.log() and "Traceback" not in lane.stdout()
 
 
 def test_metrics_parse_and_count_what_was_served(lane):
@@ -512,7 +518,7 @@ def test_slow_boot_takes_much_longer_but_finishes(boot_lanes):
     slow, healthy = boot_lanes["slow-boot"], boot_lanes["healthy"]
     assert slow.ready_after is not None and healthy.ready_after is not None
     # Ten times the configured 0.1 s boot: it cannot be ready sooner, however fast this machine is.
-    assert slow.ready_after > 1.0 and slow.ready_after > healthy.ready_after
+    assert slow.ready_after > 1.0
     assert "Application startup complete" in slow.log()
 
 

@@ -200,6 +200,9 @@ def test_tool_faults_and_refusals():
         chat({**body, "tool_choice": {"type": "function", "function": {"name": "nope"}}})
     with pytest.raises(ApiError, match="enable-auto-tool-choice"):
         chat(body, Options(tools=False))
+    broken = {"type": "function", "function": {"name": "f", "parameters": {"properties": ["city"]}}}
+    with pytest.raises(ApiError, match="JSON schema object"):
+        chat({**user("f for Paris"), "tools": [broken], "tool_choice": {"type": "function", "function": {"name": "f"}}})
 
 
 def test_tool_results_are_read_back_into_the_answer():

@@ -51,9 +51,17 @@ head engine lines `(EngineCore_DP0 pid=N)`, API lines `(APIServer pid=N)`)::
     INFO:     Application startup complete.                                         (head; /health is 200 now)
 
 HTTP (head only): GET /health (503 while booting or after the engine died, 200 serving), /v1/models,
-/metrics (vLLM names, labels model_name and engine), /version; POST /v1/chat/completions and
-/v1/completions, streamed as SSE with several tokens per event and, with stream_options.include_usage,
-a final usage chunk. With --api-key-env naming a set variable, /v1 needs `Authorization: Bearer KEY`.
+/metrics (vLLM names, labels model_name and engine), /version; POST /tokenize (vLLM's: the prompt's
+token count), /v1/chat/completions and /v1/completions, streamed as SSE with several tokens per event
+(one speculative step) and, with stream_options.include_usage, a final usage chunk. With --api-key-env
+naming a set variable, /v1 needs `Authorization: Bearer KEY` (401 otherwise).
+
+Answers are worked out from the request (answers.py): counting, needles searched in the prompt, PNG
+colours decoded with zlib, tool calls chosen from the request's schemas with arguments read from the
+user's text, tool results read back, `reasoning_content` when thinking is on, 400 for
+`reasoning_effort: medium`; anything else gets a sentence seeded by a hash of the request. Tokens are
+words and punctuation marks (tokens.py), the same count for usage, /tokenize and /metrics. Scheduling
+(engine.py) admits by free KV and --max-num-seqs, keeps a prefix cache, preempts when KV runs out.
 
 Faults (--fault, repeatable; each should fail one gate and nothing else)::
 

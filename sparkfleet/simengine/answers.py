@@ -321,6 +321,11 @@ def generic_answer(text: str, rng: random.Random) -> tuple[str, str]:
 def _function(tool: Any) -> dict:
     if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict) or not tool["function"].get("name"):
         raise ApiError(400, "each tool needs {'type': 'function', 'function': {'name': ...}}", param="tools")
+    params = tool["function"].get("parameters")
+    if params is not None and not (isinstance(params, dict) and isinstance(params.get("properties", {}), dict)
+                                   and isinstance(params.get("required", []), list)):
+        raise ApiError(400, f"tool {tool['function']['name']!r}: parameters must be a JSON schema object "
+                       "(properties an object, required a list)", param="tools")
     return tool["function"]
 
 

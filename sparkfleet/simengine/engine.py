@@ -146,9 +146,15 @@ class Engine:
     # ------------------------------------------------------------------------------------ running
 
     def run(self, job: Job, on_finish: Callable[[str], None] | None = None) -> Iterator[list[Piece]]:
-        """Yield the job's output one engine step at a time; closing the iterator early aborts it."""
+        """The job's output one engine step at a time; closing the iterator early aborts it.
+
+        Raises ValueError at once (before anything is sent) when the prompt can never fit the KV cache.
+        """
         if job.prompt_tokens > self.capacity:
             raise ValueError(f"the prompt needs {job.prompt_tokens} KV tokens but the lane has {self.capacity}")
+        return self._steps(job, on_finish)
+
+    def _steps(self, job: Job, on_finish: Callable[[str], None] | None) -> Iterator[list[Piece]]:
         m = self.metrics
         arrival = time.monotonic()
         seat = _Seat()

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import sys
 import threading
 import time
 import uuid
@@ -140,6 +141,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sys_version = ""
     app: App  # set on the subclass make_server() builds
+    responded = False  # a status line went out for the current request
 
     # -------------------------------------------------------------------------------- plumbing
 
@@ -153,6 +155,7 @@ class Handler(BaseHTTPRequestHandler):
                          f'"{self.command} {self.path} HTTP/1.1" {status} {phrase}')
 
     def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self.responded = True
         self.send_response(status)
         self.send_header("content-type", ctype)
         self.send_header("content-length", str(len(body)))
@@ -209,6 +212,7 @@ class Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
     def _route(self, method: str) -> None:
+        self.responded = False  # once a status line went out, errors can only close the connection
         path = self.path.split("?", 1)[0]
         app = self.app
         try:
@@ -251,9 +255,18 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._completion(body, chat=False)
         except ApiError as err:
-            self._error(err)
+            if self.responded:
+                self.close_connection = True
+            else:
+                self._error(err)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception as exc:  # a bug must not print a Traceback, which log scanners read as fatal
+            app.log.error(app.proc, "serving_chat.py:1", f"request failed: {type(exc).__name__}: {exc}")
+            self.close_connection = True
+            if not self.responded:
+                self._json(500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "InternalServerError",
+                                           "param": None, "code": 500}})
 
     def _model_card(self, name: str) -> dict:
         cfg = self.app.cfg
@@ -373,6 +386,7 @@ class Handler(BaseHTTPRequestHandler):
                 return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
 
+        self.responded = True
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
@@ -396,6 +410,13 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             steps.close()  # the client left: abort the request and free its KV
             self.close_connection = True
+        except EngineDead:
+            # Headers are out: report in the stream, as vLLM does for errors after the first chunk.
+            event_error = {"error": {"message": "EngineCore encountered an issue.", "type": "EngineDeadError",
+                                     "code": 500}}
+            self._chunk(f"data: {json.dumps(event_error)}\n\n".encode())
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
         self._access(200)
 
     def _chunk(self, data: bytes) -> None:
@@ -434,9 +455,20 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+    app: App
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One ERROR line instead of the stdlib's traceback (a 'Traceback' line reads as fatal to log scanners)."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return  # a client that went away
+        self.app.log.error(self.app.proc, "launcher.py:1", f"connection from {client_address[0]} failed: "
+                           f"{type(exc).__name__}: {exc}")
 
 
 def make_server(app: App, host: str, port: int) -> Server:
     """Bind the API port (raises OSError when it is taken)."""
     handler = type("SimHandler", (Handler,), {"app": app})
-    return Server((host, port), handler)
+    server = Server((host, port), handler)
+    server.app = app
+    return server
