@@ -1,0 +1,88 @@
+"""RoCE GID index: the configured one must be the node's RoCE v2 IPv4 entry on the fabric HCA (INV-23).
+
+"GID index = this node's RoCE-v2 IPv4 entry (not always 3)": a fixed index that points elsewhere
+makes b12x/TensorFold talk over the wrong GID. `auto` is resolved exactly as the launch resolves it
+(`fleet.gather.resolve_gid_indexes`), so the check and the launch can never disagree.
+"""
+
+from __future__ import annotations
+
+from sparkfleet.findings import Finding
+from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.spec.inventory import Node
+
+from .context import CheckContext
+
+CHECK = "rdma"
+
+
+def right_index(node: Node, facts: NodeFacts) -> int | None:
+    """The node's RoCE v2 IPv4 GID index on its fabric interface, whatever the inventory configures."""
+    assert node.rdma is not None
+    auto = node.model_copy(update={"rdma": node.rdma.model_copy(update={"gid_index": "auto"})})
+    return resolve_gid_indexes([auto], {node.name: facts}).get(node.name)
+
+
+def describe(node: Node, facts: NodeFacts, index: int) -> str:
+    """'index 1: RoCE v2 192.168.192.12 on enp1s0f0np0 (rocep1s0f0 port 1)' for the fabric port's entry."""
+    assert node.rdma is not None
+    iface = node.rdma.fabric_iface
+    ports = sorted(facts.rdma, key=lambda p: p.netdev != iface)  # the fabric interface's port first
+    for p in ports:
+        for g in p.gids:
+            if g.index == index and (g.netdev in (None, iface) or p.netdev != iface):
+                return (f"index {index}: {g.type or '?'} {g.ipv4 or g.gid} on {g.netdev or p.netdev or '?'} "
+                        f"({p.hca} port {p.port})")
+    return f"index {index}"
+
+
+def check(ctx: CheckContext) -> list[Finding]:
+    out: list[Finding] = []
+    if len(ctx.plan.ranks) < 2:
+        return out  # one rank: nothing crosses the fabric
+    for r, f in ctx.ranks():
+        node = r.node
+        if node.rdma is None:
+            continue
+        iface, hcas = node.rdma.fabric_iface, ",".join(node.rdma.hcas)
+        configured = node.rdma.gid_index
+        expected = f"the RoCE v2 IPv4 GID entry on {iface} ({hcas})"
+        if not f.rdma:
+            out.append(Finding(CHECK, "fail", "no RDMA port reported: the lane's ranks cannot reach each other",
+                               "check the ConnectX driver and `ibdev2netdev` on the node", node=node.name,
+                               observed="; ".join(e for e in f.errors if "rdma" in e.lower() or "ib" in e.lower())
+                               or "no ports", expected=expected))
+            continue
+        right = right_index(node, f)
+        if right is None:
+            seen = "; ".join(f"{p.hca}/{p.port} {p.netdev or '?'}: "
+                             + (", ".join(f"{g.index} {g.type or '?'} {g.ipv4 or g.gid}" for g in p.gids) or "no GIDs")
+                             for p in f.rdma)
+            out.append(Finding(CHECK, "fail", f"no RoCE v2 IPv4 GID entry on {iface}",
+                               f"give {iface} its fabric address ({node.fabric_ip or 'fabric_ip'}) and check the "
+                               "port is up (`ibdev2netdev`, `show_gids`) (CATALOG INV-23)", node=node.name,
+                               observed=seen, expected=expected))
+            continue
+        entry = describe(node, f, right)
+        if configured == "auto":
+            out.append(Finding(CHECK, "ok", f"gid_index auto resolves to {right}", node=node.name,
+                               observed=entry, expected=expected))
+        elif int(configured) == right:
+            out.append(Finding(CHECK, "ok", f"gid_index {configured} is the RoCE v2 IPv4 entry", node=node.name,
+                               observed=entry, expected=expected))
+        else:
+            out.append(Finding(CHECK, "fail", f"gid_index {configured} is not this node's RoCE v2 IPv4 entry; "
+                               f"the right index is {right}",
+                               f"set nodes.{node.name}.rdma.gid_index: {right} (or auto) in the inventory "
+                               "(CATALOG INV-23: not always 3)", node=node.name,
+                               observed=f"configured {configured}; {entry}", expected=expected))
+        launch = ctx.launch(node.name)
+        nccl = launch.env.get("NCCL_IB_GID_INDEX") if launch else None
+        if nccl is not None and nccl.strip().isdigit() and int(nccl) != right:
+            out.append(Finding(CHECK, "warn", f"the launch sets NCCL_IB_GID_INDEX={nccl}, but this node's RoCE v2 "
+                               f"IPv4 entry is {right}",
+                               f"check NCCL picks the right GID on {node.name} (NCCL_DEBUG=INFO), or set "
+                               "NCCL_IB_GID_INDEX per node (CATALOG INV-23)", node=node.name,
+                               observed=entry, expected=f"NCCL_IB_GID_INDEX={right}"))
+    return out

@@ -1,0 +1,205 @@
+"""`sparkfleet check --profile P`: preflight every node of a lane and print a table of findings."""
+
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from sparkfleet.checks import run_checks
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    STYLE,
+    add_inventory,
+    add_json,
+    add_root,
+    err,
+    out,
+    print_findings,
+    print_json,
+    spec,
+)
+from sparkfleet.findings import Finding, failed
+from sparkfleet.plan import Plan, make_plan
+from sparkfleet.spec.errors import UserError
+from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.spec.profile import Profile
+
+ORDER = 25
+
+# Run as the node's user: only root may write drop_caches, and a refusal is that node's finding. The
+# sim root prefix (empty on a real node) keeps a simulated node's drop inside its sandbox.
+DROP_CACHES = 'sync; echo 3 > "${SPARKFLEET_SIM_ROOT:-}/proc/sys/vm/drop_caches"'
+DROP_TIMEOUT_S = 120.0  # sync flushes dirty pages first, which can take a while on a busy node
+
+EPILOG = """examples:
+  sparkfleet check --profile dcp2                   # every rank's node: memory, earlyoom, clock, RDMA, storage,
+                                                    # image, bind mounts, port/GPU conflicts
+  sparkfleet check --profile dcp1 --drop-caches     # drop the page cache first (the 100 GiB floor is after it)
+  sparkfleet check --profile dcp2 --probe           # also load each GB10 GPU and judge its clock under load
+  sparkfleet check --profile dcp2 --probe-command 'python3 my_load.py'
+  sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'
+exit status: 0 nothing failed, 1 a check failed or a node did not answer, 2 bad input or a refused lane."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="preflight a lane's nodes: a table of findings with remedies",
+                       description="Gather facts from every node of the lane (one round trip each, in parallel) "
+                       "and run the preflight checks over them: MemAvailable floors, earlyoom and the lane's "
+                       "memory margin, GPU clock latch and slow state, RoCE GID index, model/Engram/cache "
+                       "storage, the image and its digest, bind-mount sources, and whatever holds the lane's "
+                       "port or GPU. Nothing is started or stopped (except --drop-caches and the --probe load).",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_root(p)
+    add_inventory(p)
+    add_json(p)
+    p.add_argument("--profile", "-p", required=True, help="the lane to check")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="drop the page cache on every node first (as the node's ssh user: needs root)")
+    p.add_argument("--probe", action="store_true",
+                   help="run a GPU load on each node whose class has clock-latch thresholds (GB10) and judge "
+                   "the SM clock under it; default load: the matmul in the lane's image (the sim's load on "
+                   "simulated nodes)")
+    p.add_argument("--probe-command", metavar="CMD", help="the load to run instead (implies --probe)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="facts timeout per node (default: 30)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    sp = spec(args)
+    loaded = sp.profile(args.profile)
+    if loaded.profile.abstract:
+        raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane; "
+                        "see `sparkfleet profiles`")
+    profile = loaded.profile
+    inventory = sp.inventory(args.inventory)
+    plan = make_plan(loaded, inventory, sp.playbook("up"), sp.root)
+    if plan.refused:
+        if args.json:
+            print_json({"profile": plan.profile, "inventory": plan.inventory, "ok": False, "refused": True,
+                        "lane": [f.as_dict() for f in plan.findings]})
+        else:
+            print_findings([f for f in plan.findings if f.status == "fail"], err)
+            err.print(f"sparkfleet: lane {plan.profile!r} is refused before any node is contacted; "
+                      "fix the findings above", markup=False)
+        return EXIT_USAGE
+    # the transports and the facts helper are imported when used (they bring fabric/paramiko)
+    from sparkfleet.fleet.connect import transport_for
+    from sparkfleet.fleet.gather import facts_requests, gather
+
+    nodes = [r.node for r in plan.ranks]
+    transport = transport_for(nodes)
+    try:
+        dropped = drop_caches(transport, nodes) if args.drop_caches else {}
+        facts = gather(transport, nodes, facts_requests(inventory, plan, profile), timeout_s=args.timeout)
+        probes: dict[str, dict[str, Any]] = {}
+        if args.probe or args.probe_command:
+            probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)
+    finally:
+        transport.close()
+    findings = run_checks(plan, inventory, facts, profile=profile, probes=probes, caches_dropped=dropped)
+    simulated = {n: bool(getattr(f, "simulated", False)) for n, f in facts.items()}
+    if args.json:
+        print_json(report(plan, inventory, findings, facts, simulated, dropped, probes))
+    else:
+        print_table(plan, findings, simulated)
+        lane = [f for f in plan.findings if f.status != "ok"]
+        if lane:
+            out.print()
+            out.print("[bold]lane[/] (from the profile, see `sparkfleet plan`):")
+            print_findings(lane)
+    return EXIT_FAIL if failed(findings) else EXIT_OK
+
+
+def drop_caches(transport: Any, nodes: list[Node]) -> dict[str, bool | str]:
+    """Drop the page cache everywhere at once: True per node that did, the reason where the command failed.
+
+    A node that cannot be reached is left out: gathering facts reports it as unreachable.
+    """
+    results = transport.run(nodes, DROP_CACHES, timeout_s=DROP_TIMEOUT_S)
+    done: dict[str, bool | str] = {}
+    for name, r in results.items():
+        if r.ok:
+            done[name] = True
+        elif r.error in ("exit", "timeout"):
+            lines = (r.stderr or r.message or "").strip().splitlines()
+            done[name] = lines[-1] if lines else f"exit {r.exit_code}"
+    return done
+
+
+def run_probes(transport: Any, nodes: list[Node], facts: dict[str, Any], profile: Profile,
+               inventory: Inventory, override: str | None) -> dict[str, dict[str, Any]]:
+    """The clock probe on every answering node whose class has latch thresholds, all at once.
+
+    Nodes share one transport call per distinct command (the image load and the sim's load differ).
+    """
+    from sparkfleet.checks import clock, probe
+    from sparkfleet.fleet.facts import NodeFacts
+
+    groups: dict[str, list[Node]] = {}
+    for node in nodes:
+        f = facts.get(node.name)
+        if isinstance(f, NodeFacts) and clock.judged(inventory.hardware(node)):
+            command = probe.probe_command(clock.load_for(node, f, profile, override))
+            groups.setdefault(command, []).append(node)
+    parsed: dict[str, dict[str, Any]] = {}
+    if not groups:
+        return parsed
+    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        futures = [pool.submit(transport.run, members, command, timeout_s=probe.PROBE_MAX_S + 30)
+                   for command, members in groups.items()]
+        for fut in futures:
+            for name, r in fut.result().items():
+                if r.ok:
+                    parsed[name] = probe.parse_output(r.stdout)
+                else:
+                    tail = (r.stderr or "").strip().splitlines()
+                    parsed[name] = {"error": r.message or (tail[-1] if tail else f"exit {r.exit_code}")}
+    return parsed
+
+
+def report(plan: Plan, inventory: Inventory, findings: list[Finding], facts: dict[str, Any],
+           simulated: dict[str, bool], dropped: dict[str, bool | str], probes: dict[str, dict[str, Any]]) -> dict:
+    """The JSON document `check --json` prints."""
+    from sparkfleet.checks import clock, probe
+    from sparkfleet.fleet.facts import NodeFacts
+
+    counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail")}
+    doc: dict[str, Any] = {
+        "profile": plan.profile, "inventory": plan.inventory, "ok": not failed(findings), "summary": counts,
+        "nodes": [{"node": r.node.name, "rank": r.rank, "role": r.role,
+                   "reachable": isinstance(facts.get(r.node.name), NodeFacts),
+                   "simulated": simulated.get(r.node.name, False),
+                   "caches_dropped": dropped.get(r.node.name, False)} for r in plan.ranks],
+        "findings": [f.as_dict() for f in findings],
+        "lane": [f.as_dict() for f in plan.findings],
+    }
+    if probes:
+        doc["probes"] = {name: probe.verdict(run, **clock.thresholds(inventory.hardware(inventory.nodes[name])))
+                         for name, run in probes.items()}
+    return doc
+
+
+def print_table(plan: Plan, findings: list[Finding], simulated: dict[str, bool]) -> None:
+    sim = any(simulated.values())
+    out.print(f"[bold]check[/] {plan.profile} on inventory {plan.inventory}: "
+              + ", ".join(f"rank {r.rank} {r.node.name}" for r in plan.ranks)
+              + (" [magenta]\\[sim: a simulated lab][/]" if sim else ""))
+    table = Table(show_lines=False, pad_edge=False, expand=False)
+    for name in ("node", "check", "status"):
+        table.add_column(name, no_wrap=True)  # short: kept whole so rows can be grepped by node and check
+    for name in ("finding", "observed", "expected", "remedy"):
+        table.add_column(name, overflow="fold")
+    for f in findings:
+        node = (f.node or "") + (" [sim]" if simulated.get(f.node or "") else "")
+        table.add_row(Text(node), Text(f.check), Text(f.status.upper(), style=STYLE[f.status]), Text(f.message),
+                      Text(f.observed or ""), Text(f.expected or ""), Text(f.remedy or ""))
+    out.print(table)
+    counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail")}
+    verdict = "[bold red]FAIL[/]" if counts["fail"] else "[green]ok[/]"
+    out.print(f"{verdict}: {counts['fail']} fail, {counts['warn']} warn, {counts['ok']} ok")
