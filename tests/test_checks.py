@@ -653,7 +653,7 @@ class FakeTransport:
 
     def run(self, nodes, command, *, stdin=None, timeout_s=60.0, env=None):
         self.commands.append(command)
-        if "drop_caches" in command:
+        if "drop_caches" in command:  # sparkfleet.fleet.commands.DROP_CACHES
             return {n.name: self.answers.get(n.name, Result(n.name, True)) for n in nodes}
         return {n.name: Result(n.name, True, stdout=self.probe_stdout) for n in nodes}
 
@@ -734,13 +734,13 @@ def test_cli_drop_caches(repo_spec: Spec, fake_fleet: dict, capsys: pytest.Captu
     profile, inv, plan = lane(repo_spec, "dcp2")
     fake_fleet["facts"] = healthy(profile, inv, plan)
     fake_fleet["transport"] = FakeTransport({"bluey": Result(
-        "bluey", False, stderr="bash: line 1: /proc/sys/vm/drop_caches: Permission denied\n", exit_code=1,
+        "bluey", False, stderr="sysctl: permission denied on key \"vm.drop_caches\"\n", exit_code=1,
         error="exit")})
     assert cli("--profile", "dcp2", "--drop-caches", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
-    assert fake_fleet["transport"].commands == ['sync; echo 3 > "${SPARKFLEET_SIM_ROOT:-}/proc/sys/vm/drop_caches"']
+    assert fake_fleet["transport"].commands == ["sync && sysctl -q -w vm.drop_caches=3"]
     drop = [f for f in doc["findings"] if f["check"] == "drop-caches"]
-    assert len(drop) == 1 and drop[0]["node"] == "bluey" and "Permission denied" in drop[0]["message"]
+    assert len(drop) == 1 and drop[0]["node"] == "bluey" and "permission denied" in drop[0]["message"]
     assert [n["caches_dropped"] for n in doc["nodes"]][:2] == [True, True]
 
 

@@ -25,17 +25,13 @@ from sparkfleet.cli.common import (
     spec,
 )
 from sparkfleet.findings import Finding, failed
+from sparkfleet.fleet.commands import drop_caches
 from sparkfleet.plan import Plan, make_plan
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.profile import Profile
 
 ORDER = 25
-
-# Run as the node's user: only root may write drop_caches, and a refusal is that node's finding. The
-# sim root prefix (empty on a real node) keeps a simulated node's drop inside its sandbox.
-DROP_CACHES = 'sync; echo 3 > "${SPARKFLEET_SIM_ROOT:-}/proc/sys/vm/drop_caches"'
-DROP_TIMEOUT_S = 120.0  # sync flushes dirty pages first, which can take a while on a busy node
 
 EPILOG = """examples:
   sparkfleet check --profile dcp2                   # every rank's node: memory, earlyoom, clock, RDMA, storage,
@@ -114,22 +110,6 @@ def run(args: argparse.Namespace) -> int:
             out.print("[bold]lane[/] (from the profile, see `sparkfleet plan`):")
             print_findings(lane)
     return EXIT_FAIL if failed(findings) else EXIT_OK
-
-
-def drop_caches(transport: Any, nodes: list[Node]) -> dict[str, bool | str]:
-    """Drop the page cache everywhere at once: True per node that did, the reason where the command failed.
-
-    A node that cannot be reached is left out: gathering facts reports it as unreachable.
-    """
-    results = transport.run(nodes, DROP_CACHES, timeout_s=DROP_TIMEOUT_S)
-    done: dict[str, bool | str] = {}
-    for name, r in results.items():
-        if r.ok:
-            done[name] = True
-        elif r.error in ("exit", "timeout"):
-            lines = (r.stderr or r.message or "").strip().splitlines()
-            done[name] = lines[-1] if lines else f"exit {r.exit_code}"
-    return done
 
 
 def run_probes(transport: Any, nodes: list[Node], facts: dict[str, Any], profile: Profile,

@@ -59,6 +59,7 @@ class RunContext:
     started: list[Started] = field(default_factory=list)
     log_facts: dict[int, LogFacts] = field(default_factory=dict)
     logs_tail: dict[int, list[str]] = field(default_factory=dict)
+    caches_dropped: dict | None = None  # node -> True, or why the drop failed
     rendered: bool = False  # plan re-rendered with this run's id and resolved GID indexes
 
     @property

@@ -37,12 +37,13 @@ class Events:
 
 
 class JsonEvents(Events):
-    def __init__(self, stream=sys.stdout):
-        self.stream = stream
+    def __init__(self, stream=None):
+        self.stream = stream  # None: whatever sys.stdout is when an event is written
 
     def emit(self, event: str, **data: Any) -> None:
-        self.stream.write(json.dumps({"event": event, "t": round(time.time(), 3), **data}, default=str) + "\n")
-        self.stream.flush()
+        stream = self.stream or sys.stdout
+        stream.write(json.dumps({"event": event, "t": round(time.time(), 3), **data}, default=str) + "\n")
+        stream.flush()
 
 
 class HumanEvents(Events):

@@ -140,7 +140,8 @@ def facts(ctx: RunContext, st: Step) -> StepResult:
 def check(ctx: RunContext, st: Step) -> StepResult:
     from sparkfleet.checks import run_checks
 
-    findings = run_checks(ctx.plan, ctx.inventory, ctx.facts)
+    findings = run_checks(ctx.plan, ctx.inventory, ctx.facts, profile=ctx.profile,
+                          caches_dropped=ctx.caches_dropped)
     ctx.record.data["findings"] = [f.as_dict() for f in findings]
     if failed(findings):
         n = sum(1 for f in findings if f.status == "fail")
@@ -188,11 +189,18 @@ def manifest_hash(ctx: RunContext) -> str | None:
 def drop_caches(ctx: RunContext, st: Step) -> StepResult:
     if ctx.options.dry_run:
         return StepResult("ok", "would drop the page cache on every node")
-    res = ctx.transport.run(ctx.nodes, "sync && sysctl -q -w vm.drop_caches=3", timeout_s=120)
-    bad = _unreachable(ctx, res)
+    from sparkfleet.fleet.commands import drop_caches as drop
+
+    done = drop(ctx.transport, ctx.nodes)
+    ctx.caches_dropped = done
+    bad = [Finding("drop-caches", "fail", f"could not drop the page cache: {v if v is not True else ''}",
+                   "sparkfleet needs root on the node for this (as the seeds' launcher had)", node=n)
+           for n, v in done.items() if v is not True]
+    missing = [n.name for n in ctx.nodes if n.name not in done]
+    bad += [Finding("reach", "fail", "did not answer", node=n) for n in missing]
     if bad:
         return StepResult("fail", "could not drop caches everywhere", bad)
-    return StepResult("ok", f"dropped the page cache on {len(res)} node(s)")
+    return StepResult("ok", f"dropped the page cache on {len(done)} node(s)")
 
 
 ENGRAM_MANIFEST = "engram-manifest.json"

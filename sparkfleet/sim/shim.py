@@ -1383,6 +1383,8 @@ def sysctl(argv: list[str], root: Path) -> int:
         if not path.parent.is_dir():
             raise ShimError(f"sysctl: cannot stat /proc/sys/{key.replace('.', '/')}: No such file or directory", 255)
         path.write_text(value + "\n")
+        with open(root / STATE / "sysctl.log", "a") as log:  # what was set, for tests and `sim status`
+            log.write(f"{rfc3339(time.time())} {key}={value}\n")
         if "-q" not in argv:
             print(f"{key} = {value}")
     return 0

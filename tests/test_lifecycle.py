@@ -1,0 +1,282 @@
+"""`up`, `down`, `status`, `restore` end to end on the simulated lab (real processes, real HTTP).
+
+THE LAB IS A SIMULATION: the sim engine stands in for vLLM (see sparkfleet/simengine); everything else
+— the runner, transports, facts helper, checks, docker CLI calls, log following — is the real code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkfleet.cli.main import main
+from sparkfleet.runner.record import REDACTED, Record
+from sparkfleet.sim import lab
+from tests.conftest import REPO
+
+FAST = ["--gates", "models", "--poll", "0.2"]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKFLEET_STATE", str(state))
+        s = lab.up("lab")
+        try:
+            yield s
+        finally:
+            lab.down()
+
+
+@pytest.fixture(autouse=True)
+def clean(sim, capsys):
+    yield
+    sim.heal()
+    for profile in ("dcp2", "tf1017-rail2"):
+        main(["down", "--profile", profile, "--inventory", "sim", "--json"])
+    capsys.readouterr()
+
+
+def run(capsys, *argv: str) -> tuple[int, list[dict]]:
+    code = main([*argv, "--json"])
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    return code, events
+
+
+def result(events: list[dict]) -> dict:
+    return next(e for e in events if e["event"] == "result")
+
+
+def containers(sim, profile: str = "dcp2") -> dict[str, list[dict]]:
+    """Every node's containers of a lane, straight from the sim's docker state."""
+    out = {}
+    for node in ("reddie", "asusi", "bluey", "spark4"):
+        docker = json.loads((sim.root(node) / "state/docker.json").read_text())
+        out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == profile]
+    return out
+
+
+def record_of(events: list[dict]) -> dict:
+    run_id = result(events)["run_id"]
+    return json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{run_id}.json").read_text())
+
+
+def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 0, result(events)
+    steps = [(e["step"], e["status"]) for e in events if e["event"] == "step" and e["status"] != "start"]
+    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up",
+                                     "launch:workers", "launch:head", "wait_ready", "expect", "gates", "record"]
+    assert dict(steps)["wait_ready"] == "ok" and dict(steps)["gates"] == "ok"
+    rec = record_of(events)
+    assert rec["outcome"] == "ok"
+    # workers were started before the head, each container labelled with profile, rank and run id
+    assert [(x["node"], x["rank"]) for x in rec["data"]["launches"]] == [
+        ("asusi", 1), ("bluey", 2), ("spark4", 3), ("reddie", 0)]
+    assert rec["data"]["log_facts"]["0"]["kv_tokens"] == 1888800
+    running = containers(sim)
+    for node, rank in (("reddie", 0), ("asusi", 1), ("bluey", 2), ("spark4", 3)):
+        (c,) = running[node]
+        assert c["State"]["Status"] == "running"
+        assert c["Config"]["Labels"] == {"sparkfleet.profile": "dcp2", "sparkfleet.rank": str(rank),
+                                         "sparkfleet.run": rec["run_id"]}
+    for node in ("reddie", "asusi", "bluey", "spark4"):  # caches dropped on every node before the launch
+        assert sim.root(node).joinpath("state/sysctl.log").read_text().split()[-1] == "vm.drop_caches=3"
+
+    assert main(["status", "--inventory", "sim", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert sorted((c["node"], c["rank"], c["state"]) for c in status["containers"]) == [
+        ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
+    assert status["lanes"]["dcp2"]["health"] == 200 and status["lanes"]["dcp2"]["models"] == ["deepseek-v4.1-flash"]
+
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0
+    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
+    engines = [json.loads((sim.root(n) / "state/docker.json").read_text()) for n in ("reddie", "asusi")]
+    assert all(not d["containers"] for d in engines)
+
+
+def test_a_second_up_removes_the_old_lane_first(sim, capsys) -> None:
+    code, first = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 0, result(first)
+    code, second = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 0, result(second)
+    stop = next(e for e in second if e["event"] == "step" and e["step"] == "stop" and e["status"] == "ok")
+    assert stop["summary"] == "removed 4 container(s) on asusi, bluey, spark4, reddie"
+    run_id = result(second)["run_id"]
+    assert {c["Config"]["Labels"]["sparkfleet.run"] for cs in containers(sim).values() for c in cs} == {run_id}
+
+
+@pytest.mark.parametrize("fault, node, why", [
+    ("worker-crash", "bluey", "rank 2 logged a fatal line: Traceback (most recent call last):"),
+    ("engine-fatal", "asusi", "rank 1 logged a fatal line: RuntimeError: CUDA error: an illegal memory access"),
+    ("missing-patch", "spark4", "rank 3 logged a fatal line: Traceback (most recent call last):"),
+])
+def test_fatal_boot_fast_fails_and_stops_every_rank(sim, capsys, fault: str, node: str, why: str) -> None:
+    sim.fault(node, fault)
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 1
+    res = result(events)
+    assert res["outcome"] == "failed" and res["reason"].startswith(f"wait_ready: {why}")
+    assert res["reason"].endswith("every rank of this launch was stopped")
+    states = {n: [c["State"]["Status"] for c in cs] for n, cs in containers(sim).items()}
+    assert states == {"reddie": ["exited"], "asusi": ["exited"], "bluey": ["exited"], "spark4": ["exited"]}
+    rec = record_of(events)
+    rank = int(why.split()[1])
+    assert rec["data"]["last_log_lines"][str(rank)], "the failing rank's last log lines are kept"
+
+
+def test_a_warning_line_is_not_fatal(sim, capsys) -> None:
+    sim.fault("asusi", "engine-warning")
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 0, result(events)
+    rec = record_of(events)
+    assert rec["data"]["log_facts"]["1"]["fatal"] is None
+    (c,) = containers(sim)["asusi"]
+    log = (sim.root("asusi") / "state/logs" / f"{c['Id']}.log").read_text()
+    assert any("WARNING" in line and "CUDA error" in line for line in log.splitlines())
+
+
+def test_kv_below_the_expected_range_fails_expect(sim, capsys) -> None:
+    sim.fault("reddie", "kv-low")
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 1
+    assert result(events)["reason"] == "expect: expectations not met; every rank of this launch was stopped"
+    fs = next(e for e in events if e["event"] == "findings" and e["step"] == "expect")["findings"]
+    kv = next(f for f in fs if f["check"] == "kv-tokens")
+    assert kv["status"] == "fail" and kv["expected"] == "1,888,800"
+    assert all(c["State"]["Status"] == "exited" for cs in containers(sim).values() for c in cs)
+
+
+def test_a_boot_past_its_budget_fails(sim, capsys) -> None:
+    sim.fault("reddie", "slow-boot")
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST, "--boot-budget", "3")
+    assert code == 1
+    assert result(events)["reason"].startswith("wait_ready: not healthy after 3 s (the profile's boot budget)")
+
+
+def test_a_foreign_container_on_the_port_refuses_before_anything_starts(sim, capsys) -> None:
+    sim.fault("reddie", "port-taken", port=8410)
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 1
+    assert result(events)["reason"].startswith("check: ")
+    fs = next(e for e in events if e["event"] == "findings" and e["step"] == "check")["findings"]
+    conflict = [f for f in fs if f["status"] == "fail"]
+    assert len(conflict) == 1 and conflict[0]["node"] == "reddie" and "foreign-lane-8410" in conflict[0]["message"]
+    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
+    docker = json.loads((sim.root("reddie") / "state/docker.json").read_text())
+    assert [c["State"]["Status"] for c in docker["containers"]] == ["running"]  # never touched
+
+
+def test_an_unreachable_node_stops_the_run_before_launch(sim, capsys) -> None:
+    sim.fault("bluey", "unreachable")
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 1
+    assert result(events)["reason"] == "stop: cannot list containers on every node"
+    fs = next(e for e in events if e["event"] == "findings")["findings"]
+    assert [(f["node"], f["check"], f["status"]) for f in fs] == [("bluey", "reach", "fail")]
+
+
+def test_one_run_at_a_time(sim, capsys) -> None:
+    lock = Path(os.environ["SPARKFLEET_STATE"]) / "locks" / "sim.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    import socket
+
+    lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "user": "ops",
+                                "command": "sparkfleet up dcp2", "since": "2026-11-29T02:00:00+0000"}))
+    try:
+        code = main(["up", "--profile", "dcp2", "--inventory", "sim", *FAST])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert "another run holds the fleet lock" in err and f"pid {os.getpid()}" in err and "'sparkfleet up dcp2'" in err
+    finally:
+        lock.unlink()
+    lock.write_text(json.dumps({"pid": 2 ** 22 + 7, "host": socket.gethostname(), "command": "x"}))  # a dead run
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", "--dry-run")
+    assert code == 0 and not lock.exists()
+
+
+def test_restore_after_a_node_went_away_and_refusal_on_drift(sim, capsys, tmp_path) -> None:
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST, "--save-as", "prod")
+    assert code == 0
+    point = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "restore/prod.json").read_text())
+    assert point["profile"] == "dcp2" and point["kv_tokens"] == 1888800
+    assert point["pins"]["ranks"] == {"0": "reddie", "1": "asusi", "2": "bluey", "3": "spark4"}
+    assert set(point["pins"]["images"]) == {"reddie", "asusi", "bluey", "spark4"} and all(point["pins"]["images"].values())
+
+    sim.fault("bluey", "unreachable")  # a worker powered off by accident
+    code, events = run(capsys, "restore", "prod", "--inventory", "sim", *FAST)
+    assert code == 1
+    sim.heal("bluey")
+    code, events = run(capsys, "restore", "prod", "--inventory", "sim", *FAST)
+    assert code == 0, result(events)
+    pins = next(e for e in events if e["event"] == "step" and e["step"] == "pins" and e["status"] != "start")
+    assert pins["status"] == "ok" and pins["summary"] == "every pin of 'prod' matches the fleet"
+    fs = next(e for e in events if e["event"] == "findings" and e["step"] == "expect")["findings"]
+    assert next(f for f in fs if f["check"] == "kv-tokens")["message"] == "KV cache 1,888,800 tokens (recorded 1,888,800)"
+
+    ops = tmp_path / "ops"
+    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
+        shutil.copytree(REPO / d, ops / d)
+    with open(ops / "profiles/dcp2.yaml", "a") as f:
+        f.write("  DSV41_NEW_LEVER: 1\n")  # the profile drifted after the point was recorded
+    code, events = run(capsys, "restore", "prod", "--inventory", "sim", "--root", str(ops), *FAST)
+    assert code == 1
+    fs = next(e for e in events if e["event"] == "findings" and e["step"] == "pins")["findings"]
+    assert [f["message"] for f in fs] == ["the merged profile changed since it was recorded (profile_sha256)"]
+
+    assert main(["restore", "--list", "--json"]) == 0
+    assert [p["name"] for p in json.loads(capsys.readouterr().out)] == ["prod"]
+
+
+def test_restore_without_a_point_uses_the_profile(sim, capsys) -> None:
+    code, events = run(capsys, "restore", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 0, result(events)
+    pins = next(e for e in events if e["event"] == "step" and e["step"] == "pins" and e["status"] != "start")
+    assert pins["summary"] == "no recorded restore point: restoring from the profile's own pins"
+
+
+def test_rail2_aliases_are_added_for_the_lane_and_removed_on_down(sim, capsys, tmp_path) -> None:
+    playbook = tmp_path / "rail2.yaml"
+    playbook.write_text("name: rail2-only\nsteps:\n  - rail2_up\n  - record\n")
+    code, events = run(capsys, "play", str(playbook), "--profile", "tf1017-rail2", "--inventory", "sim")
+    assert code == 0, result(events)
+
+    def aliases(node: str) -> list:
+        path = sim.root(node) / "state/net.json"
+        return json.loads(path.read_text())["aliases"] if path.exists() else []
+
+    assert aliases("reddie") == [{"cidr": "192.168.193.11/24", "dev": "enP2p1s0f0np0"}]
+    assert aliases("asusi") == [{"cidr": "192.168.193.12/24", "dev": "enP2p1s0f0np0"}]
+    assert aliases("bluey") == []  # only the two rail-2 nodes
+    code, events = run(capsys, "down", "--profile", "tf1017-rail2", "--inventory", "sim")
+    assert code == 0 and aliases("reddie") == [] and aliases("asusi") == []
+
+
+def test_tensorfold_starts_ranks_3_2_1_then_0(sim, capsys) -> None:
+    code, events = run(capsys, "up", "--profile", "tf1017", "--inventory", "sim", "--dry-run")
+    assert code == 0
+    launches = [e["summary"] for e in events if e["event"] == "step" and e["step"].startswith("launch")
+                and e["status"] == "ok"]
+    assert launches == ["would start rank 3 on spark4, rank 2 on bluey, rank 1 on asusi", "would start rank 0 on reddie"]
+
+
+def test_runs_are_recorded_and_secrets_redacted(sim, capsys) -> None:
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    run_id = result(events)["run_id"]
+    assert main(["runs", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert run_id in [r["run_id"] for r in runs]
+    assert main(["runs", "show", run_id]) == 0
+    assert f"run {run_id}: up dcp2 on sim: ok" in capsys.readouterr().out
+    rec = Record("r", "up", "p", "i", "c", secret_values={"sk-live-123456"})
+    rec.data = {"env": {"HF_TOKEN": "hf_abc", "MODE": "x"}, "argv": ["-e", "VLLM_API_KEY=sk-live-123456"],
+                "text": "auth with sk-live-123456"}
+    d = rec.as_dict()["data"]
+    assert d == {"env": {"HF_TOKEN": REDACTED, "MODE": "x"}, "argv": ["-e", f"VLLM_API_KEY={REDACTED}"],
+                 "text": f"auth with {REDACTED}"}
