@@ -14,9 +14,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The main job on a simulated copy of the lab (a SIMULATION: no GPU, the sim engine stands in for vLLM).
 demo: $(STAMP)
 	$(BIN)/sparkfleet profiles
 	$(BIN)/sparkfleet plan --profile dcp2
+	$(BIN)/sparkfleet sim up --force
+	$(BIN)/sparkfleet up --profile dcp2 --inventory sim --soak-minutes 0.25
+	$(BIN)/sparkfleet status --inventory sim
+	@echo
+	@echo "The simulated dcp2 lane serves at http://127.0.0.1:8410/v1 (try: curl -s http://127.0.0.1:8410/v1/models)."
+	@echo "Stop it with: $(BIN)/sparkfleet down --profile dcp2 --inventory sim && $(BIN)/sparkfleet sim down"
 
 test: $(STAMP)
 	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
