@@ -31,8 +31,11 @@ from sparkfleet.spec.profile import Profile
 KEY_ENV = "SPARKFLEET_TEST_GATE_KEY"
 KEY = "sk-gate-e2e-5f1c0d7e9a"
 GB = 10**9
-BASE_AVAILABLE = 8 * GB  # the pretend node: 8 GB available, floor 5 GB (HLT-23), earlyoom at 2.4 GB (HLT-24)
+# The pretend node: 6 GB available, floor 5 GB (HLT-23), earlyoom at 2.4 GB (HLT-24). With 256 MiB leaked per
+# request the floor is crossed after 4 requests, so even a slow, busy machine gets there in a 1-second soak.
+BASE_AVAILABLE = 6 * GB
 FLOOR, SIGTERM = 5 * GB, int(2.4 * GB)
+LEAK_MB = 256
 
 EXPECTED_FAILS = {
     "garbage-tokens": {"count100", "needle", "image", "tools", "reasoning", "streaming", "determinism", "soak"},
@@ -73,7 +76,7 @@ class SimEngine:
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--host", "127.0.0.1",
                 "--port", str(self.port), "--served-name", "deepseek-v4.1-flash", "--served-name", "glm-5.3-flash",
                 "--kv-tokens", "2000000", "--boot-seconds", "0.2", "--step-ms", "1", "--api-key-env", KEY_ENV,
-                "--leak-file", str(self.leak), "--log", str(tmp / "engine.log")]
+                "--leak-file", str(self.leak), "--leak-mb-per-request", str(LEAK_MB), "--log", str(tmp / "engine.log")]
         for f in faults:
             argv += ["--fault", f]
         self.proc = subprocess.Popen(argv, env={**os.environ, KEY_ENV: KEY}, stdout=subprocess.DEVNULL,
@@ -155,7 +158,7 @@ def test_every_gate_passes_on_a_healthy_engine(engine_for):
     assert {r.name: r.status for r in results} == {name: "pass" for name in GATES}, \
         [r.as_dict() for r in results if r.status != "pass"]
     soak = next(r for r in results if r.name == "soak")
-    assert soak.data["requests"] > 10 and soak.data["errors"] == 0
+    assert soak.data["requests"] >= 4 and soak.data["errors"] == 0  # at least one per stream
     assert soak.data["memory"]["sim-head"]["samples"] >= 3
     assert soak.data["ttft_s"]["p50"] > 0 and soak.data["decode_tok_s"]["p50"] > 0
     assert KEY not in json.dumps([r.as_dict() for r in results])

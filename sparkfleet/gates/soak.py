@@ -207,7 +207,11 @@ def run(env: GateEnv) -> GateResult:
         nonlocal errors
         local = random.Random(seed)
         try:
-            while not stop.is_set() and time.monotonic() < deadline:
+            go.wait()
+            sent = 0
+            # every stream sends at least one request, however late its thread got going
+            while not stop.is_set() and (sent == 0 or time.monotonic() < deadline):
+                sent += 1
                 out = one_request(client, env, make_task(local))
                 with lock:
                     outcomes.append(out)
@@ -221,12 +225,15 @@ def run(env: GateEnv) -> GateResult:
     watch = MemoryWatch(opts.mem_sampler, opts.soak_sample_s, stop) if opts.mem_sampler else None
     if watch:
         watch.start()
-    started = time.monotonic()
-    deadline = started + opts.soak_seconds
+    # Clients and threads first, then the clock: building an httpx client takes a while on a busy machine.
+    go = threading.Event()
     threads = [threading.Thread(target=stream_loop, args=(env.client.clone(), rng.getrandbits(64)),
                                 name=f"soak-{i}", daemon=True) for i in range(opts.soak_streams)]
     for t in threads:
         t.start()
+    started = time.monotonic()
+    deadline = started + opts.soak_seconds
+    go.set()
     for t in threads:
         t.join()
     wall = time.monotonic() - started
