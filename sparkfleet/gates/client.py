@@ -198,8 +198,7 @@ class ApiClient:
     def stream(self, body: dict, *, timeout_s: float | None = None) -> Reply:
         """A streamed chat completion asking for the usage block; the chunks reassembled."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        reply = Reply(streamed=True)
-        calls: dict[int, dict] = {}
+        parser = StreamParser()
         t0 = time.monotonic()
         try:
             with self.http.stream("POST", "/v1/chat/completions", json=body, headers=self._headers(DEFAULT),
@@ -207,34 +206,57 @@ class ApiClient:
                 if resp.status_code != 200:
                     resp.read()
                     raise RequestFailed(f"HTTP {resp.status_code}: {_error_text(resp)}", resp.status_code)
-                done = False
                 for line in resp.iter_lines():
-                    if not line.startswith("data:"):
-                        continue  # SSE comments, event names and blank separators
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        done = True
+                    if parser.feed_line(line, time.monotonic() - t0):
                         break
-                    try:
-                        chunk = json.loads(payload)
-                    except ValueError:
-                        raise RequestFailed(f"stream: a chunk is not JSON: {clip(payload, 120)!r}") from None
-                    if isinstance(chunk, dict) and chunk.get("error"):
-                        err = chunk["error"]
-                        raise RequestFailed("stream: error chunk: "
-                                            + str(err.get("message") if isinstance(err, dict) else err))
-                    self._feed(reply, chunk, calls, time.monotonic() - t0)
-                if not done:
-                    raise RequestFailed("stream ended without 'data: [DONE]'")
         except httpx.HTTPError as exc:
             raise RequestFailed(f"stream: {type(exc).__name__}: {exc}") from None
-        reply.elapsed_s = time.monotonic() - t0
+        return parser.finish(time.monotonic() - t0)
+
+
+class StreamParser:
+    """The SSE lines of one streamed chat completion, reassembled into a Reply.
+
+    The one way streams are read: the gates' client above and the bench's async client
+    (sparkfleet/bench/aclient.py) both feed their lines here, with the time each line arrived."""
+
+    def __init__(self) -> None:
+        self.reply = Reply(streamed=True)
+        self.calls: dict[int, dict] = {}
+        self.done = False
+
+    def feed_line(self, line: str, now: float) -> bool:
+        """One line (without its newline) read at `now` seconds; True once `data: [DONE]` has come."""
+        if not line.startswith("data:"):
+            return self.done  # SSE comments, event names and blank separators
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.done = True
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise RequestFailed(f"stream: a chunk is not JSON: {clip(payload, 120)!r}") from None
+        if not isinstance(chunk, dict):
+            raise RequestFailed(f"stream: a chunk is not a JSON object: {clip(payload, 120)!r}")
+        if chunk.get("error"):
+            err = chunk["error"]
+            raise RequestFailed("stream: error chunk: " + str(err.get("message") if isinstance(err, dict) else err))
+        self.feed_chunk(chunk, now)
+        return False
+
+    def finish(self, elapsed_s: float) -> Reply:
+        """The reply, once the stream has ended; a stream cut before `data: [DONE]` is an error."""
+        if not self.done:
+            raise RequestFailed("stream ended without 'data: [DONE]'")
+        reply = self.reply
+        reply.elapsed_s = elapsed_s
         reply.tool_calls = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"])
-                            for i, c in sorted(calls.items())]
+                            for i, c in sorted(self.calls.items())]
         return reply
 
-    @staticmethod
-    def _feed(reply: Reply, chunk: dict, calls: dict[int, dict], now: float) -> None:
+    def feed_chunk(self, chunk: dict, now: float) -> None:
+        reply, calls = self.reply, self.calls
         if chunk.get("usage"):
             reply.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
