@@ -14,11 +14,13 @@ import sys
 from dataclasses import dataclass
 
 _LAUNCHER = """
-import json, os, sys
+import json, os, sys, time
 out = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+start = time.perf_counter()
 pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], dict(os.environ), file_actions=[(os.POSIX_SPAWN_DUP2, out, 1)])
 _, status, ru = os.wait4(pid, 0)
-print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "maxrss_kib": ru.ru_maxrss,
+wall = time.perf_counter() - start
+print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "wall_s": wall, "maxrss_kib": ru.ru_maxrss,
                   "inblock": ru.ru_inblock, "oublock": ru.ru_oublock, "utime": ru.ru_utime, "stime": ru.ru_stime}))
 """
 
@@ -26,6 +28,7 @@ print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "maxrss_kib": ru.ru
 @dataclass
 class Measured:
     exit: int
+    wall_s: float  # spawn to exit, timed by the launcher (its own start-up not included)
     maxrss_kib: int
     inblock: int  # 512-byte blocks read from storage (not the page cache)
     oublock: int

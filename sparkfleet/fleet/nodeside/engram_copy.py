@@ -30,6 +30,7 @@ import fcntl
 import fnmatch
 import hashlib
 import json
+import mmap
 import os
 import queue
 import re
@@ -52,8 +53,9 @@ LOCK = ".engram-lock"
 HASH = "sha256"
 MiB = 1 << 20
 DEFAULT_CHUNK = 4 * MiB
-DEFAULT_WINDOW = 16 * MiB  # bytes per fdatasync + read-back; verify keeps up to 3 windows of buffers
+DEFAULT_WINDOW = 8 * MiB  # bytes per fdatasync + read-back; verify keeps up to 4 + VERIFIERS windows of buffers
 READ_AHEAD = 2  # chunks the reader thread may hold beyond the window
+VERIFIERS = 2  # threads reading windows back: O_DIRECT reads need more than one in flight to keep a disk busy
 MAX_HEADER = 100 * MiB  # safetensors refuses larger headers too
 WHOLE_TENSOR_MAX = 1 * MiB  # 0-/1-D tensors of a layer (NVFP4's global scale) are copied whole
 PROGRESS_EVERY_S = 0.5
@@ -487,6 +489,63 @@ def _pread_into(fd: int, buf: bytearray, offset: int, path: str) -> None:
         got += n
 
 
+class Readback:
+    """Reads a file's bytes from the disk, not from the page cache: with O_DIRECT where the filesystem
+    has it (that also flushes any cached dirty page in the range first), else buffered reads of a
+    range just dropped from the cache. Verification compares these bytes, never a buffer in memory."""
+
+    def __init__(self, path: str, max_len: int) -> None:
+        self.path = path
+        self.direct: int | None = None
+        if hasattr(os, "O_DIRECT"):
+            try:
+                self.direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                self.direct = None
+        self.fd = os.open(path, os.O_RDONLY)
+        self.mm = mmap.mmap(-1, max_len + 2 * PAGE) if self.direct is not None else None  # page-aligned
+        self.buf = bytearray(0)
+
+    @property
+    def method(self) -> str:
+        return "O_DIRECT" if self.direct is not None else "page cache dropped"
+
+    def read(self, offset: int, length: int) -> memoryview:
+        """The bytes [offset, offset + length) as on the disk (valid until the next read)."""
+        if self.direct is not None and self.mm is not None:
+            start = offset - offset % PAGE
+            size = -(-(offset + length - start) // PAGE) * PAGE
+            view = memoryview(self.mm)[:size]
+            need = offset + length - start
+            got = 0
+            try:
+                while got < need:
+                    n = os.preadv(self.direct, [view[got:]], start + got)
+                    if n == 0:
+                        raise EngramError(f"{self.path}: file ended at byte {start + got}, expected data up to "
+                                          f"{offset + length}", 1)
+                    got += n
+                return view[offset - start:offset - start + length]
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                os.close(self.direct)  # the filesystem refuses this O_DIRECT read after all: fall back
+                self.direct = None
+        if len(self.buf) != length:
+            self.buf = bytearray(length)
+        _fadvise_dontneed(self.fd, offset, length)
+        _pread_into(self.fd, self.buf, offset, self.path)
+        _fadvise_dontneed(self.fd, offset, length)
+        return memoryview(self.buf)
+
+    def close(self) -> None:
+        for fd in (self.direct, self.fd):
+            if fd is not None:
+                os.close(fd)
+        self.direct = None
+        # self.mm is left to the garbage collector: a view handed out may still be referenced
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):
@@ -497,8 +556,8 @@ def _full(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def _same(a: bytearray, b: bytearray) -> bool:
-    return a == b  # bytearray equality is a memcmp; memoryview equality is element by element
+def _same(a: bytearray, b: bytearray | memoryview) -> bool:
+    return a == b  # bytearray == buffer is a memcmp; memoryview == memoryview goes element by element
 
 
 def _atomic_write(path: str, data: bytes, fsync: bool = True) -> None:
@@ -624,7 +683,18 @@ class Copier:
         self.source = _real(root, req.source)
         self.dest = _real(root, req.dest)
         self._last_emit = 0.0
-        self._written_this_run = 0
+        self._local = threading.local()  # each verifier thread reads back through its own Readbacks
+        self._readers: list[Readback] = []
+        self._lock = threading.Lock()
+        self._max_chunk = 0
+
+    def _reader(self, name: str) -> Readback:
+        mine = self._local.__dict__.setdefault("readers", {})
+        if name not in mine:
+            mine[name] = Readback(os.path.join(self.dest, name), self._max_chunk)
+            with self._lock:
+                self._readers.append(mine[name])
+        return mine[name]
 
     def emit(self, event: dict, force: bool = False) -> None:
         now = time.monotonic()
@@ -702,6 +772,7 @@ class Copier:
             _fsync_dir(self.dest)
         fresh = not done
         fds: dict[str, tuple[int, int]] = {}
+        self._max_chunk = max((c.length for c in chunks), default=0)
         try:
             for shard in plan.shards:
                 dpath = os.path.join(self.dest, shard.name)
@@ -762,6 +833,8 @@ class Copier:
             for sfd, dfd in fds.values():
                 os.close(sfd)
                 os.close(dfd)
+            for r in self._readers:
+                r.close()
 
     def _files_ok(self, plan: Plan) -> bool:
         return all(_size_is(os.path.join(self.dest, s.name), s.size) for s in plan.shards)
@@ -780,12 +853,7 @@ class Copier:
         """Chunks copied without verification earlier: read them back from disk and compare hashes."""
         ok = 0
         for c in chunks:
-            _, dfd = fds[c.file]
-            buf = bytearray(c.length)
-            _fadvise_dontneed(dfd, c.offset, c.length)
-            _pread_into(dfd, buf, c.offset, os.path.join(self.dest, c.file))
-            _fadvise_dontneed(dfd, c.offset, c.length)
-            if hashlib.new(HASH, buf).hexdigest() == done[c.key]["hash"]:
+            if hashlib.new(HASH, self._reader(c.file).read(c.offset, c.length)).hexdigest() == done[c.key]["hash"]:
                 done[c.key]["verified"] = True
                 journal.write(json.dumps({"f": c.file, "o": c.offset, "n": c.length, "h": done[c.key]["hash"],
                                           "v": True}) + "\n")
@@ -797,16 +865,20 @@ class Copier:
 
     def _copy(self, todo: list[Chunk], fds: dict, done: dict, journal, base: dict, done_before: int,
               started: float) -> None:
-        """Three stages, each in its own thread, so the disk is never idle waiting for one of them:
-        reader (pread + hash the source), writer (pwrite), syncer (fdatasync a window, drop it from the
-        cache, read it back and compare, journal it). Memory is the buffers in flight, nothing more."""
+        """A pipeline of five stages, each in its own thread, so neither the disks nor a CPU wait on the
+        others: reader (pread the source) -> hasher (sha256; hashlib drops the GIL) -> writer (pwrite,
+        this thread) -> syncer (fdatasync a window, drop it from the page cache) -> verifier (read the
+        window back from the disk, compare, journal). Memory is the buffers in flight, nothing more."""
         req = self.req
         per_window = max(1, req.window_bytes // req.chunk_bytes)
-        # verify keeps each source buffer until its chunk was read back: the window being written, one
-        # waiting and one being synced; without verify a buffer is free once written
-        pool = BufferPool((3 * per_window if req.verify else 1) + READ_AHEAD)
+        # verify keeps each source buffer until its chunk was read back (a window being written, one
+        # being synced, one being verified, one waiting between each); without verify a buffer is free
+        # once written
+        pool = BufferPool(((4 + VERIFIERS) * per_window if req.verify else 2) + 2 * READ_AHEAD)
         reads: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
-        windows: queue.Queue = queue.Queue(maxsize=1)
+        hashed: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
+        to_sync: queue.Queue = queue.Queue(maxsize=1)
+        to_verify: queue.Queue = queue.Queue(maxsize=1)
         stop = threading.Event()
         failed: list[BaseException] = []
         state = {"copied": 0, "journaled": 0, "file": None}
@@ -814,24 +886,63 @@ class Copier:
         crash_before_journal = self.faults.get("crash_before_journal")
         enospc_after = self.faults.get("enospc_after_bytes")
         delay = self.faults.get("sleep_per_chunk")
+        end = None  # the end-of-stream marker each stage passes on
+
+        def release(item: Any) -> None:
+            for entry in item if isinstance(item, list) else [item]:
+                if isinstance(entry, tuple) and entry[1] is not None:
+                    pool.put(entry[1])
+
+        def fail(exc: BaseException, item: Any) -> None:
+            failed.append(exc)
+            stop.set()
+            release(item)
+
+        def stage(inq: queue.Queue, outq: queue.Queue | None, work: Callable[[Any], Any],
+                  consumers: int = 1) -> Callable[[], None]:
+            """Run `work` on each item until the end marker; after any failure, only drain and free."""
+            def loop() -> None:
+                while True:
+                    item = inq.get()
+                    if item is end:
+                        for _ in range(consumers if outq is not None else 0):
+                            outq.put(end)
+                        return
+                    if failed:
+                        release(item)
+                        continue
+                    try:
+                        result = work(item)
+                    except BaseException as exc:  # noqa: B036 - raised again by the writer thread
+                        fail(exc, item)
+                        continue
+                    if outq is not None and result is not None:
+                        outq.put(result)
+            return loop
 
         def reader() -> None:
             try:
                 for c in todo:
                     if stop.is_set():
-                        return
+                        break
                     buf = pool.get(c.length)
                     sfd, _ = fds[c.file]
-                    _pread_into(sfd, buf, c.offset, os.path.join(req.source, c.file))
-                    digest = hashlib.new(HASH, buf).hexdigest()  # hashlib drops the GIL: overlaps the writes
+                    try:
+                        _pread_into(sfd, buf, c.offset, os.path.join(req.source, c.file))
+                    except BaseException:
+                        pool.put(buf)
+                        raise
                     _fadvise_dontneed(sfd, c.offset, c.length)
-                    reads.put((c, buf, digest))
-            except BaseException as exc:  # noqa: B036 - handed to the writer, which raises it
-                reads.put(exc)
-                return
-            reads.put(None)
+                    reads.put((c, buf))
+            except BaseException as exc:  # noqa: B036 - raised again by the writer thread
+                fail(exc, None)
+            reads.put(end)
 
-        def sync_window(window: list) -> None:
+        def hash_chunk(item: tuple) -> tuple:
+            c, buf = item
+            return (c, buf, hashlib.new(HASH, buf).hexdigest())
+
+        def sync_window(window: list) -> list:
             for name in {c.file for c, _, _ in window}:
                 try:
                     os.fdatasync(fds[name][1])  # durable before it is read back or journaled
@@ -841,73 +952,58 @@ class Copier:
                                           "space and run the copy again (it resumes from the last verified chunk)",
                                           1) from None
                     raise
-            vbuf = bytearray(0)
+            for c, _, _ in window:
+                _fadvise_dontneed(fds[c.file][1], c.offset, c.length)
+            return window
+
+        def verify_window(window: list) -> None:
             while window:
                 c, buf, digest = window[0]
-                dfd = fds[c.file][1]
-                _fadvise_dontneed(dfd, c.offset, c.length)
                 if req.verify:
                     # read back past the page cache: the disk's bytes, not the buffer just written
-                    if len(vbuf) != c.length:
-                        vbuf = bytearray(c.length)
-                    dpath = os.path.join(self.dest, c.file)
-                    _pread_into(dfd, vbuf, c.offset, dpath)
-                    _fadvise_dontneed(dfd, c.offset, c.length)
-                    if not _same(vbuf, buf):
+                    if not _same(buf, self._reader(c.file).read(c.offset, c.length)):
+                        dpath = os.path.join(self.dest, c.file)
                         raise EngramError(f"{dpath}: bytes {c.offset}..{c.offset + c.length} read back from the "
                                           "disk differ from the source: check the disk (dmesg) and run again", 1)
-                journal.write(json.dumps({"f": c.file, "o": c.offset, "n": c.length, "h": digest,
-                                          "v": req.verify}) + "\n")
-                done[c.key] = {"hash": digest, "verified": req.verify}
-                state["copied"] += c.length
+                with self._lock:  # VERIFIERS threads share the journal and the counts
+                    journal.write(json.dumps({"f": c.file, "o": c.offset, "n": c.length, "h": digest,
+                                              "v": req.verify}) + "\n")
+                    done[c.key] = {"hash": digest, "verified": req.verify}
+                    state["copied"] += c.length
+                    state["journaled"] += 1
+                    if crash_after is not None and state["journaled"] >= crash_after:
+                        journal.flush()
+                        Faults.crash()
                 window.pop(0)
                 if buf is not None:
                     pool.put(buf)
-                state["journaled"] += 1
-                if crash_after is not None and state["journaled"] >= crash_after:
-                    journal.flush()
-                    Faults.crash()
-            journal.flush()
-            elapsed = max(time.monotonic() - started, 1e-9)
-            rate = state["copied"] / elapsed
-            left = base["bytes_total"] - done_before - state["copied"]
-            self.emit({"event": "progress", **base, "bytes_done": done_before + state["copied"],
-                       "rate_mb_s": round(rate / MiB, 1), "eta_s": round(left / rate, 1) if rate else None,
-                       "file": state["file"]})
+            with self._lock:
+                journal.flush()
+                elapsed = max(time.monotonic() - started, 1e-9)
+                rate = state["copied"] / elapsed
+                left = base["bytes_total"] - done_before - state["copied"]
+                self.emit({"event": "progress", **base, "bytes_done": done_before + state["copied"],
+                           "rate_mb_s": round(rate / MiB, 1), "eta_s": round(left / rate, 1) if rate else None,
+                           "file": state["file"]})
 
-        def syncer() -> None:
-            while True:
-                window = windows.get()
-                if window is None:
-                    return
-                if failed:  # after a failure only hand the buffers back, so the writer is never stuck
-                    for _, buf, _ in window:
-                        if buf is not None:
-                            pool.put(buf)
-                    continue
-                try:
-                    sync_window(window)
-                except BaseException as exc:  # noqa: B036 - raised again by the writer
-                    failed.append(exc)
-                    for _, buf, _ in window:
-                        if buf is not None:
-                            pool.put(buf)
-
-        rthread = threading.Thread(target=reader, name="engram-reader", daemon=True)
-        sthread = threading.Thread(target=syncer, name="engram-syncer", daemon=True)
-        rthread.start()
-        sthread.start()
+        threads = [threading.Thread(target=t, name=f"engram-{n}", daemon=True) for n, t in (
+            ("reader", reader), ("hasher", stage(reads, hashed, hash_chunk)),
+            ("syncer", stage(to_sync, to_verify, sync_window, consumers=VERIFIERS)),
+            *((f"verifier{i}", stage(to_verify, None, verify_window)) for i in range(VERIFIERS)))]
+        for t in threads:
+            t.start()
         window: list[tuple[Chunk, bytearray | None, str]] = []
         window_bytes = written = written_chunks = 0
+        finished = False
         try:
-            while True:
-                if failed:
-                    raise failed[0]
-                item = reads.get()
-                if item is None:
+            while True:  # the writer
+                item = hashed.get()
+                if item is end:
+                    finished = True
                     break
-                if isinstance(item, BaseException):
-                    raise item
+                if failed:
+                    release(item)
+                    continue
                 c, buf, digest = item
                 state["file"] = c.file
                 dpath = os.path.join(self.dest, c.file)
@@ -916,12 +1012,14 @@ class Copier:
                         raise OSError(errno.ENOSPC, "No space left on device (injected)")
                     _pwrite_all(fds[c.file][1], memoryview(buf), c.offset)
                 except OSError as exc:
-                    pool.put(buf)
                     if _full(exc):
-                        raise EngramError(f"{dpath}: no space left on device after {done_before + written} of "
-                                          f"{base['bytes_total']} bytes; free space and run the copy again "
-                                          "(it resumes from the last verified chunk)", 1) from None
-                    raise EngramError(f"{dpath}: write failed: {exc.strerror or exc}", 1) from None
+                        error = EngramError(f"{dpath}: no space left on device after {done_before + written} of "
+                                            f"{base['bytes_total']} bytes; free space and run the copy again "
+                                            "(it resumes from the last verified chunk)", 1)
+                    else:
+                        error = EngramError(f"{dpath}: write failed: {exc.strerror or exc}", 1)
+                    fail(error, item)
+                    continue
                 written += c.length
                 written_chunks += 1
                 if crash_before_journal is not None and written_chunks >= crash_before_journal:
@@ -936,27 +1034,21 @@ class Copier:
                 if delay:
                     time.sleep(delay)
                 if window_bytes >= req.window_bytes:
-                    windows.put(window)
+                    to_sync.put(window)
                     window, window_bytes = [], 0
-            if window:
-                windows.put(window)
+            if window and not failed:
+                to_sync.put(window)
                 window = []
         finally:
             stop.set()
-            for _, b, _ in window:  # first, so a reader waiting for a buffer can finish
-                if b is not None:
-                    pool.put(b)
-            window.clear()
-            # windows already handed over are still synced and journaled: they were written
-            windows.put(None)
-            sthread.join()
-            while rthread.is_alive():  # unblock a reader waiting on a full queue or pool
-                try:
-                    got = reads.get(timeout=0.05)
-                    if isinstance(got, tuple):
-                        pool.put(got[1])
-                except queue.Empty:
-                    pass
+            release(window)
+            while not finished:  # left early: drain what the reader and hasher still pass on, to their end
+                item = hashed.get()
+                finished = item is end
+                release(item)
+            to_sync.put(end)
+            for t in threads:
+                t.join()
         if failed:
             raise failed[0]
 
@@ -985,6 +1077,8 @@ class Copier:
             "completed_at": _now(),
             "complete": True,
             "verified": req.verify and all(done[c.key]["verified"] for c in chunks),
+            # how verification read the copy back: O_DIRECT, or buffered reads of ranges just dropped
+            "readback": ", ".join(sorted({r.method for r in self._readers})) or None,
             "mode": plan.mode,
             "fingerprint": fingerprint,
             "source": {"path": os.path.abspath(req.source), "revision": revision,
@@ -1070,7 +1164,8 @@ def _tensor_len(t: dict) -> int:
     return t["length"]
 
 
-def _first_diff(a: bytes | bytearray, b: bytes | bytearray) -> int:
+def _first_diff(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -> int:
+    a, b = bytes(a), bytes(b)
     n = min(len(a), len(b))
     step = 4096
     for i in range(0, n, step):
@@ -1112,13 +1207,13 @@ def verify(dest: str, source: str | None = None, *, root: str = "/",
     for name, rows in m["chunks"]["files"].items():
         dpath = os.path.join(rdest, name)
         try:
-            dfd = os.open(dpath, os.O_RDONLY)
+            reader = Readback(dpath, max((n for _, n, _ in rows), default=0))
         except OSError as exc:
             problems.append({"file": name, "tensor": None, "problem": f"missing: {exc.strerror or exc}"})
             continue
         sfd = None
         try:
-            size = os.fstat(dfd).st_size
+            size = os.fstat(reader.fd).st_size
             if size != shards[name]["size"]:
                 problems.append({"file": name, "tensor": None,
                                  "problem": f"size {size}, the manifest says {shards[name]['size']}"})
@@ -1129,10 +1224,7 @@ def verify(dest: str, source: str | None = None, *, root: str = "/",
                 except OSError as exc:
                     problems.append({"file": name, "tensor": None, "problem": f"source: {exc.strerror or exc}"})
             for off, n, want in rows:
-                buf = bytearray(n)
-                _fadvise_dontneed(dfd, off, n)  # the disk's bytes, not a cached copy
-                _pread_into(dfd, buf, off, dpath)
-                _fadvise_dontneed(dfd, off, n)
+                buf = reader.read(off, n)  # the disk's bytes, not a cached copy
                 got = hashlib.new(algo, buf).hexdigest()
                 src = None
                 if sfd is not None:
@@ -1155,7 +1247,7 @@ def verify(dest: str, source: str | None = None, *, root: str = "/",
                           "rate_mb_s": round(rate / MiB, 1), "eta_s": round((total - checked) / rate, 1),
                           "file": name})
         finally:
-            os.close(dfd)
+            reader.close()
             if sfd is not None:
                 os.close(sfd)
     result = {"event": "verify", "ok": not problems, "dest": dest, "source": source, "bytes_checked": checked,
@@ -1165,7 +1257,7 @@ def verify(dest: str, source: str | None = None, *, root: str = "/",
     return result
 
 
-def _report(m: dict, name: str, off: int, n: int, buf: bytearray, src: bytearray | None, bad_dest: bool,
+def _report(m: dict, name: str, off: int, n: int, buf: memoryview, src: bytearray | None, bad_dest: bool,
             bad_src: bool, problems: list[dict], reported: set) -> None:
     if bad_dest and src is not None and not bad_src:
         at = off + _first_diff(buf, src)  # exact: the first byte that differs from the source
