@@ -154,7 +154,7 @@ def test_whole_shards(lab: dict, capsys) -> None:
 
 
 def test_progress_lines_come_from_each_node_while_it_copies(lab: dict, monkeypatch) -> None:
-    monkeypatch.setenv("SPARKFLEET_ENGRAM_FAULT", "sleep_per_chunk=0.05")
+    monkeypatch.setenv("SPARKFLEET_ENGRAM_FAULT", "sleep_per_chunk=0.1")  # ~3 s a node: seen even on a busy machine
     sp = Spec(lab["ops"])
     loaded = sp.profile("lane")
     ranks = place(loaded, sp.inventory("sim"))

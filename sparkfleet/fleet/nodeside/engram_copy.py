@@ -53,9 +53,11 @@ LOCK = ".engram-lock"
 HASH = "sha256"
 MiB = 1 << 20
 DEFAULT_CHUNK = 4 * MiB
-DEFAULT_WINDOW = 8 * MiB  # bytes per fdatasync + read-back; verify keeps up to 4 + VERIFIERS windows of buffers
+DEFAULT_WINDOW = 16 * MiB  # bytes per fdatasync + read-back; verify keeps up to 4 + VERIFIERS windows of buffers
 READ_AHEAD = 2  # chunks the reader thread may hold beyond the window
-VERIFIERS = 2  # threads reading windows back: O_DIRECT reads need more than one in flight to keep a disk busy
+# Threads reading windows back. One: on the virtio disks measured (docs/engram-local.md) a second was no
+# faster and costs another window of buffers; an NVMe with deep queues may like 2.
+VERIFIERS = 1
 MAX_HEADER = 100 * MiB  # safetensors refuses larger headers too
 WHOLE_TENSOR_MAX = 1 * MiB  # 0-/1-D tensors of a layer (NVFP4's global scale) are copied whole
 PROGRESS_EVERY_S = 0.5
