@@ -1,0 +1,320 @@
+"""Grafana dashboards as Python data (serialised with json.dumps; no templates: `{{node}}` legends stay literal).
+
+- Fleet: node up and facts age, MemAvailable against earlyoom's SIGTERM line, GPU SM clock with the
+  latch band marked, latched GPUs, clock-event reasons, power, lanes and their containers, Engram
+  source per rank, check and gate results, runs.
+- Lane: vLLM's serving metrics (REFERENCE.md §1) for the lane's engine, plus what the lane is (image,
+  checkpoint) and its containers.
+- Bench: not generated. No bench metrics are exported yet (there is no bench exporter in sparkfleet),
+  and a dashboard is only built from series that exist.
+
+Every sparkfleet series is named through `names`, so the dashboards follow the exporter. Variables:
+`datasource`, `profile` and (Fleet) `node`, with "All" meaning `.*`. Every panel has a description.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from sparkfleet.metrics import names as n
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+GRID_W = 24
+SCHEMA_VERSION = 39
+RATE = "$__rate_interval"
+
+# vLLM's names (REFERENCE.md §1). KV usage has a deprecated predecessor that older images still export.
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_KV = "vllm:kv_cache_usage_perc"
+VLLM_KV_OLD = "vllm:gpu_cache_usage_perc"
+VLLM_PROMPT = "vllm:prompt_tokens_total"
+VLLM_GENERATION = "vllm:generation_tokens_total"
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_ITL = "vllm:inter_token_latency_seconds"
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
+VLLM_SUCCESS = "vllm:request_success_total"
+VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+VLLM_PREFIX_HITS = "vllm:prefix_cache_hits_total"
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+NODE_SEL = '{node=~"$node"}'
+PROFILE_SEL = '{profile=~"$profile"}'
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> dict[str, Any]:
+    """One query of a panel (refIds are assigned by `panel`)."""
+    t: dict[str, Any] = {"datasource": DS, "expr": expr, "legendFormat": legend, "range": not instant,
+                         "instant": instant}
+    if table:
+        t["format"] = "table"
+    return t
+
+
+def panel(title: str, description: str, targets: list[dict[str, Any]], *, kind: str = "timeseries",
+          unit: str = "short", w: int = 12, h: int = 8, thresholds: list[dict[str, Any]] | None = None,
+          mappings: list[dict[str, Any]] | None = None, custom: dict[str, Any] | None = None,
+          options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A panel without id/position (`layout` assigns them)."""
+    for i, t in enumerate(targets):
+        t["refId"] = chr(ord("A") + i)
+    defaults: dict[str, Any] = {"unit": unit}
+    if thresholds is not None:
+        defaults["thresholds"] = {"mode": "absolute", "steps": thresholds}
+    if mappings is not None:
+        defaults["mappings"] = mappings
+    if custom is not None:
+        defaults["custom"] = custom
+    return {"type": kind, "title": title, "description": description, "datasource": DS,
+            "gridPos": {"h": h, "w": w, "x": 0, "y": 0}, "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": options or {}, "targets": targets}
+
+
+def row(title: str) -> dict[str, Any]:
+    return {"type": "row", "title": title, "collapsed": False, "gridPos": {"h": 1, "w": GRID_W, "x": 0, "y": 0},
+            "panels": []}
+
+
+def layout(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ids in order and positions left to right, top to bottom on Grafana's 24-column grid."""
+    x = y = row_h = 0
+    out = []
+    for i, item in enumerate(items, start=1):
+        item = copy.deepcopy(item)
+        w, h = item["gridPos"]["w"], item["gridPos"]["h"]
+        if item["type"] == "row" or x + w > GRID_W:
+            x, y, row_h = 0, y + row_h, 0
+        item["id"] = i
+        item["gridPos"].update(x=x, y=y)
+        x += w
+        row_h = max(row_h, h)
+        if item["type"] == "row":
+            x, y, row_h = 0, y + h, 0
+        out.append(item)
+    return out
+
+
+def variable_datasource() -> dict[str, Any]:
+    return {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
+            "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+
+
+def variable_query(name: str, label: str, metric: str, key: str) -> dict[str, Any]:
+    """A multi-value variable from a label's values; "All" is `.*`, which also matches series without it."""
+    q = f"label_values({metric}, {key})"
+    return {"type": "query", "name": name, "label": label, "datasource": DS, "definition": q,
+            "query": {"query": q, "refId": f"{name}-values"}, "refresh": 2, "includeAll": True, "multi": True,
+            "allValue": ".*", "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "sort": 1, "hide": 0, "options": []}
+
+
+def dashboard(uid: str, title: str, description: str, items: list[dict[str, Any]],
+              variables: list[dict[str, Any]], tags: list[str]) -> dict[str, Any]:
+    return {"uid": uid, "title": title, "description": description, "tags": tags, "editable": True,
+            "graphTooltip": 1, "schemaVersion": SCHEMA_VERSION, "version": 1, "refresh": "30s",
+            "time": {"from": "now-1h", "to": "now"}, "timezone": "", "annotations": {"list": []}, "links": [],
+            "templating": {"list": [variable_datasource(), *variables]}, "panels": layout(items)}
+
+
+UP_MAPPING = [{"type": "value", "options": {"0": {"text": "down", "color": "red"},
+                                             "1": {"text": "up", "color": "green"}}}]
+PASS_MAPPING = [{"type": "value", "options": {"0": {"text": "fail", "color": "red"},
+                                               "1": {"text": "pass", "color": "green"}}}]
+RED_GREEN = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+
+
+def _sel(*parts: str) -> str:
+    return "{" + ", ".join(parts) + "}"
+
+
+def fleet(latch_band: tuple[int, int] | None = (630, 950)) -> dict[str, Any]:
+    """The Fleet dashboard. `latch_band` (the GB10 class's, from the inventory) colours the clock panel."""
+    node, prof, updown = 'node=~"$node"', 'profile=~"$profile"', 'playbook=~"up|restore"'
+    band_steps = None
+    band_custom = None
+    if latch_band is not None:
+        lo, hi = latch_band
+        band_steps = [{"color": "green", "value": None}, {"color": "red", "value": lo},
+                      {"color": "green", "value": hi + 1}]
+        band_custom = {"thresholdsStyle": {"mode": "area"}}
+    items = [
+        row("Nodes"),
+        panel("Nodes up", "1 when the node answered the exporter's last facts poll (one round trip per node); "
+              "0 when it did not, and then its readings are left out until it answers again.",
+              [target(f"{n.NODE_UP}{NODE_SEL}", "{{node}}")], kind="stat", w=8, h=5,
+              thresholds=RED_GREEN, mappings=UP_MAPPING),
+        panel("Facts age", "Seconds since each node's facts last arrived; grows while a node does not answer.",
+              [target(f"{n.NODE_FACTS_AGE}{NODE_SEL}", "{{node}}")], unit="s", w=8, h=5),
+        panel("earlyoom running", "1 when an earlyoom process runs on the node (INV-13); without it a memory "
+              "spike wedges a GB10 instead of killing one process.",
+              [target(f"{n.EARLYOOM_RUNNING}{NODE_SEL}", "{{node}}")], kind="stat", w=8, h=5,
+              thresholds=RED_GREEN, mappings=UP_MAPPING),
+        panel("MemAvailable vs earlyoom's SIGTERM line", "MemAvailable per node (unified memory on GB10) against "
+              "the MemAvailable at which earlyoom sends SIGTERM (its -m percent of MemTotal).",
+              [target(f"{n.MEM_AVAILABLE}{NODE_SEL}", "{{node}} MemAvailable"),
+               target(f"{n.EARLYOOM_SIGTERM}{NODE_SEL}", "{{node}} earlyoom SIGTERM")], unit="bytes"),
+        panel("Headroom above earlyoom", "MemAvailable minus earlyoom's SIGTERM threshold: below 0 earlyoom "
+              "starts killing (HLT-24).",
+              [target(f"{n.MEM_AVAILABLE}{NODE_SEL} - on (node) {n.EARLYOOM_SIGTERM}{NODE_SEL}", "{{node}}")],
+              unit="bytes", thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 0}]),
+        panel("earlyoom kills", "earlyoom SIGTERM/SIGKILL lines in each node's journal per interval, and whether "
+              "the journal could be read at all (0: journalctl missing or not permitted, as on the simulated "
+              "lab, so kills cannot be seen).",
+              [target(f"sum by (node, signal) (increase({n.EARLYOOM_KILLS}{NODE_SEL}[{RATE}]))",
+                      "{{node}} {{signal}}"),
+               target(f"{n.EARLYOOM_JOURNAL}{NODE_SEL}", "{{node}} journal readable")]),
+        panel("Node uptime", "Seconds since each node booted, as of its last facts.",
+              [target(f"{n.NODE_UPTIME}{NODE_SEL}", "{{node}}")], unit="s"),
+        row("GPU"),
+        panel("GPU SM clock (latch band marked)", "SM clock per GPU with the hardware class's latch band "
+              "(GB10: 630-950 MHz, shaded red). An idle GPU reads low with reason GpuIdle: only a low clock "
+              "under load is a latch (see Latched GPUs).",
+              [target(f"{n.GPU_SM_CLOCK}{NODE_SEL}", "{{node}} GPU {{gpu}}"),
+               target(f"{n.GPU_MAX_SM_CLOCK}{NODE_SEL}", "{{node}} GPU {{gpu}} max"),
+               target(f"{n.GPU_LATCH_LOW}{NODE_SEL}", "{{node}} latch band low"),
+               target(f"{n.GPU_LATCH_HIGH}{NODE_SEL}", "{{node}} latch band high")],
+              unit="MHz", thresholds=band_steps, custom=band_custom),
+        panel("Latched GPUs", "1 when a GPU's clock is latched: judged under load only (GpuIdle clear), inside "
+              "the latch band or below the class's fraction of max with no throttle reason (FM-09). Under load "
+              "shows whether the sample could be judged at all.",
+              [target(f"{n.GPU_LATCHED}{NODE_SEL}", "{{node}} GPU {{gpu}} latched"),
+               target(f"{n.GPU_UNDER_LOAD}{NODE_SEL}", "{{node}} GPU {{gpu}} under load")],
+              kind="state-timeline", thresholds=GREEN_RED),
+        panel("Active clock-event reasons", "NVML clock-event reasons set on each GPU (GpuIdle, SwPowerCap, "
+              "HwSlowdown, ...); a low clock under load with none of them set is a latch.",
+              [target(f"max by (node, gpu, reason) ({n.GPU_REASON}{NODE_SEL}) > 0", "{{node}} {{reason}}")],
+              kind="state-timeline"),
+        panel("GPU power", "Power draw per GPU (nvidia-smi power.draw).",
+              [target(f"{n.GPU_POWER}{NODE_SEL}", "{{node}} GPU {{gpu}}")], unit="watt"),
+        row("Lanes"),
+        panel("Lanes", "What each lane is: engine, image, model and checkpoint revision, so the lane name does "
+              "not hide which checkpoint serves.",
+              [target(f"{n.LANE_INFO}{PROFILE_SEL}", instant=True, table=True)], kind="table", w=24, h=5),
+        panel("Lane containers", "Every container sparkfleet launched (by label), per node and rank, with its "
+              "docker state.",
+              [target(f"{n.LANE_CONTAINER_STATE}{_sel(prof, node)}", instant=True, table=True)], kind="table"),
+        panel("Container uptime", "Seconds each running lane container has been up (long-running lanes prefill "
+              "slower, MET-22).",
+              [target(f"{n.LANE_CONTAINER_UPTIME}{_sel(prof, node)}", "{{node}} rank {{rank}}")], unit="s"),
+        panel("Engram source per rank", "Where each rank reads its Engram rows (node-local copy or NFS), from the "
+              "lane's newest up/restore run; NFS costs 6-8 ms a step against 3 (ENG-16).",
+              [target(f"{n.ENGRAM_SOURCE}{PROFILE_SEL} == 1", instant=True, table=True)], kind="table"),
+        panel("Engram local copy valid", "1 when the rank's node-local copy has a complete manifest for the lane's "
+              "checkpoint and format (read each poll); 0: missing or stale, the rank would read NFS.",
+              [target(f"{n.ENGRAM_COPY_VALID}{PROFILE_SEL}", "{{profile}} rank {{rank}} ({{node}})")],
+              kind="state-timeline", thresholds=RED_GREEN, mappings=PASS_MAPPING),
+        row("Checks, gates and runs"),
+        panel("Check results", "Preflight checks of the lane's newest run that ran them: pass (ok or warn) or "
+              "fail, per node and check.",
+              [target(f"{n.CHECK_PASSED}{_sel(prof, node)}", instant=True, table=True)], kind="table",
+              thresholds=RED_GREEN, mappings=PASS_MAPPING),
+        panel("Gate results", "Answer gates of the lane's newest run that ran them (skipped gates left out).",
+              [target(f"{n.GATE_PASSED}{PROFILE_SEL}", instant=True, table=True)], kind="table",
+              thresholds=RED_GREEN, mappings=PASS_MAPPING),
+        panel("Age of check and gate results", "How long ago the checks and gates above ran.",
+              [target(f"time() - {n.CHECK_TIME}{PROFILE_SEL}", "{{profile}} checks"),
+               target(f"time() - {n.GATE_TIME}{PROFILE_SEL}", "{{profile}} gates")], unit="s"),
+        panel("Runs by outcome", "Run records of this inventory per lane, playbook and outcome.",
+              [target(f"sum by (profile, playbook, outcome) ({n.RUNS}{PROFILE_SEL})", instant=True, table=True)],
+              kind="table"),
+        panel("up / restore duration", "How long the newest `up` and `restore` of each lane took (a healthy "
+              "boot on the Sparks is about 11 min, LCH-14).",
+              [target(f"{n.LAST_RUN_DURATION}{_sel(prof, updown)}", "{{profile}} {{playbook}}")],
+              unit="s"),
+        panel("Exporter poll duration", "How long the exporter's last fleet poll took; a poll longer than the "
+              "interval delays the next one.", [target(f"{n.POLL_DURATION}", "poll")], unit="s"),
+    ]
+    return dashboard("sparkfleet-fleet", "sparkfleet / Fleet",
+                     "The nodes around the lanes: reachability, memory against earlyoom, GPU clocks (latch), "
+                     "lanes, Engram sources, check and gate results. From `sparkfleet exporter`.", items,
+                     [variable_query("profile", "Lane", n.LANE_INFO.name, "profile"),
+                      variable_query("node", "Node", n.NODE_UP.name, "node")], ["sparkfleet", "fleet"])
+
+
+def _quantiles(metric: str, sel: str) -> list[dict[str, Any]]:
+    return [target(f"histogram_quantile({q:g}, sum by (le, profile) (rate({metric}_bucket{sel}[{RATE}])))",
+                   f"{{{{profile}}}} p{q * 100:g}") for q in QUANTILES]
+
+
+def lane() -> dict[str, Any]:
+    """The Lane dashboard: vLLM's own metrics, scraped from the head's /metrics with a `profile` label."""
+    s = PROFILE_SEL
+    items = [
+        row("Lane"),
+        panel("Lane", "The lane's engine, image and checkpoint revision (from the exporter).",
+              [target(f"{n.LANE_INFO}{s}", instant=True, table=True)], kind="table", w=24, h=5),
+        panel("Lane containers", "Containers of the lane per node and rank, with their docker state.",
+              [target(f"{n.LANE_CONTAINER_STATE}{s}", instant=True, table=True)], kind="table"),
+        panel("Container uptime", "Seconds each running container of the lane has been up.",
+              [target(f"{n.LANE_CONTAINER_UPTIME}{s}", "{{node}} rank {{rank}}")], unit="s"),
+        row("Serving"),
+        panel("Requests running / waiting", "Requests in the engine's batch, and requests queued for it.",
+              [target(f"sum by (profile) ({VLLM_RUNNING}{s})", "{{profile}} running"),
+               target(f"sum by (profile) ({VLLM_WAITING}{s})", "{{profile}} waiting")]),
+        panel("KV cache usage", f"Fraction of the KV cache in use ({VLLM_KV}; images before vLLM 0.10 export "
+              f"{VLLM_KV_OLD}, read when the new name is absent).",
+              [target(f"max by (profile) ({VLLM_KV}{s} or {VLLM_KV_OLD}{s})", "{{profile}}")],
+              unit="percentunit"),
+        panel("Prompt and generation tokens/s", "Prefill (prompt) and decode (generation) token throughput.",
+              [target(f"sum by (profile) (rate({VLLM_PROMPT}{s}[{RATE}]))", "{{profile}} prompt tok/s"),
+               target(f"sum by (profile) (rate({VLLM_GENERATION}{s}[{RATE}]))", "{{profile}} generation tok/s")]),
+        panel("Time to first token", "TTFT quantiles (p50, p90, p99) from vLLM's histogram.",
+              _quantiles(VLLM_TTFT, s), unit="s"),
+        panel("Inter-token latency", "Inter-token latency quantiles (p50, p90, p99) from vLLM's histogram.",
+              _quantiles(VLLM_ITL, s), unit="s"),
+        panel("Preemptions", "Requests preempted per interval (KV cache pressure); the seeds' lanes ran with "
+              "zero.", [target(f"sum by (profile) (increase({VLLM_PREEMPTIONS}{s}[{RATE}]))", "{{profile}}")]),
+        panel("Finished requests", "Requests finished per interval, by reason (stop, length, abort).",
+              [target(f"sum by (profile, finished_reason) (increase({VLLM_SUCCESS}{s}[{RATE}]))",
+                      "{{profile}} {{finished_reason}}")]),
+        panel("Prefix cache hit rate", "Prompt tokens served from the prefix cache, over tokens queried.",
+              [target(f"sum by (profile) (rate({VLLM_PREFIX_HITS}{s}[{RATE}])) / sum by (profile) "
+                      f"(rate({VLLM_PREFIX_QUERIES}{s}[{RATE}]))", "{{profile}}")], unit="percentunit"),
+        row("DSpark speculative decoding"),
+        panel("Mean acceptance length", "Tokens per step: 1 + accepted draft tokens per draft (max k+1, 6 at "
+              "k=5; MET-05). Only with --speculative-config.",
+              [target(f"1 + sum by (profile) (rate({SPEC_ACCEPTED}{s}[{RATE}])) / sum by (profile) "
+                      f"(rate({SPEC_DRAFTS}{s}[{RATE}]))", "{{profile}}")]),
+        panel("Draft acceptance rate", "Accepted draft tokens over drafted tokens.",
+              [target(f"sum by (profile) (rate({SPEC_ACCEPTED}{s}[{RATE}])) / sum by (profile) "
+                      f"(rate({SPEC_DRAFT_TOKENS}{s}[{RATE}]))", "{{profile}}")], unit="percentunit"),
+        panel("Acceptance per draft position", "Share of drafts whose token at each position was accepted "
+              "(MET-06; the seeds saw 59.5 / 30.4 / 13.9 / 6.1 / 2.8 %).",
+              [target(f"sum by (profile, position) (rate({SPEC_PER_POS}{s}[{RATE}])) / on (profile) group_left () "
+                      f"sum by (profile) (rate({SPEC_DRAFTS}{s}[{RATE}]))", "{{profile}} position {{position}}")],
+              unit="percentunit", w=24),
+    ]
+    return dashboard("sparkfleet-lane", "sparkfleet / Lane",
+                     "A lane's serving metrics from vLLM's /metrics on the head (labelled with the lane by the "
+                     "generated scrape config), with the lane's image and checkpoint.", items,
+                     [variable_query("profile", "Lane", VLLM_RUNNING, "profile")], ["sparkfleet", "lane", "vllm"])
+
+
+def all_dashboards(latch_band: tuple[int, int] | None = (630, 950)) -> dict[str, dict[str, Any]]:
+    """File name -> dashboard. No Bench dashboard: no bench metrics are exported yet."""
+    return {"sparkfleet-fleet.json": fleet(latch_band), "sparkfleet-lane.json": lane()}
+
+
+def panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every non-row panel (rows here are flat: their panels follow them)."""
+    return [p for p in dash["panels"] if p["type"] != "row"]
+
+
+def queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) for every target of every panel."""
+    return [(p["title"], t["expr"]) for p in panels(dash) for t in p["targets"]]
+
+
+SERIES = re.compile(r"\b(sparkfleet_[a-z0-9_]+|vllm:[a-z0-9_:]+)")
+
+
+def series_names(expr: str) -> set[str]:
+    """The sparkfleet_* and vllm:* names an expression reads (histogram suffixes included)."""
+    return set(SERIES.findall(expr))

@@ -1,0 +1,243 @@
+"""The exporter's background poller: facts from every node each interval, cached for scrapes.
+
+Each poll runs, every node in parallel: the facts helper (one round trip per node, as `sparkfleet
+facts`), and, unless turned off, the extras command (earlyoom's journal and the lanes' Engram
+manifests; metrics/extras.py). It then re-reads new run records and builds a new Snapshot, which it
+publishes by replacing one attribute: a scrape reads whichever snapshot is current and never waits.
+
+A node that does not answer keeps its last facts time (its facts age grows) and is exported with
+up 0; a poll that fails as a whole (a bug, a transport that raises) is logged and the next one runs
+on schedule. A poll never overlaps the next: a slow poll delays the next one, never doubles it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sparkfleet.fleet.facts import FactsRequest, NodeFacts
+from sparkfleet.fleet.gather import gather
+from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.metrics import extras
+from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
+from sparkfleet.metrics.records import RunIndex
+from sparkfleet.spec.errors import SpecError, UserError
+from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.spec.load import Spec
+
+
+def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
+    """A lane's ranks and node-local Engram manifest paths (raises SpecError/UserError as `plan` would)."""
+    from sparkfleet.engines.base import LaneContext
+    from sparkfleet.engines.docker import engram_host_dir
+    from sparkfleet.fleet.nodeside.engram_copy import MANIFEST
+    from sparkfleet.placement import place
+
+    loaded = spec.profile(name)
+    if loaded.profile.abstract:
+        raise UserError(f"{name} is a base for other lanes (abstract: true), not a lane")
+    ranks = place(loaded, inventory)
+    ctx = LaneContext(loaded.profile, inventory, ranks, spec.root / "templates")
+    manifests: dict[int, str] = {}
+    if loaded.profile.engine != "tensorfold":  # only the docker engines mount a node-local Engram copy
+        for r in ranks:
+            d = engram_host_dir(ctx, r)
+            if d:
+                manifests[r.rank] = f"{d}/{MANIFEST}"
+    return Lane(loaded.profile, {r.rank: r.node.name for r in ranks}, manifests)
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(f"sparkfleet exporter: {msg}\n")
+    sys.stderr.flush()
+
+
+class Poller:
+    """Polls the fleet on a background thread; `snapshot` is what scrapes read."""
+
+    def __init__(self, spec: Spec, inventory: Inventory, transport: Transport, *, interval_s: float = 15.0,
+                 timeout_s: float = 30.0, profile: str | None = None, journal: bool = True,
+                 runs_dir: Path | None = None, journal_state: Path | None = None,
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] = _log) -> None:
+        self.spec = spec
+        self.inventory = inventory
+        self.transport = transport
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.profile = profile
+        self.journal = journal
+        self.clock = clock
+        self.log = log
+        self.nodes: list[Node] = list(inventory.nodes.values())
+        self.states = {node.name: NodeState(node.name) for node in self.nodes}
+        self.index = RunIndex(runs_dir, inventory.name) if runs_dir is not None else None
+        self.journal_state = journal_state
+        self.lanes: dict[str, Lane] = {}
+        self.lane_errors: dict[str, str] = {}  # lanes seen on the fleet whose profile cannot be loaded
+        self.active: set[str] = set()  # lanes exported now
+        if profile is not None:
+            self.lanes[profile] = load_lane(spec, inventory, profile)  # the user named it: fail loudly now
+            self.active = {profile}
+        self.polls = 0
+        self._load_journal_state()
+        self.snapshot: Snapshot = snapshot(self._view(None, None))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Poll now and then every interval, on a daemon thread."""
+        self._thread = threading.Thread(target=self._loop, name="sparkfleet-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Ask the loop to end and wait for the poll in progress (up to `timeout_s`)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception as exc:  # noqa: BLE001 - a failed poll must not end the exporter
+                self.log(f"poll failed: {type(exc).__name__}: {exc}")
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    # -- one poll ---------------------------------------------------------------------------------
+    def poll_once(self) -> Snapshot:
+        """Gather facts (and extras) from every node, update the state, publish a new snapshot."""
+        t0 = time.monotonic()
+        want_extras = self.journal or any(self.lanes[k].manifests for k in self.active)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            facts_f = pool.submit(self._facts)
+            extras_f = pool.submit(self._extras) if want_extras else None
+            facts = facts_f.result()
+            answers = extras_f.result() if extras_f is not None else {}
+        now = self.clock()
+        for node in self.nodes:
+            self._update(self.states[node.name], facts.get(node.name), answers.get(node.name), now)
+        self._discover_lanes()
+        runs = self.index.refresh() if self.index is not None else []
+        self._save_journal_state()
+        self.polls += 1
+        snap = snapshot(self._view(time.monotonic() - t0, now, runs))
+        self.snapshot = snap  # one assignment: scrapes see the old snapshot or the new one, never half
+        return snap
+
+    def _facts(self) -> dict[str, NodeFacts | Result]:
+        requests = {node.name: FactsRequest(node=node.name) for node in self.nodes}
+        try:
+            return gather(self.transport, self.nodes, requests, timeout_s=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a transport that raises fails this poll's nodes, not the exporter
+            msg = f"facts gathering failed: {type(exc).__name__}: {exc}"
+            return {node.name: Result(node.name, False, error="error", message=msg) for node in self.nodes}
+
+    def _extras(self) -> dict[str, extras.Extras | str]:
+        per_node: dict[str, list[str]] = {}
+        for lane in (self.lanes[k] for k in self.active):
+            for rank, path in lane.manifests.items():
+                per_node.setdefault(lane.ranks[rank], []).append(path)
+        jobs = {node.name: extras.request(journal=self.journal, since=self.states[node.name].journal_since,
+                                          manifests=per_node.get(node.name, [])) for node in self.nodes}
+        targets = [node for node in self.nodes if self.journal or per_node.get(node.name)]
+
+        def one(node: Node) -> tuple[str, extras.Extras | str]:
+            try:
+                r = self.transport.run([node], extras.COMMAND, stdin=jobs[node.name],
+                                       timeout_s=self.timeout_s)[node.name]
+            except Exception as exc:  # noqa: BLE001 - this node's answer is an error, not the poll's
+                return node.name, f"{type(exc).__name__}: {exc}"
+            return node.name, extras.parse(r)
+
+        if not targets:
+            return {}
+        # one transport call per node: each node's stdin differs (its own journal window)
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            return dict(pool.map(one, targets))
+
+    def _update(self, st: NodeState, got: NodeFacts | Result | None, answer: extras.Extras | str | None,
+                now: float) -> None:
+        if isinstance(got, NodeFacts):
+            st.up, st.facts, st.facts_at, st.error = True, got, now, None
+        else:
+            st.up = False
+            kind = (got.error if got is not None else None) or "error"
+            st.error = (got.message if got is not None else "") or kind
+            st.failures[kind] += 1
+        if not st.up:
+            return  # keep the journal window where it was: the next answer counts the kills in between
+        if isinstance(answer, extras.Extras):
+            st.manifests = answer.manifests
+            j = answer.journal
+            if j is not None:
+                st.journal_readable = bool(j.get("readable"))
+                st.journal_why = str(j.get("why") or "")
+                if st.journal_readable:
+                    for sig, count in (j.get("kills") or {}).items():
+                        if sig in st.kills:
+                            st.kills[sig] += int(count)
+                    st.journal_since = float(j.get("until", answer.now))
+        elif isinstance(answer, str):
+            st.manifests = {}
+            if self.journal:
+                st.journal_readable, st.journal_why = False, answer
+
+    def _discover_lanes(self) -> None:
+        """The lanes to export: the named one (--profile), else every lane with containers on the fleet now."""
+        if self.profile is not None:
+            self.active = {self.profile}
+            return
+        seen: set[str] = set()
+        for st in self.states.values():
+            if st.up and st.facts is not None:
+                seen |= {c.labels[PROFILE_LABEL] for c in lane_containers(st.facts)}
+        for name in sorted(seen - set(self.lanes) - set(self.lane_errors)):
+            try:
+                self.lanes[name] = load_lane(self.spec, self.inventory, name)  # loaded once, kept
+            except (SpecError, UserError) as exc:
+                self.lane_errors[name] = str(exc)
+                self.log(f"lane {name!r} runs on the fleet but its profile cannot be loaded: {exc}")
+        self.active = seen
+
+    def _view(self, duration: float | None, polled_at: float | None, runs: list | None = None) -> FleetView:
+        lanes = {k: v for k, v in self.lanes.items() if k in self.active}
+        return FleetView(self.inventory, self.states, lanes, runs or [], self.profile, self.polls, duration, polled_at)
+
+    # -- earlyoom journal windows survive restarts (and `--once` runs from cron) ----------------------
+    def _load_journal_state(self) -> None:
+        if self.journal_state is None or not self.journal:
+            return
+        try:
+            data = json.loads(self.journal_state.read_text())
+        except (OSError, ValueError):
+            return
+        for name, d in (data.get("nodes") or {}).items() if isinstance(data, dict) else ():
+            st = self.states.get(name)
+            if st is None or not isinstance(d, dict):
+                continue
+            st.journal_since = d.get("since")
+            for sig, count in (d.get("kills") or {}).items():
+                if sig in st.kills:
+                    st.kills[sig] = int(count)
+
+    def _save_journal_state(self) -> None:
+        if self.journal_state is None or not self.journal:
+            return
+        data = {"inventory": self.inventory.name,
+                "nodes": {st.name: {"since": st.journal_since, "kills": st.kills}
+                          for st in self.states.values() if st.journal_since is not None}}
+        try:
+            self.journal_state.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.journal_state.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.journal_state)
+        except OSError as exc:
+            self.log(f"cannot save the journal windows to {self.journal_state}: {exc}")

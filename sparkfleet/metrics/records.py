@@ -1,0 +1,122 @@
+"""Run records (state_dir()/runs/*.json) as the exporter needs them: one small summary per run.
+
+A record is written once, atomically, when its run ends (runner/record.py), so a summary is parsed once
+per file and kept while the file's size and mtime stay the same; a poll only parses new records.
+Records of other inventories are left out (one exporter watches one inventory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUS_RANK = {"ok": 0, "warn": 1, "fail": 2}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the metrics read from one run record."""
+
+    run_id: str
+    playbook: str
+    profile: str
+    inventory: str
+    outcome: str
+    started: float
+    finished: float | None
+    duration_s: float | None
+    checks: dict[tuple[str, str], str] | None = None  # (node, check) -> worst status, when checks ran
+    checks_at: float | None = None
+    gates: dict[str, str] | None = None  # gate -> pass | fail | skip, when gates ran
+    gates_at: float | None = None
+    engram: dict[int, str] | None = None  # rank -> node-local | nfs (the engram step's verdict)
+    rank_nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, from the launches
+    patches: dict[str, Any] | None = None  # {"set": name, "nodes": {node: ok}}
+
+
+def _step_ends(rec: dict[str, Any]) -> dict[str, float]:
+    """When each step ended: the run's start plus the durations of the steps up to it (steps run in order)."""
+    t = float(rec.get("started") or 0.0)
+    out: dict[str, float] = {}
+    for st in rec.get("steps") or []:
+        t += float(st.get("elapsed_s") or 0.0)
+        out[str(st.get("step"))] = t
+    return out
+
+
+def summarise(rec: dict[str, Any]) -> RunSummary:
+    """The parts of a record the exporter uses (raises KeyError/TypeError/ValueError on a malformed one)."""
+    data = rec.get("data") or {}
+    ends = _step_ends(rec)
+    checks = None
+    if isinstance(data.get("findings"), list):
+        checks = {}
+        for f in data["findings"]:
+            key = (str(f.get("node") or ""), str(f["check"]))
+            status = str(f.get("status", "ok"))
+            if STATUS_RANK.get(status, 0) >= STATUS_RANK.get(checks.get(key, "ok"), 0):
+                checks[key] = status
+    gates = None
+    g = data.get("gates")
+    if isinstance(g, dict) and isinstance(g.get("results"), list):
+        gates = {str(r["name"]): str(r["status"]) for r in g["results"]}
+    engram = None
+    if isinstance(data.get("engram"), dict):
+        engram = {int(k): str(v) for k, v in data["engram"].items()}
+    rank_nodes = {int(x["rank"]): str(x["node"]) for x in data.get("launches") or [] if "rank" in x and "node" in x}
+    patches = None
+    p = data.get("patches")
+    if isinstance(p, dict) and isinstance(p.get("nodes"), dict):
+        patches = {"set": str(p.get("set") or ""),
+                   "nodes": {str(n): bool(v.get("ok")) for n, v in p["nodes"].items() if isinstance(v, dict)}}
+    finished = rec.get("finished")
+    return RunSummary(
+        run_id=str(rec["run_id"]), playbook=str(rec.get("playbook") or ""), profile=str(rec.get("profile") or ""),
+        inventory=str(rec.get("inventory") or ""), outcome=str(rec.get("outcome") or "unknown"),
+        started=float(rec.get("started") or 0.0), finished=float(finished) if finished is not None else None,
+        duration_s=float(rec["duration_s"]) if rec.get("duration_s") is not None else None,
+        checks=checks, checks_at=ends.get("check") if checks is not None else None,
+        gates=gates, gates_at=ends.get("gates") if gates is not None else None,
+        engram=engram, rank_nodes=rank_nodes, patches=patches)
+
+
+class RunIndex:
+    """The run records of one inventory, re-read only where a file is new or changed."""
+
+    def __init__(self, runs_dir: Path, inventory: str) -> None:
+        self.runs_dir = runs_dir
+        self.inventory = inventory
+        self._cache: dict[Path, tuple[tuple[int, int], RunSummary | None]] = {}
+        self.unreadable: list[str] = []  # files that are not run records (named, not fatal)
+
+    def refresh(self) -> list[RunSummary]:
+        """Every run of this inventory, oldest first."""
+        seen: dict[Path, tuple[tuple[int, int], RunSummary | None]] = {}
+        bad: list[str] = []
+        try:
+            paths = sorted(self.runs_dir.glob("*.json"))
+        except OSError:
+            paths = []
+        for path in paths:
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # removed while listing
+            key = (st.st_mtime_ns, st.st_size)
+            cached = self._cache.get(path)
+            if cached is not None and cached[0] == key:
+                seen[path] = cached
+            else:
+                try:
+                    summary: RunSummary | None = summarise(json.loads(path.read_text()))
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    summary = None
+                seen[path] = (key, summary)
+            if seen[path][1] is None:
+                bad.append(path.name)
+        self._cache = seen
+        self.unreadable = bad
+        runs = [s for _, s in seen.values() if s is not None and s.inventory == self.inventory]
+        return sorted(runs, key=lambda s: (s.started, s.run_id))
