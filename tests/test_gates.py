@@ -476,7 +476,7 @@ def test_soak_wrong_answers_are_errors_and_stop_it_early():
     assert r.status == "fail"
     assert r.data["seconds"] < 10 and r.data["errors"] >= 4
     assert "zero are allowed" in r.checks[0].why and "stopped early" in r.checks[0].why
-    examples = [c for c in r.checks if c.name.startswith("error [")]
+    examples = [c for c in r.checks if c.name.startswith("error ")]
     assert examples and all(c.sent and c.why for c in examples)
 
 

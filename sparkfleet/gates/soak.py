@@ -277,7 +277,8 @@ def run(env: GateEnv) -> GateResult:
         requests.got += f"; {missing_usage} stream(s) without a usage block: tok/s counts only the others"
     checks = [requests]
     for o in bad[:ERROR_EXAMPLES]:
-        checks.append(Check(f"error [{o.task.tag}]", False, sent=clip(o.task.prompt, 100), got=o.got, why=o.why))
+        # the name has no brackets: rich would read "[tag]" as markup in the run display
+        checks.append(Check(f"error {o.task.tag}", False, sent=clip(o.task.prompt, 100), got=o.got, why=o.why))
     if watch:
         checks += watch.checks()
     else:
