@@ -280,3 +280,27 @@ def test_runs_are_recorded_and_secrets_redacted(sim, capsys) -> None:
     d = rec.as_dict()["data"]
     assert d == {"env": {"HF_TOKEN": REDACTED, "MODE": "x"}, "argv": ["-e", f"VLLM_API_KEY={REDACTED}"],
                  "text": f"auth with {REDACTED}"}
+
+
+def test_an_api_key_reaches_the_engine_and_never_a_record(sim, capsys, tmp_path, monkeypatch) -> None:
+    ops = tmp_path / "ops"
+    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
+        shutil.copytree(REPO / d, ops / d)
+    (ops / "profiles/dcp2-auth.yaml").write_text("extends: dcp2\napi_key_env: SF_TEST_API_KEY\n")
+    key = "sk-sim-" + os.urandom(8).hex()
+    monkeypatch.setenv("SF_TEST_API_KEY", key)
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    own = lab.up("lab", ops_root=str(ops))  # its own lab: it knows the extra profile
+    try:
+        code, events = run(capsys, "up", "--profile", "dcp2-auth", "--inventory", "sim", "--root", str(ops),
+                           "--gates", "models,auth", "--poll", "0.2")
+        assert code == 0, result(events)
+        rec_text = (tmp_path / "state/runs" / f"{result(events)['run_id']}.json").read_text()
+        assert key not in rec_text and key not in json.dumps(events)
+        argv = json.loads(rec_text)["data"]["launches"][-1]["argv"]
+        assert "VLLM_API_KEY" in argv  # passed by name; docker takes the value from the launch's environment
+        gates = json.loads(rec_text)["data"]["gates"]["results"]
+        assert {g["name"]: g["status"] for g in gates}["auth"] == "pass"
+        main(["down", "--profile", "dcp2-auth", "--inventory", "sim", "--root", str(ops), "--json"])
+    finally:
+        own.down()

@@ -37,6 +37,9 @@ def docker_context(ctx: LaneContext, r: Rank) -> dict:
                    for src, dst in ctx.patch_mounts]
         + [f"{m.source}:{m.target}" + (":ro" if m.readonly else "") for m in p.mounts],
         "env": p.env,
+        # the key's value never reaches argv or records: `-e VLLM_API_KEY` takes it from the environment
+        # the launch command runs in (sparkfleet sets it there from profile.api_key_env)
+        "api_key_env": p.api_key_env,
         "node": node,
         "head": ctx.head,
         "rank": r.rank,

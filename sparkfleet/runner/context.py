@@ -86,14 +86,14 @@ class RunContext:
         return f"http://{host}:{self.profile.port}"
 
     def run_each(self, commands: dict[str, str], timeout_s: float = 120.0,
-                 stdin: dict[str, str] | None = None) -> dict[str, Result]:
+                 stdin: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict[str, Result]:
         """A different command per node, all at once (one thread per node)."""
         if not commands:
             return {}
 
         def one(name: str) -> tuple[str, Result]:
             res = self.transport.run([self.node(name)], commands[name], timeout_s=timeout_s,
-                                     stdin=(stdin or {}).get(name))
+                                     stdin=(stdin or {}).get(name), env=env)
             return name, res[name]
 
         with ThreadPoolExecutor(max_workers=len(commands)) as pool:

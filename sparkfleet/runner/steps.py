@@ -357,6 +357,16 @@ def launch(ctx: RunContext, st: Step) -> StepResult:
     if ctx.options.dry_run:
         return StepResult("ok", "would start " + ", ".join(f"rank {x.rank} on {x.node}" for x in chosen),
                           data={"launches": [x.as_dict() for x in chosen]})
+    env = None
+    if ctx.profile.api_key_env:
+        import os
+
+        key = os.environ.get(ctx.profile.api_key_env)
+        if not key:
+            return StepResult("fail", f"the lane needs an API key in ${ctx.profile.api_key_env} (profile api_key_env); "
+                              "it is not set here")
+        ctx.record.secret_values.add(key)
+        env = {"VLLM_API_KEY": key}
     for wave in sorted({x.wave for x in chosen}):
         batch = [x for x in chosen if x.wave == wave]
         for x in batch:
@@ -364,7 +374,7 @@ def launch(ctx: RunContext, st: Step) -> StepResult:
                 res = ctx.transport.put([ctx.node(x.node)], content.encode(), path)[x.node]
                 if not res.ok:
                     return StepResult("fail", f"could not write {path} on {x.node}", _unreachable(ctx, {x.node: res}))
-        results = ctx.run_each({x.node: x.script for x in batch}, timeout_s=300)
+        results = ctx.run_each({x.node: x.script for x in batch}, timeout_s=300, env=env)
         for x in batch:
             res = results[x.node]
             if not res.ok:

@@ -926,7 +926,9 @@ def docker_run(argv: list[str], root: Path) -> int:
             if src.startswith("/") and not (root / src.lstrip("/")).exists():
                 # like dockerd: a missing bind source becomes an empty directory (the FM-12 trap)
                 (root / src.lstrip("/")).mkdir(parents=True)
-        env = list(_get(opts, "-e", "--env"))
+        # `-e NAME` without a value takes it from the docker client's environment, as the real CLI does
+        env = [e if "=" in e else f"{e}={os.environ.get(e, '')}" for e in _get(opts, "-e", "--env")
+               if "=" in e or e in os.environ]
         labels = _kv_list(_get(opts, "-l", "--label"))
         now = time.time()
         cid = hashlib.sha256(f"sparkfleet-sim container {node['node']} {seq}".encode()).hexdigest()
@@ -1029,6 +1031,8 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
             src, _, rest = b.partition(":")
             if local and rest.split(":")[0] == local and (root / src.lstrip("/") / "engram-manifest.json").is_file():
                 argv += ["--engram-node-local", "--engram-dir", local]
+    if env.get("VLLM_API_KEY"):
+        argv += ["--api-key-env", "VLLM_API_KEY"]
     for fault in sorted(faults):
         if fault in ENGINE_FAULT_NAMES:
             argv += ["--fault", fault]
@@ -1055,7 +1059,10 @@ def start_engine(root: Path, container: dict) -> None:
     log = root / STATE / "logs" / f"{cid}.log"
     exit_file = root / STATE / "logs" / f"{cid}.exit"
     exit_file.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VLLM_API_KEY")}
+    key = dict(e.partition("=")[::2] for e in container["Config"]["Env"] or []).get("VLLM_API_KEY")
+    if key:  # the engine reads its key from the environment, never from argv
+        env["VLLM_API_KEY"] = key
     env["PYTHONPATH"] = cfg["package_root"]
     env["PYTHONUNBUFFERED"] = "1"
     with open(log, "ab") as out:
