@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="needles at 128K and the seeds' exact lengths up to 500K tokens (default: 32K)")
     p.add_argument("--needle-tokens", metavar="N[,N]", help="needle sizes in prompt tokens (overrides --long)")
     p.add_argument("--needle-depth", type=float, default=0.5, metavar="F", help="needle depth, 0..1 (default 0.5)")
-    p.add_argument("--soak-minutes", type=float, default=2.0, metavar="M", help="soak length (default 2)")
-    p.add_argument("--soak-streams", type=int, default=8, metavar="N", help="concurrent soak streams (default 8)")
+    p.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
+    p.add_argument("--soak-streams", type=int, metavar="N", help="concurrent soak streams (default: the profile's, "
+                   "else 8)")
     p.add_argument("--reasoning-effort", metavar="E", help="reasoning_effort for the reasoning gate (never medium)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per request (default 600)")
     p.add_argument("--no-mem-sample", action="store_true",
@@ -66,10 +67,15 @@ def endpoint_for(node: Node, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def _options(args: argparse.Namespace) -> GateOptions:
+def _options(args: argparse.Namespace, profile) -> GateOptions:
     from sparkfleet.gates.env import NEEDLE_DEFAULT, NEEDLE_LONG, GateOptions
 
-    sizes = NEEDLE_LONG if args.long else NEEDLE_DEFAULT
+    own = profile.gates
+    sizes = NEEDLE_LONG if args.long else (tuple(own.needle_tokens) if own.needle_tokens else NEEDLE_DEFAULT)
+    if args.soak_minutes is None:
+        args.soak_minutes = own.soak_minutes or 2.0
+    if args.soak_streams is None:
+        args.soak_streams = own.soak_streams or 8
     if args.needle_tokens:
         try:
             sizes = tuple(int(s.replace("_", "")) for s in args.needle_tokens.split(",") if s.strip())
@@ -97,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
     if profile.abstract:
         raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane")
     try:
-        only = parse_only(args.only)
+        only = parse_only(args.only if args.only is not None else profile.gates.only)
         key = api_key_for(profile)
     except GateSetupError as exc:
         raise UserError(str(exc)) from None
-    options = _options(args)
+    options = _options(args, profile)
     options.api_key = key
     ranks = None
     try:

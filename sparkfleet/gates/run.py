@@ -160,6 +160,11 @@ def summary(results: list[GateResult]) -> str:
 STEP_ARGS = {"only", "soak_minutes", "soak_streams", "needle_tokens", "long"}
 
 
+def profile_args(profile: Profile) -> dict[str, Any]:
+    """The profile's own gate set as step args (a playbook's or the command line's args override them)."""
+    return profile.gates.model_dump(exclude_none=True)
+
+
 def options_from_args(args: dict[str, Any]) -> tuple[list[str] | None, GateOptions]:
     """A playbook step's args (only, soak_minutes, soak_streams, needle_tokens, long) as gate options."""
     unknown = sorted(set(args) - STEP_ARGS)
@@ -192,7 +197,7 @@ def gates_step(ctx: RunContext, st: Step) -> StepResult:
     profile = ctx.profile
     base = ctx.endpoint()
     try:
-        only, options = options_from_args(st.args)
+        only, options = options_from_args({**profile_args(profile), **st.args})
         key = api_key_for(profile)
     except GateSetupError as exc:
         return StepResult("fail", str(exc))

@@ -115,6 +115,15 @@ class TensorFold(Strict):
     args: dict[str, Any] = Field(default_factory=dict)  # serve settings, flag-dict form
 
 
+class GateSet(Strict):
+    """The answer gates `up` runs for this lane (and `gates` by default); unset = derived from the lane."""
+
+    only: list[str] | None = None  # gate names; default: every gate the lane supports (image needs vision...)
+    soak_minutes: float | None = Field(None, gt=0)
+    soak_streams: int | None = Field(None, ge=1)
+    needle_tokens: list[int] | None = None
+
+
 class Rail2(Strict):
     nodes: list[str] = Field(min_length=1)  # nodes that get the runtime alias on their second port
 
@@ -153,6 +162,7 @@ class Profile(Strict):
     rail2: Rail2 | None = None
     vision: bool = False
     tools: bool = False
+    gates: GateSet = Field(default_factory=GateSet)
 
     @field_validator("env", mode="before")
     @classmethod
