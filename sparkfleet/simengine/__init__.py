@@ -12,7 +12,8 @@ Launch (one process per rank; workers first, then the head, as the seeds did)::
         [--engram-ranges 'L:start:end,...'] [--engram-node-local] [--engram-dir DIR] \\
         [--autotune-configs N] [--rehome-layers N] [--boot-seconds S] [--api-key-env VAR] \\
         [--fault F ...] [--leak-file FILE] [--log FILE] [--step-ms MS] [--prefill-tokens-per-s TPS] \\
-        [--num-speculative-tokens K] [--max-num-seqs N] [--text-only] [--no-tools] [--thinking-default]
+        [--num-speculative-tokens K] [--max-num-seqs N] [--text-only] [--no-tools] [--thinking-default] \\
+        [--decode-tokens-per-s R]
 
 or `--config FILE.json` with the same options as keys (`world_size`, `served_names`: [...],
 `engram_ranges`: "1:0:96000000" or [[1, 0, 96000000]], `faults`: [...]); flags override the file.
@@ -62,6 +63,10 @@ user's text, tool results read back, `reasoning_content` when thinking is on, 40
 `reasoning_effort: medium`; anything else gets a sentence seeded by a hash of the request. Tokens are
 words and punctuation marks (tokens.py), the same count for usage, /tokenize and /metrics. Scheduling
 (engine.py) admits by free KV and --max-num-seqs, keeps a prefix cache, preempts when KV runs out.
+Timing: each step sleeps --step-ms (4% longer per extra running request); with --decode-tokens-per-s R
+the first token comes alone right after prefill and every later step ends when its stream has produced
+exactly R tokens per second since that first token (deadlines, so sleep jitter never accumulates): a
+benchmark client can be checked against a known rate.
 
 Faults (--fault, repeatable; each should fail one gate and nothing else)::
 

@@ -59,6 +59,7 @@ class Config:
     max_num_seqs: int = 8
     step_ms: float = 10.0
     prefill_tokens_per_s: float = 50_000.0
+    decode_tokens_per_s: float = 0.0  # > 0: every stream decodes at exactly this rate (see engine.Engine)
     vision: bool = True
     tools: bool = True
     thinking_default: bool = False
@@ -117,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     a("--max-num-seqs", type=int)
     a("--step-ms", type=float, help="time of one decode step")
     a("--prefill-tokens-per-s", type=float)
+    a("--decode-tokens-per-s", type=float,
+      help="pace each stream at exactly this many tokens per second after its first token (instead of "
+      "--step-ms per step); the first token comes alone, straight after prefill, as vLLM's prefill samples it")
     a("--text-only", dest="vision", action="store_false", default=None, help="refuse image inputs")
     a("--no-tools", dest="tools", action="store_false", default=None, help="no tool parser: auto tool choice is 400")
     a("--thinking-default", action="store_true", default=None)
@@ -159,6 +163,8 @@ def parse(argv: list[str] | None = None) -> Config:
         parser.error("at least one --served-name is needed")
     if cfg.has("memory-leak") and not cfg.leak_file:
         parser.error("--fault memory-leak needs --leak-file")
+    if cfg.decode_tokens_per_s < 0:
+        parser.error("--decode-tokens-per-s must be 0 (off) or more")
     if cfg.kv_tokens <= 0:
         cfg.kv_tokens = DEFAULT_KV_TOKENS  # a lane without a KV expectation still gets a usable cache
     return cfg

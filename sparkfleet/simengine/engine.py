@@ -65,7 +65,8 @@ class Engine:
     """Runs jobs on request threads; shared state lives under one condition variable."""
 
     def __init__(self, capacity: int, max_num_seqs: int, num_spec_tokens: int, step_s: float,
-                 prefill_tps: float, metrics: Metrics, garbage: bool = False, cache_blocks: int = 200_000) -> None:
+                 prefill_tps: float, metrics: Metrics, garbage: bool = False, cache_blocks: int = 200_000,
+                 token_rate: float = 0.0) -> None:
         self.capacity = max(capacity, 1)
         self.max_num_seqs = max(max_num_seqs, 1)
         self.k = max(num_spec_tokens, 0)
@@ -80,6 +81,9 @@ class Engine:
         self.dead = False
         self.cache: dict[str, None] = {}  # insertion-ordered: the oldest block is evicted first
         self.cache_blocks = cache_blocks
+        # > 0: pace each stream at exactly token_rate tokens/s after its first token (a known rate for
+        # benchmark tests) instead of step_s per step
+        self.token_rate = token_rate
 
     # ------------------------------------------------------------------------------------ state
 
@@ -173,18 +177,30 @@ class Engine:
             i, last, first_at = 0, prefilled, 0.0
             total = job.prompt_tokens
             pieces = job.pieces
+            paced = self.token_rate > 0
+            anchor_t, anchor_i = prefilled, 0  # paced: time and tokens emitted that the deadlines count from
             while i < len(pieces):
-                accepted = self._draw(rng)
+                # Paced, the first token is the prefill pass's own sample: alone and not a draft (as in vLLM).
+                drafted = not (paced and i == 0)
+                accepted = self._draw(rng) if drafted else 0
                 n = min(1 + accepted, len(pieces) - i)
                 if total + n > self.capacity:
                     break  # this request alone outgrows the KV pool: stop it like vLLM's length cap
-                self._grow(seat, n, total)
-                with self.cond:
-                    running = self.running
-                # Batched decode slows a little with every extra running request.
-                time.sleep(self.step_s * (1 + 0.04 * max(running - 1, 0)))
+                if self._grow(seat, n, total):
+                    anchor_t, anchor_i = time.monotonic(), i  # back from preemption: pace from now, no catch-up
+                if paced:
+                    if i > 0:
+                        # An absolute deadline, so a late wake-up delays one step and is not carried forward.
+                        delay = anchor_t + (i + n - anchor_i) / self.token_rate - time.monotonic()
+                        if delay > 0:
+                            time.sleep(delay)
+                else:
+                    with self.cond:
+                        running = self.running
+                    # Batched decode slows a little with every extra running request.
+                    time.sleep(self.step_s * (1 + 0.04 * max(running - 1, 0)))
                 now = time.monotonic()
-                if self.k:
+                if self.k and drafted:
                     m.draft(n - 1)
                 m.add("vllm:generation_tokens", n)
                 if i == 0:
@@ -195,6 +211,10 @@ class Engine:
                 last = now
                 total += n
                 yield pieces[i:i + n]
+                if paced and i == 0:
+                    # Pace from when the first token was handed to the client (the caller writes it before
+                    # asking for the next step), so a first write delayed by busy threads is not made up for.
+                    anchor_t, anchor_i = time.monotonic(), n
                 i += n
             reason = job.finish if i >= len(pieces) else "length"
         finally:
@@ -214,13 +234,15 @@ class Engine:
             if on_finish:
                 on_finish(reason)
 
-    def _grow(self, seat: _Seat, n: int, total: int) -> None:
-        """Reserve KV for n more tokens; with none free, preempt this request and re-queue it at the front."""
+    def _grow(self, seat: _Seat, n: int, total: int) -> bool:
+        """Reserve KV for n more tokens; with none free, preempt this request and re-queue it at the front.
+
+        True when the request was preempted (and has been admitted again)."""
         with self.cond:
             if self.used + n <= self.capacity:
                 self.used += n
                 seat.reserved += n
-                return
+                return False
             self.used -= seat.reserved
             self.running -= 1
             seat.reserved, seat.active = 0, False
@@ -228,3 +250,4 @@ class Engine:
         self.metrics.add("vllm:num_preemptions", 1)
         # Recompute: the request comes back needing its whole context plus the new tokens.
         self._admit(seat, total + n, front=True)
+        return True

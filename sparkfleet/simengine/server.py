@@ -55,7 +55,7 @@ class App:
     def start_serving(self, kv_tokens: int) -> None:
         self.engine = Engine(kv_tokens, self.cfg.max_num_seqs, self.cfg.num_speculative_tokens,
                              self.cfg.step_ms / 1000, self.cfg.prefill_tokens_per_s, self.metrics,
-                             garbage=self.cfg.has("garbage-tokens"))
+                             garbage=self.cfg.has("garbage-tokens"), token_rate=self.cfg.decode_tokens_per_s)
         if self.cfg.has("memory-leak"):
             self._write_leak()
         self.state = "serving"
@@ -138,6 +138,9 @@ def build_pieces(answer: Answer, limit: int, body: dict, seed: str) -> tuple[lis
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as uvicorn (asyncio) serves vLLM: with Nagle on, a small stream chunk waits for the
+    # client's delayed ACK (up to 40 ms on Linux), which shows up as TTFT and inter-token stalls.
+    disable_nagle_algorithm = True
     server_version = "uvicorn"
     sys_version = ""
     app: App  # set on the subclass make_server() builds
