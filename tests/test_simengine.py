@@ -22,6 +22,7 @@ from sparkfleet.simengine import tokens
 from tests.test_simengine_util import (
     BLUE,
     GREEN,
+    PEER_TIMEOUT,
     RED,
     YELLOW,
     Lane,
@@ -442,8 +443,11 @@ def boot_lanes(tmp_path_factory):
     started = time.monotonic()
 
     def watch(ln: Lane) -> None:
-        ln.statuses, ln.ready_after = [], None
-        while time.monotonic() - started < 20 and ln.procs["r0"].poll() is None:
+        ln.statuses, ln.ready_after, ln.exited_at = [], None, {}
+        while time.monotonic() - started < 20 and "r0" not in ln.exited_at:
+            for tag, proc in ln.procs.items():
+                if tag not in ln.exited_at and proc.poll() is not None:
+                    ln.exited_at[tag] = time.monotonic()
             status = ln.health()
             ln.statuses.append(status)
             if status == 200:
@@ -474,6 +478,8 @@ def test_worker_crash_kills_the_boot(boot_lanes):
     assert ln.wait_exit("r0") == 1
     assert "NCCL error" in ln.log("r0") and "EngineCore failed: rank 1" in ln.log("r0")
     assert "Application startup complete" not in ln.log("r0") and 200 not in ln.statuses
+    # The head notices at its next collective (--peer-timeout later), so the crashed rank's line comes first.
+    assert ln.exited_at["r0"] - ln.exited_at["r1"] >= PEER_TIMEOUT - 0.05
 
 
 def test_missing_patch_is_an_import_error(boot_lanes):

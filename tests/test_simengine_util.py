@@ -18,6 +18,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 
+PEER_TIMEOUT = 0.3  # seconds a rank takes to notice a dead peer (the engine's default is 2)
 RED, GREEN, BLUE, YELLOW, WHITE = (255, 0, 0), (0, 200, 0), (0, 0, 255), (255, 255, 0), (255, 255, 255)
 
 
@@ -109,6 +110,7 @@ class Lane:
                 "--port", str(self.port), *[a for n in self.served for a in ("--served-name", n)],
                 "--kv-tokens", str(self.kv), "--boot-seconds", str(self.boot), "--step-ms", "0.2",
                 "--prefill-tokens-per-s", "5000000", "--rendezvous-timeout", "30", "--stats-interval", "0.5",
+                "--peer-timeout", str(PEER_TIMEOUT),
                 *self.extra, *self.rank_extra.get(rank, [])]
         if self.key is not None:
             argv += ["--api-key-env", "SF_SIM_TEST_KEY"]

@@ -166,12 +166,15 @@ class HeadRank(Rank):
         super().__init__(cfg, log)
         self.app = App(cfg, log)
         self.rdv: Head | None = None
-        self.died = threading.Event()
         self.lane_kv = cfg.kv_tokens
+
+    def lost(self) -> list[Member]:
+        """Workers gone for longer than --peer-timeout: the head notices at its next collective, not at once."""
+        return self.rdv.lost(self.cfg.peer_timeout) if self.rdv else []
 
     def check(self) -> None:
         super().check()
-        lost = self.rdv.lost() if self.rdv else []
+        lost = self.lost()
         if lost:
             self.report_lost(lost[0])
             raise Fatal
@@ -186,10 +189,6 @@ class HeadRank(Rank):
         self.log.info("EngineCore_DP0", "simengine", f"rank {m.rank} joined the rendezvous from {m.link.peer} "
                       f"(pid {m.pid}){' after the world was complete' if extra else ''}")
 
-    def _lost(self, m: Member) -> None:
-        if self.app.state == "serving":
-            self.died.set()
-
     def run(self) -> int:
         c, log = self.cfg, self.log
         self.banner("APIServer")
@@ -200,7 +199,7 @@ class HeadRank(Rank):
         elif c.api_key_env:
             log.warning("APIServer", "api_server.py:1897", f"${c.api_key_env} is not set: the API is open")
         try:
-            self.rdv = Head(c.master_addr, c.master_port, c.world_size, self._joined, self._lost)
+            self.rdv = Head(c.master_addr, c.master_port, c.world_size, self._joined)
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, "UNKNOWN")
             log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start.")
@@ -262,22 +261,22 @@ class HeadRank(Rank):
         self.app.start_serving(self.lane_kv)
         log.raw(f"({api} pid={log.pid}) INFO:     Application startup complete.")
         threading.Thread(target=self._stats, daemon=True).start()
-        while not self.stop.is_set():
-            if self.died.wait(0.1):
-                lost = rdv.lost()
-                if lost:
-                    self.report_lost(lost[0])
+        reported = 0
+        while not self.stop.wait(0.1):
+            lost = self.lost()
+            if len(lost) > reported:
+                self.report_lost(lost[reported])
+                reported = len(lost)
                 self.app.engine_died()
                 if not c.keep_alive_on_engine_death:
                     return 1
-                self.died.clear()
         log.info(api, "launcher.py:80", "Shutting down FastAPI HTTP server.")
         log.raw(f"({api} pid={log.pid}) INFO:     Shutting down")
         log.raw(f"({api} pid={log.pid}) INFO:     Finished server process [{log.pid}]")
         return 1 if self.app.state == "dead" else 0
 
     def _aborting(self) -> bool:
-        return self.stop.is_set() or bool(self.rdv and self.rdv.lost())
+        return self.stop.is_set() or bool(self.lost())
 
     def _sync_kv(self, own: int) -> None:
         """The lane's KV is the smallest any rank found (vLLM sizes the cache by the tightest rank)."""
@@ -326,7 +325,7 @@ class WorkerRank(Rank):
             return
         if self.link.shutdown.is_set():
             raise Stop
-        if self.link.head_lost.is_set():
+        if self.link.head_lost.is_set() and time.monotonic() - self.link.lost_at >= self.cfg.peer_timeout:
             self.log.error(self.worker_proc, "multiproc_executor.py:612", "the head went away")
             self.log.raw(NCCL_LOST)
             self.log.raw(NCCL_DETAIL)

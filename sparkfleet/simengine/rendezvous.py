@@ -70,6 +70,7 @@ class Member:
     pid: int
     kv: int | None = None
     ready: bool = False
+    lost_at: float | None = None  # monotonic time its connection closed
 
 
 @dataclass
@@ -84,10 +85,9 @@ class HeadState:
 class Head:
     """Rank 0's side: accept workers, track the world, broadcast go/shutdown."""
 
-    def __init__(self, addr: str, port: int, world_size: int, on_join: Callable[[Member, bool], None],
-                 on_lost: Callable[[Member], None]) -> None:
+    def __init__(self, addr: str, port: int, world_size: int, on_join: Callable[[Member, bool], None]) -> None:
         self.world_size = world_size
-        self.on_join, self.on_lost = on_join, on_lost
+        self.on_join = on_join
         self.cond = threading.Condition()
         self.state = HeadState()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -144,12 +144,10 @@ class Head:
                     member.ready = True
                 self.cond.notify_all()
         with self.cond:
-            closing = self.state.closing
-            if not closing:
+            if not self.state.closing:
+                member.lost_at = time.monotonic()
                 self.state.lost.append(member)
             self.cond.notify_all()
-        if not closing:
-            self.on_lost(member)
 
     # ------------------------------------------------------------------------------------ waits
 
@@ -172,9 +170,11 @@ class Head:
                     return False
                 self.cond.wait(0.05)
 
-    def lost(self) -> list[Member]:
+    def lost(self, after: float = 0.0) -> list[Member]:
+        """Workers whose connection closed at least `after` seconds ago (NCCL notices at the next collective)."""
+        now = time.monotonic()
         with self.cond:
-            return list(self.state.lost)
+            return [m for m in self.state.lost if m.lost_at is not None and now - m.lost_at >= after]
 
     def send_go(self) -> None:
         with self.cond:
@@ -210,6 +210,7 @@ class Worker:
         self.go = threading.Event()
         self.shutdown = threading.Event()
         self.head_lost = threading.Event()
+        self.lost_at = 0.0
         threading.Thread(target=self._read, name="rendezvous-reader", daemon=True).start()
 
     @classmethod
@@ -231,6 +232,7 @@ class Worker:
             msg = self.link.recv()
             if msg is None:
                 if not self.shutdown.is_set():
+                    self.lost_at = time.monotonic()
                     self.head_lost.set()
                 return
             op = msg.get("op")
