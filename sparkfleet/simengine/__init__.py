@@ -13,6 +13,7 @@ Launch (one process per rank; workers first, then the head, as the seeds did)::
         [--autotune-configs N] [--rehome-layers N] [--boot-seconds S] [--api-key-env VAR] \\
         [--fault F ...] [--leak-file FILE] [--log FILE] [--step-ms MS] [--prefill-tokens-per-s TPS] \\
         [--num-speculative-tokens K] [--max-num-seqs N] [--text-only] [--no-tools] [--thinking-default] \\
+        [--peer-timeout S] [--rendezvous-timeout S] [--keep-alive-on-engine-death] \\
         [--decode-tokens-per-s R]
 
 or `--config FILE.json` with the same options as keys (`world_size`, `served_names`: [...],
@@ -26,7 +27,9 @@ finds an old head on the port joins it and cannot tell (the seeds' relaunch race
 fails to bind the master port (`DistNetworkError ... EADDRINUSE`). When the head goes away a worker
 prints an NCCL error and exits 1; when the head shuts down it tells the workers, which exit 0. When a
 worker goes away the head prints an NCCL error and exits 1 (or, with --keep-alive-on-engine-death,
-keeps `/v1/models` up while `/health` answers 503).
+keeps `/v1/models` up while `/health` answers 503). A rank notices a dead peer --peer-timeout (2 s)
+after it died, as NCCL does at its next collective, so the rank that crashed logs its fatal line first.
+`kv_tokens` of 0 or less means the default (1,000,000).
 
 Startup lines, in order, spread over --boot-seconds (worker lines are prefixed `(Worker_TP<r> pid=N)`,
 head engine lines `(EngineCore_DP0 pid=N)`, API lines `(APIServer pid=N)`)::
