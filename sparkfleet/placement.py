@@ -47,3 +47,10 @@ def place(loaded: Loaded, inventory: Inventory) -> list[Rank]:
         raise SpecError(f"ranks lists {len(order)} nodes for {p.world_size} ranks (tp: {p.tp})",
                         file, line, "ranks")
     return [Rank(i, inventory.nodes[name]) for i, name in enumerate(order[: p.world_size])]
+
+
+def endpoint(head: Node, port: int | None) -> str:
+    """The lane's OpenAI-compatible base URL as seen from this machine: the head's SSH address (this
+    machine itself for a local-transport node) and the lane's port."""
+    host = "127.0.0.1" if head.transport == "local" else head.ssh.host
+    return f"http://{host}:{port}"

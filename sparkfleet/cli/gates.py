@@ -62,9 +62,10 @@ def _ranks(args: argparse.Namespace, sp: Spec, loaded: Loaded) -> list[Rank]:
 
 
 def endpoint_for(node: Node, port: int) -> str:
-    """http://<head ssh host, or 127.0.0.1 for a local-transport node>:<port> (as RunContext.endpoint)."""
-    host = "127.0.0.1" if node.transport == "local" else node.ssh.host
-    return f"http://{host}:{port}"
+    """The lane's base URL (one rule for every command: sparkfleet.placement.endpoint)."""
+    from sparkfleet.placement import endpoint
+
+    return endpoint(node, port)
 
 
 def _options(args: argparse.Namespace, profile) -> GateOptions:

@@ -11,6 +11,7 @@ import httpx
 from rich.table import Table
 
 from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
+from sparkfleet.placement import endpoint
 from sparkfleet.spec.errors import UserError
 
 ORDER = 14
@@ -114,9 +115,7 @@ def run_status(args: argparse.Namespace) -> int:
     for r in rows:
         if r.get("rank") == 0 and r.get("state") == "running":
             p = sp.profile(r["profile"]).profile
-            head = inv.nodes[r["node"]]
-            host = "127.0.0.1" if head.transport == "local" else head.ssh.host
-            lanes[r["profile"]] = _endpoint_status(f"http://{host}:{p.port}")
+            lanes[r["profile"]] = _endpoint_status(endpoint(inv.nodes[r["node"]], p.port))
     unreachable = [r for r in rows if "error" in r]
     if args.json:
         print_json({"containers": rows, "lanes": lanes})

@@ -81,9 +81,9 @@ class RunContext:
         """The head's OpenAI-compatible base URL as seen from this machine."""
         if self.options.endpoint:
             return self.options.endpoint.rstrip("/")
-        head = self.head
-        host = "127.0.0.1" if head.transport == "local" else head.ssh.host
-        return f"http://{host}:{self.profile.port}"
+        from sparkfleet.placement import endpoint
+
+        return endpoint(self.head, self.profile.port)
 
     def run_each(self, commands: dict[str, str], timeout_s: float = 120.0,
                  stdin: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict[str, Result]:
