@@ -806,7 +806,7 @@ class Copier:
                        "files": [s.name for s in plan.shards], "restart_reason": why}, force=True)
             started = time.monotonic()
             with open(journal_path, "a", encoding="utf-8") as journal:
-                reverified = self._recheck(recheck, fds, done, journal) if recheck else 0
+                reverified = self._recheck(recheck, done, journal) if recheck else 0
                 todo += [c for c in recheck if c.key not in done]
                 self._copy(todo, fds, done, journal, base, plan.total_bytes - remaining, started)
             for _, dfd in fds.values():
@@ -851,7 +851,7 @@ class Copier:
             raise EngramError(f"{self.req.dest}: not enough space: the copy needs {need / MiB:.1f} MiB more and "
                               f"{free / MiB:.1f} MiB are free", 1)
 
-    def _recheck(self, chunks: list[Chunk], fds: dict, done: dict, journal) -> int:
+    def _recheck(self, chunks: list[Chunk], done: dict, journal) -> int:
         """Chunks copied without verification earlier: read them back from disk and compare hashes."""
         ok = 0
         for c in chunks:
