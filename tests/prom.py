@@ -55,6 +55,9 @@ class Prometheus:
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "prometheus.log"
+        # one client for every query: httpx.get() builds a new client (and TLS context) per call, which
+        # costs more than the query itself on a busy machine
+        self.http = httpx.Client(timeout=10.0)
 
     @property
     def url(self) -> str:
@@ -72,7 +75,7 @@ class Prometheus:
             deadline = time.monotonic() + ready_s
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
-                    if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
+                    if self.http.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
                         return self
                 except httpx.HTTPError:
                     pass
@@ -94,11 +97,16 @@ class Prometheus:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the server and release the HTTP client."""
         self.stop()
+        self.http.close()
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's result (a list of {metric, value}); raises on a query error."""
-        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10.0)
+        r = self.http.get(f"{self.url}/api/v1/query", params={"query": expr})
         body = r.json()
         if r.status_code != 200 or body.get("status") != "success":
             raise AssertionError(f"query {expr!r} failed: {body.get('errorType')}: {body.get('error')}")
@@ -113,11 +121,11 @@ class Prometheus:
             if got:
                 return got
             if time.monotonic() > deadline:
-                targets = httpx.get(f"{self.url}/api/v1/targets", timeout=10.0).json()
+                targets = self.http.get(f"{self.url}/api/v1/targets").json()
                 health = [(t["labels"].get("job"), t["health"], t.get("lastError"))
                           for t in targets["data"]["activeTargets"]]
                 raise AssertionError(f"no result for {expr!r} after {timeout_s:g} s; targets: {health}")
             time.sleep(0.25)
 
     def targets(self) -> list[dict[str, Any]]:
-        return httpx.get(f"{self.url}/api/v1/targets", timeout=10.0).json()["data"]["activeTargets"]
+        return self.http.get(f"{self.url}/api/v1/targets").json()["data"]["activeTargets"]

@@ -95,7 +95,7 @@ def up_view(inv, per_node: dict[str, NodeFacts], **kw) -> FleetView:
         if name in per_node:
             st.up, st.facts, st.facts_at = True, per_node[name], T0
         states[name] = st
-    return FleetView(inv, states, **kw)
+    return FleetView(inv, states, **{"polls": 1, **kw})
 
 
 # -- GPU clock: the latch flag is judged under load only, with the clock check's rule ----------------------
@@ -414,6 +414,7 @@ def test_a_hung_poll_never_blocks_a_scrape_and_failures_mark_nodes_down(spec, in
         text = generate_latest(reg).decode()
         assert time.perf_counter() - t0 < 0.5
         assert 'sparkfleet_exporter_polls_total 0.0' in text
+        assert "sparkfleet_node_up{" not in text  # not asked yet is not down
         transport.release.set()
         while poller.polls == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -423,7 +424,7 @@ def test_a_hung_poll_never_blocks_a_scrape_and_failures_mark_nodes_down(spec, in
     finally:
         transport.release.set()
         poller.stop(5)
-    assert not poller._thread.is_alive()
+    assert not poller.running
 
 
 def test_a_transport_that_raises_fails_the_poll_not_the_exporter(spec, inv) -> None:
@@ -608,3 +609,21 @@ def test_http_endpoint_serves_the_collectors_exposition(inv) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_new_run_records_are_published_between_fleet_polls(spec, inv, tmp_path) -> None:
+    runs = tmp_path / "runs"
+    poller = Poller(spec, inv, RaisingTransport(), interval_s=60.0, runs_dir=runs)
+    write_record(runs, "a", started=T0, duration=5.0)
+    poller.refresh_records()
+    assert b"sparkfleet_runs_total{" not in poller.snapshot.text  # nothing is exported before the first poll
+    poller.poll_once()
+    assert b'sparkfleet_runs_total{outcome="ok",playbook="up",profile="dcp2"} 1.0' in poller.snapshot.text
+    write_record(runs, "b", started=T0 + 10, duration=5.0, outcome="failed")
+    before = poller.snapshot
+    poller.refresh_records()  # what the records thread does every couple of seconds, without a fleet poll
+    assert poller.polls == 1 and poller.snapshot is not before
+    assert b'sparkfleet_runs_total{outcome="failed",playbook="up",profile="dcp2"} 1.0' in poller.snapshot.text
+    unchanged = poller.snapshot
+    poller.refresh_records()
+    assert poller.snapshot is unchanged  # nothing new: nothing rebuilt

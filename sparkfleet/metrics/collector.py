@@ -284,9 +284,10 @@ def build(view: FleetView) -> list[Metric]:
     """Every family except facts age (scrape-time), in names.ALL order; families without samples included."""
     out: dict[str, Metric] = {m.name: (_gauge(m) if m.kind == "gauge" else _counter(m))
                               for m in n.ALL if m is not n.NODE_FACTS_AGE}
-    _node_families(view, out)
-    _lane_families(view, out)
-    _record_families(view, out)
+    if view.polls:  # before the first poll nothing is known: no node is "down" just because it was not asked yet
+        _node_families(view, out)
+        _lane_families(view, out)
+        _record_families(view, out)
     out[n.POLLS.name].add_metric([], float(view.polls))
     if view.poll_duration_s is not None:
         out[n.POLL_DURATION.name].add_metric([], view.poll_duration_s)

@@ -2,8 +2,10 @@
 
 Each poll runs, every node in parallel: the facts helper (one round trip per node, as `sparkfleet
 facts`), and, unless turned off, the extras command (earlyoom's journal and the lanes' Engram
-manifests; metrics/extras.py). It then re-reads new run records and builds a new Snapshot, which it
-publishes by replacing one attribute: a scrape reads whichever snapshot is current and never waits.
+manifests; metrics/extras.py). It then builds a new Snapshot, which it publishes by replacing one
+attribute: a scrape reads whichever snapshot is current and never waits. Run records are local files,
+so a second thread re-reads them every couple of seconds (each new record parsed once): a lane's check
+and gate results show up right after its `up`, not only after the next fleet poll.
 
 A node that does not answer keeps its last facts time (its facts age grows) and is exported with
 up 0; a poll that fails as a whole (a bug, a transport that raises) is logged and the next one runs
@@ -26,7 +28,7 @@ from sparkfleet.fleet.gather import gather
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras
 from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
-from sparkfleet.metrics.records import RunIndex
+from sparkfleet.metrics.records import RunIndex, RunSummary
 from sparkfleet.spec.errors import SpecError, UserError
 from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.load import Spec
@@ -63,7 +65,7 @@ class Poller:
 
     def __init__(self, spec: Spec, inventory: Inventory, transport: Transport, *, interval_s: float = 15.0,
                  timeout_s: float = 30.0, profile: str | None = None, journal: bool = True,
-                 runs_dir: Path | None = None, journal_state: Path | None = None,
+                 runs_dir: Path | None = None, journal_state: Path | None = None, records_interval_s: float = 2.0,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = _log) -> None:
         self.spec = spec
         self.inventory = inventory
@@ -84,23 +86,36 @@ class Poller:
         if profile is not None:
             self.lanes[profile] = load_lane(spec, inventory, profile)  # the user named it: fail loudly now
             self.active = {profile}
+        self.records_interval_s = min(records_interval_s, interval_s)
+        self.runs: list[RunSummary] = []
         self.polls = 0
+        self.poll_duration_s: float | None = None
+        self.polled_at: float | None = None
         self._load_journal_state()
-        self.snapshot: Snapshot = snapshot(self._view(None, None))
+        # the poll thread and the records thread both change state and publish: one at a time
+        self._lock = threading.Lock()
+        self.snapshot: Snapshot = snapshot(self._view())
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     # -- the loop ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Poll now and then every interval, on a daemon thread."""
-        self._thread = threading.Thread(target=self._loop, name="sparkfleet-poller", daemon=True)
-        self._thread.start()
+        """Poll now and then every interval, and watch the run records, on daemon threads."""
+        self._threads = [threading.Thread(target=self._loop, name="sparkfleet-poller", daemon=True)]
+        if self.index is not None:
+            self._threads.append(threading.Thread(target=self._records_loop, name="sparkfleet-records", daemon=True))
+        for t in self._threads:
+            t.start()
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Ask the loop to end and wait for the poll in progress (up to `timeout_s`)."""
+        """Ask the loops to end and wait for the poll in progress (up to `timeout_s`)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        for t in self._threads:
+            t.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -110,6 +125,29 @@ class Poller:
             except Exception as exc:  # noqa: BLE001 - a failed poll must not end the exporter
                 self.log(f"poll failed: {type(exc).__name__}: {exc}")
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    def _records_loop(self) -> None:
+        while not self._stop.wait(self.records_interval_s):
+            try:
+                self.refresh_records()
+            except Exception as exc:  # noqa: BLE001 - an unreadable runs dir must not end the exporter
+                self.log(f"reading run records failed: {type(exc).__name__}: {exc}")
+
+    def refresh_records(self) -> None:
+        """Re-read the run records; publish a new snapshot when they changed (after the first poll)."""
+        if self.index is None:
+            return
+        with self._lock:
+            runs = self.index.refresh()
+            if runs != self.runs:
+                self.runs = runs
+                if self.polls:
+                    self._publish()
+
+    def _publish(self) -> Snapshot:
+        snap = snapshot(self._view())
+        self.snapshot = snap  # one assignment: scrapes see the old snapshot or the new one, never half
+        return snap
 
     # -- one poll ---------------------------------------------------------------------------------
     def poll_once(self) -> Snapshot:
@@ -121,16 +159,17 @@ class Poller:
             extras_f = pool.submit(self._extras) if want_extras else None
             facts = facts_f.result()
             answers = extras_f.result() if extras_f is not None else {}
-        now = self.clock()
-        for node in self.nodes:
-            self._update(self.states[node.name], facts.get(node.name), answers.get(node.name), now)
-        self._discover_lanes()
-        runs = self.index.refresh() if self.index is not None else []
-        self._save_journal_state()
-        self.polls += 1
-        snap = snapshot(self._view(time.monotonic() - t0, now, runs))
-        self.snapshot = snap  # one assignment: scrapes see the old snapshot or the new one, never half
-        return snap
+        with self._lock:
+            now = self.clock()
+            for node in self.nodes:
+                self._update(self.states[node.name], facts.get(node.name), answers.get(node.name), now)
+            self._discover_lanes()
+            if self.index is not None:
+                self.runs = self.index.refresh()
+            self._save_journal_state()
+            self.polls += 1
+            self.poll_duration_s, self.polled_at = time.monotonic() - t0, now
+            return self._publish()
 
     def _facts(self) -> dict[str, NodeFacts | Result]:
         requests = {node.name: FactsRequest(node=node.name) for node in self.nodes}
@@ -207,9 +246,10 @@ class Poller:
                 self.log(f"lane {name!r} runs on the fleet but its profile cannot be loaded: {exc}")
         self.active = seen
 
-    def _view(self, duration: float | None, polled_at: float | None, runs: list | None = None) -> FleetView:
+    def _view(self) -> FleetView:
         lanes = {k: v for k, v in self.lanes.items() if k in self.active}
-        return FleetView(self.inventory, self.states, lanes, runs or [], self.profile, self.polls, duration, polled_at)
+        return FleetView(self.inventory, self.states, lanes, list(self.runs), self.profile, self.polls,
+                         self.poll_duration_s, self.polled_at)
 
     # -- earlyoom journal windows survive restarts (and `--once` runs from cron) ----------------------
     def _load_journal_state(self) -> None:
