@@ -333,12 +333,19 @@ Notify = Callable[[str, str, dict], None]  # (arm, phase, data): phases up, benc
 
 def run_bracket(control: str, candidate: str, bars: Bars, lanes: Lanes, bench: BenchFn,
                 notify: Notify | None = None, save: Callable[[str, BenchResult], str] | None = None) -> BracketResult:
-    """CTL → CAND → CTL in one window; always tries to leave the control serving."""
+    """CTL → CAND → CTL in one window; always tries to leave the control serving.
+
+    `notify(arm, phase, data)` is told of every phase (down, up, benched, error) as it starts or ends."""
     note = notify or (lambda arm, phase, data: None)
     pset = promptsets.load(bars.prompt_set)
+    if bars.bench.categories:
+        try:
+            pset.only(list(bars.bench.categories))
+        except promptsets.PromptSetError as exc:
+            raise BarsError(f"{bars.path}: bench.categories: {exc}") from None
     res = BracketResult(control, candidate, bars.path, bars.sha256, bars.drift_band, pset.summary())
     results: dict[str, BenchResult] = {}
-    current: str | None = None
+    current: str | None = None  # the lane that is (or may be, half up) on the nodes now
     for arm, profile in zip(ARMS, (control, candidate, control), strict=True):
         rec = ArmRecord(arm, profile)
         res.arms.append(rec)
@@ -349,9 +356,9 @@ def run_bracket(control: str, candidate: str, bars: Bars, lanes: Lanes, bench: B
                 current = None
             note(arm, "up", {"profile": profile})
             t0 = time.monotonic()
+            current = profile  # from here on the lane may be up, if only partly: the next arm stops it
             rec.endpoint = lanes.up(profile)
             rec.up_s = time.monotonic() - t0
-            current = profile
             try:
                 result = bench(rec.endpoint, bars.bench, pset, arm)
             except RequestFailed as exc:  # the endpoint would not even list its models
@@ -366,11 +373,10 @@ def run_bracket(control: str, candidate: str, bars: Bars, lanes: Lanes, bench: B
             rec.error = str(exc)
             note(arm, "error", {"profile": profile, "error": str(exc)})
             if arm != "candidate":
-                # control-1: nothing to compare with; control-2: the lane did not come back (said loudly)
-                current = profile if rec.endpoint else None
-                break
-            current = profile  # the candidate may be half up: the next arm stops it first
-    res.serving = control if current == control else None
+                break  # control-1: nothing to compare with; control-2: it did not come back (said loudly)
+    last = res.arms[-1]
+    # Serving: the last arm is the control and its `up` finished (a failed bench leaves it serving).
+    res.serving = control if last.profile == control and last.endpoint else None
     if all(a in results for a in ARMS):
         res.cells, res.invalid_reasons = judge(bars, results["control-1"], results["candidate"],
                                                results["control-2"])

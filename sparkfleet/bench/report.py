@@ -144,12 +144,12 @@ def plots(result: BenchResult, out_dir: Path) -> tuple[list[str], str | None]:
     title = f"{result.profile or result.endpoint}" + (" (SIMULATION)" if result.simulated else "")
     for name, label, value in (("aggregate.png", "aggregate tok/s", lambda c: c.aggregate_tps),
                                ("per_stream.png", "per-stream decode tok/s", lambda c: c.decode_tps)):
-        if not cs:
-            break
+        lines = {cat: [(c, y) for c in cs if (cell := result.cell(cat, c)) and (y := value(cell)) is not None]
+                 for cat in means + ceilings}
+        if not any(lines.values()):
+            continue  # every cell errored: nothing to draw
         fig, ax = plt.subplots(figsize=(8, 5))
-        for cat in means + ceilings:
-            ys = [value(cell) if (cell := result.cell(cat, c)) else None for c in cs]
-            pts = [(c, y) for c, y in zip(cs, ys, strict=True) if y is not None]
+        for cat, pts in lines.items():
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linewidth=1,
                         linestyle="--" if cat in ceilings else "-", label=cat + (" (ceiling)" if cat in ceilings

@@ -343,12 +343,20 @@ def run_bracket_cmd(args: argparse.Namespace) -> int:
         files = report.write(result, out_dir / arm)
         return str(files["results"])
 
+    where = {"arm": "control-1", "phase": "start", "profile": args.control}
+
     def notify(arm: str, phase: str, data: dict) -> None:
+        where.update(arm=arm, phase=phase, profile=data.get("profile", ""))
         if not args.json:
             err.print(f"[bold]{arm}[/]: {phase} {data.get('profile', '')} {data.get('error', '')}", highlight=False)
 
     try:
         res = run_bracket(args.control, args.candidate, bars, lanes, bench, notify, save)
+    except KeyboardInterrupt:
+        err.print(f"sparkfleet: bracket interrupted in {where['arm']} ({where['phase']} {where['profile']}): "
+                  f"{where['profile']} may be serving; bring the control back with "
+                  f"`sparkfleet up --profile {args.control}`", markup=False)
+        raise
     finally:
         events.close()
     (out_dir / "bracket.json").write_text(json.dumps(res.as_dict(), indent=1) + "\n")
