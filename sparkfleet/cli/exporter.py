@@ -165,9 +165,8 @@ def run_exporter(args: argparse.Namespace) -> int:
 
 
 def run_dashboards(args: argparse.Namespace) -> int:
-    from sparkfleet.cli.gates import endpoint_for
     from sparkfleet.metrics.provisioning import EngineTarget, write_all
-    from sparkfleet.placement import place
+    from sparkfleet.placement import endpoint, place
     from sparkfleet.spec.inventory import DEFAULT_HARDWARE
 
     parse_listen(args.exporter)
@@ -189,7 +188,7 @@ def run_dashboards(args: argparse.Namespace) -> int:
             notes.append(f"{p.name} runs {p.engine}: the Lane dashboard reads vLLM's metric names, so its engine "
                          "is not added to the scrape config")
         elif p.port is not None:
-            engines.append(EngineTarget(p.name, head.name, endpoint_for(head, p.port).removeprefix("http://")))
+            engines.append(EngineTarget(p.name, head.name, endpoint(head, p.port).removeprefix("http://")))
             if p.host.startswith("127.") and head.transport != "local":
                 notes.append(f"{p.name} listens on {p.host} on {head.name}: Prometheus must run on that node")
     # the clock panel shades the latch band of the inventory's GB10 class (with its overrides)
