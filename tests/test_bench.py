@@ -310,3 +310,26 @@ def test_the_metrics_reader_agrees_with_prometheus_clients_parser(lane, rated) -
     snap = vllm_metrics.parse(text)
     assert snap.counters == {k: ref[name] for k, name in vllm_metrics.COUNTERS.items()}
     assert snap.per_pos == per_pos and len(per_pos) == 5 and snap.counters["generation_tokens"] > 0
+
+
+def test_a_starved_client_loop_is_measured_and_named_in_the_caveats() -> None:
+    import asyncio
+
+    from sparkfleet.bench.runner import Cell, LoopLag, caveats
+
+    async def blocked() -> float:
+        lag = LoopLag()
+        watch = asyncio.ensure_future(lag.watch())
+        await asyncio.sleep(0.02)
+        time.sleep(0.08)  # the loop cannot run: as if the machine gave this process no CPU
+        await asyncio.sleep(0.02)
+        lag.stop = True
+        await watch
+        return lag.worst
+
+    assert 0.07 <= asyncio.run(blocked()) < 0.5
+    result = BenchResult("http://x", "m", {}, {}, "now", traffic={"seen": False, "our_requests": 2})
+    result.cells = [Cell("code", 1, False, wall_s=2.0, client_lag_s=0.01), Cell("code", 8, False, wall_s=2.0,
+                                                                              client_lag_s=0.3)]
+    (note,) = [c for c in caveats(result) if "event loop fell behind" in c]
+    assert "code C8 (300 ms)" in note and "code C1" not in note

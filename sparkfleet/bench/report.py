@@ -120,8 +120,10 @@ def markdown(result: BenchResult, plots: list[str] | None = None, plot_note: str
     lines += ["## Caveats", ""] + [f"- {c}" for c in result.caveats] + [""]
     cl = result.client
     if cl.get("cpu_us_per_token") is not None:
+        lag = cl.get("loop_lag_max_s")
         lines += [f"Client: {cl['streaming_cpu_s']:.2f} s CPU while streaming {cl['tokens']:,} tokens "
-                  f"({cl['cpu_us_per_token']:.0f} µs per token; {cl['cpu_s']:.2f} s for the whole run).", ""]
+                  f"({cl['cpu_us_per_token']:.0f} µs per token; {cl['cpu_s']:.2f} s for the whole run)"
+                  + (f"; its event loop lagged at most {1000 * lag:.0f} ms." if lag is not None else "."), ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     elif plot_note:

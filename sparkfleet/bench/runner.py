@@ -38,6 +38,7 @@ WARMUP_TOKENS = 16
 PREFILL_TOKENS_PER_WORD = 1.3  # first guess for the filler; /tokenize corrects it when the endpoint has it
 PREFILL_ANSWER_ROOM = 16  # tokens left under max_model_len for the reply and the template
 SETTLE_S = 2.0  # how long the last scrape waits for the engine's counters to catch up with our requests
+LAG_SHARE = 0.02  # a cell whose client loop lagged more than this share of its wall time is named in the caveats
 SIM_OWNER = "sparkfleet-sim"  # /v1/models owned_by of the sim engine (sparkfleet/simengine)
 
 
@@ -101,6 +102,7 @@ class Cell:
     ttft_max_s: float | None = None
     error: str | None = None
     client_cpu_s: float | None = None  # this process's CPU time while the batch ran (the client's cost)
+    client_lag_s: float | None = None  # the event loop's worst lateness while the batch ran (see LoopLag)
     busy_before: float | None = None  # requests running or waiting on the engine just before the release
     engine_requests: float | None = None  # /metrics delta over the cell
     engine_tokens: float | None = None
@@ -223,6 +225,26 @@ def summarize(cell: Cell, released: float, ended: float | None) -> Cell:
     return cell
 
 
+class LoopLag:
+    """How late the event loop runs a short sleep while a batch streams.
+
+    Every timestamp the client takes is when the loop got round to a chunk, not when it arrived. A loop
+    that is late by L seconds (too many chunks at once, or a machine too busy to give this process a
+    CPU) may have stamped chunks up to L late: the cell's timings are uncertain by about that much."""
+
+    INTERVAL = 0.005
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.stop = False
+
+    async def watch(self) -> None:
+        while not self.stop:
+            t0 = time.perf_counter()
+            await asyncio.sleep(self.INTERVAL)
+            self.worst = max(self.worst, time.perf_counter() - t0 - self.INTERVAL)
+
+
 class Bench:
     """One bench run against one endpoint (use `run_bench`)."""
 
@@ -277,8 +299,9 @@ class Bench:
 
     # ------------------------------------------------------------------------------------ batches
 
-    async def batch(self, bodies: list[dict]) -> tuple[float, list[Timed | BaseException]]:
-        """Release every body at once; returns the release time and each stream's outcome."""
+    async def batch(self, bodies: list[dict]) -> tuple[float, list[Timed | BaseException], float]:
+        """Release every body at once; returns the release time, each stream's outcome and the event
+        loop's worst lag while they ran."""
         go = asyncio.Event()
 
         async def one(body: dict) -> Timed:
@@ -287,17 +310,21 @@ class Bench:
 
         tasks = [asyncio.ensure_future(one(b)) for b in bodies]
         await asyncio.sleep(0)  # every task is now parked on `go`: they leave together
+        lag = LoopLag()
+        watch = asyncio.ensure_future(lag.watch())
         released = time.perf_counter()
         go.set()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        return released, results
+        lag.stop = True
+        await watch
+        return released, results, lag.worst
 
     async def warmup(self, model: str) -> None:
         """One unrecorded batch at the largest concurrency: opens every connection, wakes the engine."""
         prompts = [p for c in self.pset.categories for p in self.pset.by_category(c)]
         width = max(self.opts.concurrency) if self.opts.decode else 1
         bodies = [body_for(model, prompts[i % len(prompts)], WARMUP_TOKENS, False) for i in range(width)]
-        _, results = await self.batch(bodies)
+        _, results, _ = await self.batch(bodies)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             self.progress("note", f"warm-up: {len(failed)} of {len(bodies)} request(s) failed: {describe(failed[0])}")
@@ -312,7 +339,7 @@ class Bench:
         if before is not None:
             cell.busy_before = before.gauges.get("running", 0.0) + before.gauges.get("waiting", 0.0)
         cpu0 = time.process_time()
-        released, results = await self.batch(bodies)
+        released, results, cell.client_lag_s = await self.batch(bodies)
         cell.client_cpu_s = time.process_time() - cpu0
         ended = [r.ended for r in results if isinstance(r, Timed)]
         cell.streams = [stream_record(r, released, StreamRecord(category, p.id, concurrency, i))
@@ -429,7 +456,8 @@ class Bench:
         streaming = sum(c.client_cpu_s or 0.0 for c in measured)
         result.client = {"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0,
                          "streaming_cpu_s": streaming, "tokens": tokens,
-                         "cpu_us_per_token": streaming / tokens * 1e6 if tokens else None}
+                         "cpu_us_per_token": streaming / tokens * 1e6 if tokens else None,
+                         "loop_lag_max_s": max((c.client_lag_s or 0.0 for c in measured), default=None)}
         result.finished_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         result.caveats = caveats(result)
         return result
@@ -516,6 +544,12 @@ def caveats(result: BenchResult) -> list[str]:
     else:
         out.append(f"No other traffic seen on the endpoint during the run (/metrics counted only our "
                    f"{t['our_requests']} request(s)).")
+    lagged = [f"{c.category} C{c.concurrency} ({1000 * c.client_lag_s:.0f} ms)" for c in result.cells
+              if c.ok and c.client_lag_s is not None and c.wall_s and c.client_lag_s > LAG_SHARE * c.wall_s]
+    if lagged:
+        out.append(f"The client's event loop fell behind by more than {LAG_SHARE:.0%} of the batch time in: "
+                   + ", ".join(lagged) + ". Its timestamps there may be late by that much: run the bench from a "
+                   "machine that is not busy.")
     busy = [f"{c.category} C{c.concurrency}" for c in result.cells if c.busy_before]
     if busy:
         out.append("Requests were already running when these cells were released: " + ", ".join(busy) + ".")
