@@ -27,7 +27,7 @@ finds an old head on the port joins it and cannot tell (the seeds' relaunch race
 fails to bind the master port (`DistNetworkError ... EADDRINUSE`). When the head goes away a worker
 prints an NCCL error and exits 1; when the head shuts down it tells the workers, which exit 0. When a
 worker goes away the head prints an NCCL error and exits 1 (or, with --keep-alive-on-engine-death,
-keeps `/v1/models` up while `/health` answers 503). A rank notices a dead peer --peer-timeout (2 s)
+keeps `/v1/models` up while `/health` answers 503). A rank notices a dead peer --peer-timeout (10 s)
 after it died, as NCCL does at its next collective, so the rank that crashed logs its fatal line first.
 `kv_tokens` of 0 or less means the default (1,000,000).
 

@@ -50,7 +50,9 @@ class Config:
     boot_seconds: float = 5.0
     slow_boot_factor: float = 10.0
     rendezvous_timeout: float = 600.0
-    peer_timeout: float = 2.0  # how long a rank takes to notice a peer died (at its next collective)
+    # How long a rank takes to notice a peer died: NCCL only finds out at its next collective (real
+    # timeouts are minutes). Long enough that the crashed rank's own fatal line is always logged first.
+    peer_timeout: float = 10.0
     api_key_env: str | None = None
     faults: list[str] = field(default_factory=list)
     log: str | None = None
@@ -110,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--boot-seconds", type=float)
     a("--slow-boot-factor", type=float)
     a("--rendezvous-timeout", type=float)
-    a("--peer-timeout", type=float, help="seconds before a rank notices a dead peer (default 2)")
+    a("--peer-timeout", type=float, help="seconds before a rank notices a dead peer (default 10)")
     a("--api-key-env", help="name of the env var holding the API key (the key itself never goes on argv)")
     a("--fault", dest="faults", action="append", choices=FAULTS)
     a("--log", help="also append every log line to this file")

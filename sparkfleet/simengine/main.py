@@ -180,8 +180,9 @@ class HeadRank(Rank):
             raise Fatal
 
     def report_lost(self, m: Member) -> None:
+        ago = time.monotonic() - (m.lost_at or time.monotonic())
         self.log.error("EngineCore_DP0", "core.py:718", f"EngineCore failed: rank {m.rank} (pid {m.pid} on "
-                       f"{m.link.peer}) went away")
+                       f"{m.link.peer}) went away; noticed {ago:.1f} s later, at the next collective")
         self.log.raw(NCCL_LOST)
         self.log.raw(NCCL_DETAIL)
 
