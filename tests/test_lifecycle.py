@@ -107,7 +107,7 @@ def test_a_second_up_removes_the_old_lane_first(sim, capsys) -> None:
     code, second = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 0, result(second)
     stop = next(e for e in second if e["event"] == "step" and e["step"] == "stop" and e["status"] == "ok")
-    assert stop["summary"] == "removed 4 container(s) on asusi, bluey, spark4, reddie"
+    assert stop["summary"] == "removed 4 container(s) on spark4, bluey, asusi, reddie"
     run_id = result(second)["run_id"]
     assert {c["Config"]["Labels"]["sparkfleet.run"] for cs in containers(sim).values() for c in cs} == {run_id}
 

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
     up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
     up.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
-    up.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default 2)")
+    up.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
     up.set_defaults(func=run_playbook, playbook="up")
 
     down = sub.add_parser("down", help="stop a lane (head first), remove rail-2 aliases, verify it is gone",
@@ -63,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rs.add_argument("name", nargs="?")
     rs.add_argument("--list", action="store_true", help="list restore points")
     rs.add_argument("--force", action="store_true", help="restore even when pins drifted")
+    rs.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
+    rs.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
     rs.set_defaults(func=run_restore)
 
 

@@ -59,15 +59,6 @@ def gather_facts(ctx: RunContext, with_lane: bool = True) -> dict:
     return gather(ctx.transport, ctx.nodes, requests)
 
 
-def ours(facts: dict, profile: str) -> dict[str, list]:
-    """This lane's containers on each node (by label: never by name)."""
-    out: dict[str, list] = {}
-    for node, f in facts.items():
-        if isinstance(f, NodeFacts) and f.docker is not None:
-            out[node] = [c for c in f.docker.containers if c.labels.get(LABEL) == profile]
-    return out
-
-
 # -- stop ------------------------------------------------------------------------------------------
 
 @step("stop")
@@ -77,45 +68,52 @@ def stop(ctx: RunContext, st: Step) -> StepResult:
     Only containers carrying this lane's label are touched: another lane's or a foreign container is
     reported by `check` and never stopped here (CATALOG FM-48). Removing them (not just stopping) means
     no old head's rendezvous is left on the master port for a new worker to join (FM-01)."""
-    facts = gather_facts(ctx, with_lane=False)
-    bad = _unreachable(ctx, {n: f for n, f in facts.items() if isinstance(f, Result)})
+    keep = ctx.options.keep
+    found, bad = _lane_containers(ctx, running_only=False)
     if bad:
         return StepResult("fail", "cannot list containers on every node", bad)
-    mine = ours(facts, ctx.profile.name)
-    head_first = st.args.get("order") == "head-first"
-    ranks = {r.node.name: r.rank for r in ctx.plan.ranks}
-    order = sorted(mine, key=lambda n: (ranks.get(n, 99) if head_first else -ranks.get(n, 99)))
-    keep = ctx.options.keep
-    found = {n: [c.id for c in mine[n]] for n in order if mine[n]}
     if not found:
         return StepResult("ok", "no container of this lane on its nodes")
+    ranks = {r.node.name: r.rank for r in ctx.plan.ranks}
+    head_first = st.args.get("order") == "head-first"
+    order = sorted(found, key=lambda n: (ranks.get(n, 99) if head_first else -ranks.get(n, 99)))
     if ctx.options.dry_run:
-        return StepResult("ok", "would stop " + ", ".join(f"{n}: {len(v)}" for n, v in found.items()))
+        return StepResult("ok", "would stop " + ", ".join(f"{n}: {len(found[n])}" for n in order))
     verb = "docker stop" if keep else "docker rm -f"
+    commands = {n: f"{verb} {' '.join(map(shlex.quote, found[n]))}" for n in order}
     if head_first:  # down: the head first, so workers see it go rather than a half-dead lane serving
         results = {}
         for n in order:
-            if n in found:
-                results.update(ctx.run_each({n: f"{verb} {' '.join(map(shlex.quote, found[n]))}"}))
+            results.update(ctx.run_each({n: commands[n]}))
     else:
-        results = ctx.run_each({n: f"{verb} {' '.join(map(shlex.quote, ids))}" for n, ids in found.items()})
+        results = ctx.run_each(commands)
     bad = _unreachable(ctx, results)
     if bad:
         return StepResult("fail", "could not stop every container", bad)
     deadline = time.time() + ctx.options.stop_timeout_s
     while True:
-        after = ours(gather_facts(ctx, with_lane=False), ctx.profile.name)
-        left = {n: [c.id for c in cs if (c.state == "running" if keep else True)] for n, cs in after.items()}
-        left = {n: v for n, v in left.items() if v}
+        left, bad = _lane_containers(ctx, running_only=keep)
+        if bad:
+            return StepResult("fail", "lost a node while stopping", bad)
         if not left:
             break
         if time.time() > deadline:
             return StepResult("fail", "containers still there after stopping: "
                               + ", ".join(f"{n}: {len(v)}" for n, v in left.items()))
-        time.sleep(0.5)
+        time.sleep(0.3)
     n = sum(len(v) for v in found.values())
-    return StepResult("ok", f"{'stopped (kept)' if keep else 'removed'} {n} container(s) on "
-                      + ", ".join(found), data={"stopped": found})
+    return StepResult("ok", f"{'stopped (kept)' if keep else 'removed'} {n} container(s) on " + ", ".join(order),
+                      data={"stopped": {k: found[k] for k in order}})
+
+
+def _lane_containers(ctx: RunContext, running_only: bool) -> tuple[dict[str, list[str]], list[Finding]]:
+    """This lane's container ids per node, by label (one `docker ps` per node)."""
+    flag = "" if running_only else " -a"
+    cmd = f"docker ps{flag} -q --no-trunc --filter {shlex.quote(f'label={LABEL}={ctx.profile.name}')}"
+    results = ctx.transport.run(ctx.nodes, cmd, timeout_s=60)
+    bad = _unreachable(ctx, results)
+    found = {n: r.stdout.split() for n, r in results.items() if r.ok and r.stdout.strip()}
+    return found, bad
 
 
 # -- facts, check -----------------------------------------------------------------------------------
