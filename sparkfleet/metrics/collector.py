@@ -30,7 +30,7 @@ from sparkfleet.engram.manifest import check_rank
 from sparkfleet.fleet.facts import Container, NodeFacts
 from sparkfleet.metrics import names as n
 from sparkfleet.metrics.records import RunSummary
-from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.spec.inventory import HardwareClass, Inventory, Node
 from sparkfleet.spec.profile import Profile
 
 PROFILE_LABEL, RANK_LABEL = "sparkfleet.profile", "sparkfleet.rank"
@@ -159,7 +159,7 @@ def _node_families(view: FleetView, out: dict[str, Metric]) -> None:
         _container_families(node, f, view.profile, out)
 
 
-def _gpu_families(node: Node, hw: Any, judged: bool, f: NodeFacts, out: dict[str, Metric]) -> None:
+def _gpu_families(node: Node, hw: HardwareClass, judged: bool, f: NodeFacts, out: dict[str, Metric]) -> None:
     th = clock.thresholds(hw)
     for g in f.gpus:
         labels = [node.name, str(g.index)]
