@@ -454,13 +454,12 @@ def test_journal_windows_and_kill_counts_survive_a_restart(spec, inv, tmp_path) 
 def test_dashboards_are_well_formed_and_every_panel_is_described() -> None:
     boards = dash.all_dashboards()
     assert set(boards) == {"sparkfleet-fleet.json", "sparkfleet-lane.json"}  # no Bench: no bench metrics yet
-    for file, d in boards.items():
+    for d in boards.values():
         assert json.loads(json.dumps(d)) == d
         variables = {v["name"]: v for v in d["templating"]["list"]}
         assert variables["datasource"]["type"] == "datasource"
         assert variables["profile"]["allValue"] == ".*"
-        if file == "sparkfleet-fleet.json":
-            assert variables["node"]["definition"] == "label_values(sparkfleet_node_up, node)"
+        assert variables["node"]["definition"] == "label_values(sparkfleet_node_up, node)"
         ids = [p["id"] for p in d["panels"]]
         assert len(ids) == len(set(ids))
         for p in dash.panels(d):

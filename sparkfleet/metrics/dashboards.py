@@ -9,7 +9,8 @@
   and a dashboard is only built from series that exist.
 
 Every sparkfleet series is named through `names`, so the dashboards follow the exporter. Variables:
-`datasource`, `profile` and (Fleet) `node`, with "All" meaning `.*`. Every panel has a description.
+`datasource`, `profile` and `node` (on the Lane dashboard `node` narrows the container panels), with
+"All" meaning `.*`. Every panel has a description.
 """
 
 from __future__ import annotations
@@ -246,14 +247,15 @@ def _quantiles(metric: str, sel: str) -> list[dict[str, Any]]:
 def lane() -> dict[str, Any]:
     """The Lane dashboard: vLLM's own metrics, scraped from the head's /metrics with a `profile` label."""
     s = PROFILE_SEL
+    sn = _sel('profile=~"$profile"', 'node=~"$node"')  # the lane's containers, on the chosen nodes
     items = [
         row("Lane"),
         panel("Lane", "The lane's engine, image and checkpoint revision (from the exporter).",
               [target(f"{n.LANE_INFO}{s}", instant=True, table=True)], kind="table", w=24, h=5),
         panel("Lane containers", "Containers of the lane per node and rank, with their docker state.",
-              [target(f"{n.LANE_CONTAINER_STATE}{s}", instant=True, table=True)], kind="table"),
+              [target(f"{n.LANE_CONTAINER_STATE}{sn}", instant=True, table=True)], kind="table"),
         panel("Container uptime", "Seconds each running container of the lane has been up.",
-              [target(f"{n.LANE_CONTAINER_UPTIME}{s}", "{{node}} rank {{rank}}")], unit="s"),
+              [target(f"{n.LANE_CONTAINER_UPTIME}{sn}", "{{node}} rank {{rank}}")], unit="s"),
         row("Serving"),
         panel("Requests running / waiting", "Requests in the engine's batch, and requests queued for it.",
               [target(f"sum by (profile) ({VLLM_RUNNING}{s})", "{{profile}} running"),
@@ -294,7 +296,8 @@ def lane() -> dict[str, Any]:
     return dashboard("sparkfleet-lane", "sparkfleet / Lane",
                      "A lane's serving metrics from vLLM's /metrics on the head (labelled with the lane by the "
                      "generated scrape config), with the lane's image and checkpoint.", items,
-                     [variable_query("profile", "Lane", VLLM_RUNNING, "profile")], ["sparkfleet", "lane", "vllm"])
+                     [variable_query("profile", "Lane", VLLM_RUNNING, "profile"),
+                      variable_query("node", "Node", n.NODE_UP.name, "node")], ["sparkfleet", "lane", "vllm"])
 
 
 def all_dashboards(latch_band: tuple[int, int] | None = (630, 950)) -> dict[str, dict[str, Any]]:
