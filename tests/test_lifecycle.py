@@ -223,8 +223,9 @@ def test_restore_after_a_node_went_away_and_refusal_on_drift(sim, capsys, tmp_pa
     ops = tmp_path / "ops"
     for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
         shutil.copytree(REPO / d, ops / d)
-    with open(ops / "profiles/dcp2.yaml", "a") as f:
-        f.write("  DSV41_NEW_LEVER: 1\n")  # the profile drifted after the point was recorded
+    text = (ops / "profiles/dcp2.yaml").read_text()  # the profile drifts after the point was recorded
+    (ops / "profiles/dcp2.yaml").write_text(text.replace("  --dcp-comm-backend: ag_rs",
+                                                         "  --dcp-comm-backend: ag_rs\n  --new-lever: true"))
     code, events = run(capsys, "restore", "prod", "--inventory", "sim", "--root", str(ops), *FAST)
     assert code == 1
     fs = next(e for e in events if e["event"] == "findings" and e["step"] == "pins")["findings"]
