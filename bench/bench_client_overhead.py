@@ -11,7 +11,8 @@ Against a SIMULATED engine (sparkfleet/simengine) paced at an exact per-stream r
 - the engine's own per-stream rate from its /metrics (request_decode_time_seconds), to tell a client
   that falls behind from an engine that does;
 - the client's CPU share of the batch time and its event loop's worst lag (a loop that could not run:
-  a busy machine, not the client's own work, when the CPU share is low).
+  a busy machine, not the client's own work, when the CPU share is low);
+- first, the client's CPU per chunk with no socket at all (httpx MockTransport into the StreamParser).
 
 "accurate" = both the decode and the aggregate within 2%. Run from the repository root:
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -36,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sparkfleet.bench import promptsets, vllm_metrics  # noqa: E402
+from sparkfleet.bench.aclient import AsyncApiClient  # noqa: E402
 from sparkfleet.bench.runner import Bench, BenchOptions  # noqa: E402
 
 TOLERANCE = 0.02
@@ -85,6 +88,34 @@ def engine_decode_rate(text_before: str, text_after: str, tokens_after_first: in
     return tokens_after_first / spent if spent > 0 else None
 
 
+async def parse_only(chunks: int = 2000, reps: int = 5) -> float:
+    """CPU per chunk of the client with no socket: a canned SSE body through httpx's MockTransport into
+    the shared StreamParser (what reading costs before any network or event-loop wake-up)."""
+    chunk = {"id": "chatcmpl-0", "object": "chat.completion.chunk", "created": 0, "model": "sim",
+             "choices": [{"index": 0, "delta": {"content": " rivers and towns"}, "logprobs": None,
+                          "finish_reason": None}]}
+    usage = {"id": "chatcmpl-0", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3 * chunks,
+                                                          "total_tokens": 5 + 3 * chunks}}
+    events = [f"data: {json.dumps(chunk)}\n\n".encode()] * chunks + [f"data: {json.dumps(usage)}\n\n".encode(),
+                                                                      b"data: [DONE]\n\n"]
+
+    class Body(httpx.AsyncByteStream):
+        async def __aiter__(self):  # one event per read, as a paced engine sends them
+            for event in events:
+                yield event
+
+    client = AsyncApiClient("http://sim", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, stream=Body(), headers={"content-type": "text/event-stream"})))
+    await client.stream({"model": "sim"})
+    t0 = time.process_time()
+    for _ in range(reps):
+        timed = await client.stream({"model": "sim"})
+    spent = (time.process_time() - t0) / reps
+    await client.aclose()
+    assert timed.reply.completion_tokens == 3 * chunks and timed.reply.chunks == chunks
+    return spent / chunks
+
+
 async def one_cell(url: str, pset: promptsets.PromptSet, c: int, tokens: int, pid: int) -> dict:
     bench = Bench(url, pset, BenchOptions(concurrency=(c,), ignore_eos=True, max_tokens=tokens))
     try:
@@ -116,6 +147,8 @@ def main() -> int:
     pset = promptsets.load(str(tmp / "prompts.yaml"))
     print(f"sparkfleet bench client overhead (SIMULATED engine; {os.cpu_count()} CPUs; "
           f"load average {os.getloadavg()[0]:.1f} at start)")
+    print(f"parsing only (httpx MockTransport -> StreamParser, no socket): "
+          f"{asyncio.run(parse_only()) * 1e6:.1f} us per chunk")
     print(f"{'C':>3} {'target':>7} {'R':>6} {'T':>5} | {'decode':>7} {'err':>6} | {'aggregate':>9} {'expected':>9} "
           f"{'err':>6} | {'engine R':>8} | {'client us/tok':>13} {'engine us/tok':>13} {'ratio':>5} "
           f"{'client CPU':>10} {'loop lag':>8} | accurate")
