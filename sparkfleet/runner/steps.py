@@ -446,8 +446,25 @@ def wait_ready(ctx: RunContext, st: Step) -> StepResult:
         if key:
             headers["Authorization"] = f"Bearer {key}"
             ctx.record.secret_values.add(key)
+    station = [r.node for r in ctx.plan.ranks if r.node.hardware == "gb300"]
+    started_at = time.time() - 60  # hash dirs the tuner makes for this launch are newer than this
+    if station:
+        from sparkfleet.runner import autotune
+
+        changed = autotune.shape_changes(ctx.state_dir / "runs", ctx.profile.name, ctx.plan.launches[-1].argv)
+        if changed:
+            ctx.events.emit("message", text=f"kernel shapes changed since the last good run ({', '.join(changed)}): "
+                            "seeding the autotune cache cannot help; the first boot retunes (75-90 min, LCH-G3)")
+            ctx.record.data["autotune_shape_changes"] = changed
     with httpx.Client(timeout=5.0, headers=headers) as http:
         while True:
+            for node in station:  # seed new autotune hash dirs before the tuner reads them (LCH-G2)
+                res = ctx.run_each({node.name: autotune.seed_command(node.storage.cache_dir, started_at)},
+                                   timeout_s=30)[node.name]
+                seeded = autotune.parse(res.stdout)["seeded"] if res.ok else []
+                for d in seeded:
+                    ctx.events.emit("message", text=f"seeded autotune cache {d} on {node.name}")
+                    ctx.record.data.setdefault("autotune_seeded", []).append(d)
             states = _container_state(ctx)
             for rank, lines in _new_log_lines(ctx).items():
                 tail = ctx.logs_tail.setdefault(rank, [])

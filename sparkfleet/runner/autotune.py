@@ -1,0 +1,85 @@
+"""The Station's FlashInfer autotune cache (CATALOG LCH-G2, FM-40/41).
+
+A launch-flag change makes vLLM tune into a new hash directory under the persistent cache, and a copy
+that lands after the tuner reads it is too late (74-90 minutes lost). While a Station lane boots, `up`
+seeds every new hash directory with the newest `autotune_configs.json` within a poll; when the change
+touched kernel shapes (capture list, speculative depth or schedule, runner) seeding cannot help, and
+`up` says so with the time budget.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+CONFIGS = "autotune_configs.json"
+# Flags whose change alters kernel shapes: the tuner ignores entries whose shapes differ (FM-41).
+SHAPE_FLAGS = ("--cudagraph-capture-sizes", "--compilation-config", "--speculative-config", "--max-num-seqs")
+
+# Runs on the node (stdlib only; paths read through $SPARKFLEET_SIM_ROOT like every node-side helper).
+SEED_SCRIPT = r'''
+import json, os, shutil, sys
+root = os.environ.get("SPARKFLEET_SIM_ROOT", "")
+cache, since = root + sys.argv[1], float(sys.argv[2])
+found = []
+for d, dirs, files in os.walk(cache):
+    if d[len(cache):].count(os.sep) > 6:
+        dirs[:] = []
+    if "autotune_configs.json" in files:
+        found.append(os.path.join(d, "autotune_configs.json"))
+out = {"source": None, "seeded": []}
+if found:
+    src = max(found, key=os.path.getmtime)
+    out["source"] = src[len(root):]
+    for parent in {os.path.dirname(os.path.dirname(f)) for f in found}:
+        for name in sorted(os.listdir(parent)):
+            d = os.path.join(parent, name)
+            if os.path.isdir(d) and os.path.getmtime(d) >= since and not os.path.exists(
+                    os.path.join(d, "autotune_configs.json")):
+                shutil.copy2(src, os.path.join(d, "autotune_configs.json"))
+                out["seeded"].append(d[len(root):])
+print(json.dumps(out))
+'''
+
+
+def seed_command(cache_dir: str, since: float) -> str:
+    return f"python3 -c {shlex.quote(SEED_SCRIPT)} {shlex.quote(cache_dir)} {since:.3f}"
+
+
+def parse(stdout: str) -> dict:
+    try:
+        return json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"source": None, "seeded": []}
+
+
+def flag_values(argv: list[str]) -> dict[str, list[str]]:
+    """The values of the shape flags in a launch argv (tokens up to the next --flag)."""
+    out: dict[str, list[str]] = {}
+    key = None
+    for tok in argv:
+        if tok.startswith("--"):
+            key = tok if tok in SHAPE_FLAGS else None
+            if key:
+                out[key] = []
+        elif key:
+            out[key].append(tok)
+    return out
+
+
+def shape_changes(runs_dir: Path, profile: str, argv: list[str]) -> list[str]:
+    """Shape flags that differ from this lane's last successful run (none when there is no such run)."""
+    last = None
+    for p in sorted(runs_dir.glob("*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("profile") == profile and rec.get("outcome") == "ok" and rec.get("data", {}).get("launches"):
+            last = rec
+    if last is None:
+        return []
+    before = flag_values(last["data"]["launches"][-1]["argv"])
+    now = flag_values(argv)
+    return [f for f in SHAPE_FLAGS if before.get(f) != now.get(f)]
