@@ -195,9 +195,12 @@ def _quiesce(exporter: subprocess.Popen, sandbox: Path, timeout_s: float = 20.0)
     there when it moves can recreate part of it (the helper guard makes ~/.cache/sparkfleet/bin), and
     the sim cannot heal that; so the fault is injected only while nothing runs on that node.
     """
-    exporter.send_signal(signal.SIGSTOP)
     deadline = time.monotonic() + timeout_s
     while True:
+        # Stop the exporter, then look: a command it started may still be running, and one whose output
+        # fills the pipe waits for the (stopped) exporter to read it, so let it run again and retry.
+        exporter.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
         busy = []
         for proc in Path("/proc").iterdir():
             try:
@@ -207,6 +210,7 @@ def _quiesce(exporter: subprocess.Popen, sandbox: Path, timeout_s: float = 20.0)
                 continue
         if not busy:
             return
+        exporter.send_signal(signal.SIGCONT)
         if time.monotonic() > deadline:
             raise AssertionError(f"commands still running in {sandbox}: pids {busy}")
         time.sleep(0.1)
