@@ -15,12 +15,11 @@ import signal
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sparkfleet.fleet.hostkeys import write_atomic
 from sparkfleet.fleet.ssh import DRAIN_AFTER_EXIT_S, ENV_NAME
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, fan_out
 from sparkfleet.spec.inventory import Node
 
 # Nodes run DGX OS, where root's login shell is bash; generated shell is bash-valid (set -euo pipefail).
@@ -59,21 +58,13 @@ class LocalTransport:
 
     # -- per node ----------------------------------------------------------------------
     def _each(self, nodes: list[Node], work) -> dict[str, Result]:
-        unique = list({n.name: n for n in nodes}.values())
-        if not unique:
-            return {}
-
         def one(node: Node) -> Result:
-            start = time.monotonic()
             try:
-                result = work(node)
+                return work(node)
             except OSError as exc:  # e.g. the shell cannot start: this node's failure, not everyone's
-                result = Result(node.name, False, error="error", message=f"{node.name}: local run failed: {exc}")
-            result.elapsed_s = time.monotonic() - start
-            return result
+                return Result(node.name, False, error="error", message=f"{node.name}: local run failed: {exc}")
 
-        with ThreadPoolExecutor(max_workers=min(len(unique), self.max_parallel)) as pool:
-            return {r.node: r for r in pool.map(one, unique)}
+        return fan_out(nodes, one, self.max_parallel)
 
     def _sandbox(self, node: Node) -> Path | None:
         return Path(node.sim_root) if node.sim_root else None

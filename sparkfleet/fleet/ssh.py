@@ -21,14 +21,13 @@ import socket
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import paramiko
 from fabric import Config, Connection
 
 from sparkfleet.fleet.hostkeys import default_known_hosts, fingerprint, host_entry
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, fan_out
 from sparkfleet.spec.inventory import Node
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -119,12 +118,7 @@ class SshTransport:
 
     # -- per node ----------------------------------------------------------------------
     def _each(self, nodes: list[Node], work) -> dict[str, Result]:
-        unique = list({n.name: n for n in nodes}.values())
-        if not unique:
-            return {}
-
         def one(node: Node) -> Result:
-            start = time.monotonic()
             try:
                 conn = self._connection(node)
             except Exception as exc:  # noqa: BLE001 - every failure becomes this node's Result
@@ -140,12 +134,9 @@ class SshTransport:
                         # maybe a slow command, maybe a dead link: a fresh connection tells them apart
                         # within the connect timeout next time instead of hanging a whole command timeout
                         self._drop(node)
-            result.elapsed_s = time.monotonic() - start
             return result
 
-        with ThreadPoolExecutor(max_workers=min(len(unique), self.max_parallel)) as pool:
-            results = list(pool.map(one, unique))
-        return {r.node: r for r in results}
+        return fan_out(nodes, one, self.max_parallel)
 
     def _connection(self, node: Node) -> Connection:
         """The node's open connection, opened on first use and reused until close()."""

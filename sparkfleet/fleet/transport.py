@@ -7,6 +7,9 @@ result with its cause, never an exception that loses the other nodes' results.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -37,3 +40,20 @@ class Transport(Protocol):
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]: ...
 
     def close(self) -> None: ...
+
+
+def fan_out(nodes: list[Node], one: Callable[[Node], Result], max_parallel: int = 64) -> dict[str, Result]:
+    """Run `one` for each distinct node in parallel threads, timing each: the one fan-out every transport
+    (and the runner's per-node commands) shares. `one` turns its own failures into the node's Result."""
+    unique = list({n.name: n for n in nodes}.values())
+    if not unique:
+        return {}
+
+    def timed(node: Node) -> Result:
+        start = time.monotonic()
+        result = one(node)
+        result.elapsed_s = time.monotonic() - start
+        return result
+
+    with ThreadPoolExecutor(max_workers=min(len(unique), max_parallel)) as pool:
+        return {r.node: r for r in pool.map(timed, unique)}

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.fleet.transport import Result, Transport, fan_out
 from sparkfleet.plan import Plan
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.record import Record
@@ -91,10 +90,8 @@ class RunContext:
         if not commands:
             return {}
 
-        def one(name: str) -> tuple[str, Result]:
-            res = self.transport.run([self.node(name)], commands[name], timeout_s=timeout_s,
-                                     stdin=(stdin or {}).get(name), env=env)
-            return name, res[name]
+        def one(node: Node) -> Result:
+            return self.transport.run([node], commands[node.name], timeout_s=timeout_s,
+                                      stdin=(stdin or {}).get(node.name), env=env)[node.name]
 
-        with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-            return dict(pool.map(one, list(commands)))
+        return fan_out([self.node(n) for n in commands], one)
