@@ -108,13 +108,19 @@ elif a[:1] == ["images"]:
     print("\\n".join(i["Id"] for i in images if i["Id"] != {IMG_GLM!r}))
 elif a[:2] == ["image", "inspect"]:
     print(json.dumps([i for i in images if i["Id"] in a[2:]]))
+elif a == ["version", "--format", "{{{{.Server.Version}}}}"]:
+    print("28.3.3")
 else:
     sys.exit(9)
 """
 
 DOCKER_DOWN = f"sys.stderr.write({DAEMON_DOWN!r} + '\\n'); sys.exit(1)"
 
-NVIDIA_SMI = """print("0, NVIDIA GB10, P0, 2405, 3003, 0x0000000000000004, 35.20, [N/A], [N/A]")"""
+# with no arguments nvidia-smi prints its banner (the versions part reads it), else the query's CSV
+NVIDIA_SMI = """if sys.argv[1:]:
+    print("0, NVIDIA GB10, P0, 2405, 3003, 0x0000000000000004, 35.20, [N/A], [N/A]")
+else:
+    print("| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |")"""
 IBDEV2NETDEV = """print("rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)\\nroceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Down)")"""
 
 TCP = """\
@@ -264,7 +270,7 @@ def test_gpu_fields(lab: dict) -> None:
     assert g.clock_event_reasons == 4  # 0x0000000000000004, SwPowerCap
     assert g.power_draw_w == 35.2
     assert g.memory_total_mib is None and g.memory_used_mib is None  # [N/A] on unified memory
-    assert calls(lab["bin"], "nvidia-smi") == [[GPU_QUERY, "--format=csv,noheader,nounits"]]
+    assert sorted(calls(lab["bin"], "nvidia-smi")) == [[], [GPU_QUERY, "--format=csv,noheader,nounits"]]
 
 
 def test_rdma_picks_roce_v2_ipv4_not_index_3(lab: dict) -> None:

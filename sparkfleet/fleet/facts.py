@@ -90,6 +90,10 @@ class RdmaPort(_Facts):
     state: str | None = None
     netdev: str | None = None
     gids: list[Gid] = Field(default_factory=list)
+    link_layer: str | None = None  # "Ethernet" (RoCE) or "InfiniBand"
+    phys_state: str | None = None  # "LinkUp", "Disabled", ...
+    rate: str | None = None  # "200 Gb/sec (4X HDR)"
+    counters: dict[str, int] = Field(default_factory=dict)  # ports/N/counters/* the node has
 
     @property
     def roce_v2_ipv4_index(self) -> int | None:
@@ -98,6 +102,27 @@ class RdmaPort(_Facts):
             if g.type == "RoCE v2" and g.ipv4:
                 return g.index
         return None
+
+
+class NetLink(_Facts):
+    """A network interface as /sys/class/net shows it (the fabric interfaces the request named)."""
+
+    name: str
+    exists: bool
+    operstate: str | None = None  # up | down | lowerlayerdown | unknown ...
+    carrier: int | None = None  # 1 link detected, 0 none; None when the kernel will not say (down)
+    speed_mbps: int | None = None  # None: unknown (down, or a virtual device)
+    mtu: int | None = None
+    counters: dict[str, int] = Field(default_factory=dict)  # statistics/* error counters
+
+
+class Versions(_Facts):
+    """The stack that must agree across a lane's ranks (checks/drift.py)."""
+
+    kernel: str | None = None
+    driver: str | None = None  # NVIDIA driver, from nvidia-smi's banner
+    cuda: str | None = None
+    docker: str | None = None  # server version
 
 
 class Mount(_Facts):
@@ -131,6 +156,9 @@ class NodeFacts(_Facts):
     rdma: list[RdmaPort] = Field(default_factory=list)
     mounts: list[Mount] = Field(default_factory=list)  # nfs/nfs4/cifs/smb3 and the asked paths' mounts
     paths: dict[str, PathInfo] = Field(default_factory=dict)  # every path the request asked about
+    links: dict[str, NetLink] = Field(default_factory=dict)  # every interface the request named
+    versions: Versions | None = None
+    hashes: dict[str, str | None] = Field(default_factory=dict)  # sha256 of each asked file, None if unreadable
     errors: list[str] = Field(default_factory=list)  # what could not be read, and why
 
 
@@ -139,3 +167,5 @@ class FactsRequest(_Facts):
 
     node: str
     paths: list[str] = Field(default_factory=list)  # model dir, Engram/cache dirs, every -v source
+    interfaces: list[str] = Field(default_factory=list)  # the node's fabric interfaces (inventory rdma)
+    hash_paths: list[str] = Field(default_factory=list)  # the lane's patch files on this node

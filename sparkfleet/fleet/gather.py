@@ -90,13 +90,33 @@ def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
     return make_plan(loaded, inventory, Playbook(name="facts", steps=[Step(step="facts")]), root)
 
 
+def fabric_ifaces(node: Node) -> list[str]:
+    """The interfaces the node's link facts cover: its fabric interface and its rail-2 interface."""
+    if node.rdma is None:
+        return []
+    return [i for i in dict.fromkeys((node.rdma.fabric_iface, node.rdma.rail2_iface)) if i]
+
+
+def patch_paths(root: Path | None, profile: Profile | None, node: Node) -> list[str]:
+    """Where the lane's patch files are on this node (hashed by the helper for the drift check)."""
+    if root is None or profile is None or not profile.patches:
+        return []
+    from sparkfleet.patches import manifest as pm
+
+    if not (pm.set_dir(root, profile.patches) / pm.MANIFEST).is_file():
+        return []  # plan and the patches step say so
+    manifest = pm.load(root, profile.patches)
+    return [posixpath.join(node.storage.patch_root, manifest.name, f.source) for f in manifest.files]
+
+
 def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Profile | None = None,
-                   nodes: Iterable[str] = ()) -> dict[str, FactsRequest]:
+                   nodes: Iterable[str] = (), root: Path | None = None) -> dict[str, FactsRequest]:
     """What to ask each node: the plan's nodes (lane paths) plus `nodes` (storage dirs only).
 
     With `plan`, every bind-mount source of each node's launch argv is asked about; with `profile`
     too, the model dir, the Engram dirs and TensorFold's recipe dir, and argv parsing stops at the
-    image. Paths are absolute, normalised and listed once, storage dirs first.
+    image. Paths are absolute, normalised and listed once, storage dirs first. Every node's fabric
+    interfaces are asked about; with `root` (the ops dir) too, the lane's patch files are hashed.
     """
     paths: dict[str, list[str]] = {}
     for name in nodes:
@@ -119,7 +139,9 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
                         _add(mine, src)
     elif profile is not None:
         raise ValueError("facts_requests: a profile needs its plan (see plan_for)")
-    return {name: FactsRequest(node=name, paths=p) for name, p in paths.items()}
+    hashed = {r.node.name: patch_paths(root, profile, r.node) for r in plan.ranks} if plan is not None else {}
+    return {name: FactsRequest(node=name, paths=p, interfaces=fabric_ifaces(inventory.nodes[name]),
+                               hash_paths=hashed.get(name, [])) for name, p in paths.items()}
 
 
 def _failed(node: str, message: str, r: Result) -> Result:

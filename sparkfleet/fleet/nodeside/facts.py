@@ -653,6 +653,138 @@ def path_info(path: str, mounts: list[dict]) -> dict:
     return info
 
 
+# -- fabric links and the stack's versions (issue 15) -----------------------------------------
+# Plain absolute paths: on a node (real or the lab's own namespace) /sys/class/net is the kernel's.
+
+NET = "/sys/class/net"
+IB = "/sys/class/infiniband"
+# the netdev's error counters (statistics/) and the RDMA port's (counters/), where the node has them
+NET_COUNTERS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors", "carrier_changes")
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+               "port_xmit_discards", "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+VERSION_TIMEOUT_S = 8.0
+
+
+def _sys(path: str) -> str | None:
+    """A sysfs value, or None: reading `speed` or `carrier` of a down link is EINVAL, not a value."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _sys_int(path: str) -> int | None:
+    v = _sys(path)
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _counters(directory: str, names: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for name in names:
+        v = _sys_int(f"{directory}/{name}")
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def net_link(iface: str) -> dict:
+    """One interface as /sys/class/net shows it; `exists` False when the node has no such interface."""
+    d = f"{NET}/{iface}"
+    if "/" in iface or iface in ("", ".", "..") or not os.path.isdir(d):
+        return {"name": iface, "exists": False}
+    speed = _sys_int(d + "/speed")
+    return {"name": iface, "exists": True, "operstate": _sys(d + "/operstate"),
+            "carrier": _sys_int(d + "/carrier"),
+            "speed_mbps": speed if speed is not None and speed > 0 else None,  # -1: unknown (virtual, down)
+            "mtu": _sys_int(d + "/mtu"), "counters": _counters(d + "/statistics", NET_COUNTERS)}
+
+
+def rdma_link(hca: str, port: int) -> dict:
+    """A port's link layer, physical state, rate and error counters (the existing RDMA part has state/GIDs)."""
+    d = f"{IB}/{hca}/ports/{port}"
+    phys = _sys(d + "/phys_state")
+    return {"link_layer": _sys(d + "/link_layer"),
+            "phys_state": phys.split(":", 1)[1].strip() if phys and ":" in phys else phys,
+            "rate": _sys(d + "/rate"),
+            "counters": _counters(d + "/counters", IB_COUNTERS)}
+
+
+def links(names: list[str]) -> dict[str, dict]:
+    return {name: net_link(name) for name in names if isinstance(name, str)}
+
+
+def _smi_versions(text: str) -> tuple[str | None, str | None]:
+    """Driver and CUDA versions from nvidia-smi's banner ("Driver Version: 580.95.05   CUDA Version: 13.0")."""
+    driver = cuda = None
+    for line in text.splitlines():
+        for key in ("Driver Version:", "CUDA Version:"):
+            if key in line:
+                words = line.split(key, 1)[1].split()
+                if words:
+                    if key.startswith("Driver"):
+                        driver = words[0].strip("|")
+                    else:
+                        cuda = words[0].strip("|")
+    return driver, cuda
+
+
+def versions(errors: list[str]) -> dict:
+    """Kernel release, NVIDIA driver and CUDA (nvidia-smi's banner): part of what must match across ranks."""
+    out: dict = {"kernel": _sys("/proc/sys/kernel/osrelease") or os.uname().release,
+                 "driver": None, "cuda": None, "docker": None}
+    try:
+        rc, text, err = run(["nvidia-smi"], GPU_TIMEOUT_S)
+        if rc == 0:
+            out["driver"], out["cuda"] = _smi_versions(text)
+        else:
+            errors.append("nvidia-smi (versions): " + (first_line(err) or first_line(text) or f"exit {rc}"))
+    except (OSError, TimeoutError) as exc:
+        errors.append(command_error("nvidia-smi (versions)", exc))
+    return out
+
+
+def docker_version(errors: list[str]) -> str | None:
+    """The docker server's version (asked only of a daemon that answered `docker ps`)."""
+    try:
+        rc, text, err = run(["docker", "version", "--format", "{{.Server.Version}}"], VERSION_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:
+        errors.append(command_error("docker version", exc))
+        return None
+    if rc != 0:
+        errors.append("docker version: " + (first_line(err) or first_line(text) or f"exit {rc}"))
+        return None
+    return first_line(text) or None
+
+
+def _new_errors(mine: list[str], reported: list[str]) -> list[str]:
+    """The versions part's error lines, less those the GPU or docker part already gave (one cause, one line)."""
+    said = {e.split(": ", 1)[-1] for e in reported}
+    return [e for e in mine if e.split(": ", 1)[-1] not in said]
+
+
+def file_hashes(paths: list[str]) -> dict[str, str | None]:
+    """sha256 of each asked file (the lane's patch files), None where it cannot be read."""
+    import hashlib
+
+    out: dict[str, str | None] = {}
+    for p in paths:
+        if not isinstance(p, str) or p in out:
+            continue
+        try:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[p] = h.hexdigest()
+        except OSError:
+            out[p] = None
+    return out
+
+
 # -- main -------------------------------------------------------------------------------------
 
 def part(name: str, errors: list[str], fn, *args, default=None):
@@ -670,9 +802,12 @@ def gather(request: dict) -> dict:
     gpu_errors: list[str] = []
     docker_errors: list[str] = []
     results: dict = {}
+    version_errors: list[str] = []
     threads = [
         threading.Thread(target=lambda: results.__setitem__(
             "gpus", part("nvidia-smi", gpu_errors, gpus, gpu_errors, default=[])), daemon=True),
+        threading.Thread(target=lambda: results.__setitem__(
+            "versions", part("versions", version_errors, versions, version_errors)), daemon=True),
         threading.Thread(target=lambda: results.__setitem__(
             "docker", part("docker", docker_errors, docker, docker_errors)), daemon=True),
     ]
@@ -684,6 +819,10 @@ def gather(request: dict) -> dict:
     eo = part("earlyoom", errors, earlyoom, procs, mem, errors)
     listeners = part("listening", errors, listening, procs, errors, default=[])
     ports = part("rdma", errors, rdma, errors, default=[])
+    for p in ports:
+        p.update(part(f"rdma link {p['hca']}", errors, rdma_link, p["hca"], p["port"], default={}))
+    fabric = part("links", errors, links, list(request.get("interfaces") or []), default={})
+    hashes = part("hashes", errors, file_hashes, list(request.get("hash_paths") or []), default={})
     mounts = part("mounts", errors, read_mounts, errors, default=[])
     paths = {}
     for p in request.get("paths") or []:
@@ -696,7 +835,12 @@ def gather(request: dict) -> dict:
             keep.append(m)
     for t in threads:
         t.join()
+    stack = results.get("versions")
+    if stack is not None and (results.get("docker") or {}).get("available"):
+        stack["docker"] = part("docker version", version_errors, docker_version, version_errors)
     name = hostname()
+    # the last reading of the node's clock before the document leaves: the controller compares it with
+    # the moment the answer arrived (clock skew between nodes, checks/drift.py)
     return {
         "node": request.get("node") or name,
         "hostname": name,
@@ -712,7 +856,10 @@ def gather(request: dict) -> dict:
         "rdma": ports,
         "mounts": keep,
         "paths": paths,
-        "errors": errors + gpu_errors + docker_errors,
+        "links": fabric,
+        "versions": results.get("versions"),
+        "hashes": hashes,
+        "errors": errors + gpu_errors + docker_errors + _new_errors(version_errors, gpu_errors + docker_errors),
     }
 
 
