@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,6 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.patches import manifest as pm
 from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.load import Spec
 from tests.conftest import REPO
 
 
@@ -94,6 +94,38 @@ def test_verify_local_names_changed_and_missing_files(ops_root: Path) -> None:
     assert f.message == "sparkfleet_patch_probe.py is missing from patches/probe"
 
 
-def test_plan_warns_for_a_set_without_manifest(repo_spec: Spec, capsys) -> None:
-    assert main(["plan", "--profile", "exl3tp3"]) == 0
-    assert "WARN patch-set: patch set 'exl3-tp3' has no manifest (patches/exl3-tp3/manifest.yaml)" in capsys.readouterr().out
+def test_plan_warns_for_a_set_without_manifest(ops_root: Path, capsys) -> None:
+    (ops_root / "profiles/b.yaml").write_text("extends: boot10\npatches: mine\n")
+    assert main(["plan", "--profile", "b", "--root", str(ops_root)]) == 0
+    assert "WARN patch-set: patch set 'mine' has no manifest (patches/mine/manifest.yaml)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("profile, name", [("boot10", "vllm-lanes"), ("exl3tp3", "exl3-tp3"),
+                                           ("exl3-1017-full", "exl3-1017-full"),
+                                           ("production-1.0-tonyd2wild", "tonyd2wild-7"),
+                                           ("production-1.0-dcp2set", "dcp2-23"),
+                                           ("sglang-dryrun", "sglang-dsv41-offloader")])
+def test_a_set_the_seeds_do_not_list_warns_mounts_nothing_and_cannot_be_pushed(capsys, profile, name) -> None:
+    """Seed-gap sets (the seeds name them but give no file list or checksums): plan says nothing will be
+    mounted, the argv carries no patch mount, and `patches verify` refuses (exit 2) naming the manifest."""
+    assert main(["plan", "--profile", profile, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    (f,) = [f for f in plan["findings"] if f["check"] == "patch-set"]
+    assert f["status"] == "warn" and f["message"].startswith(f"patch set {name!r} is not known in full: ")
+    assert "nothing will be mounted, and `up` refuses the lane until the set is built" in f["message"]
+    for step in plan["steps"]:
+        if step["step"] == "launch":
+            assert not [a for a in step["argv"] if "/patches/" in a], step["argv"]
+    assert main(["patches", "verify", "--profile", profile]) == 2
+    assert f"patches/{name}/manifest.yaml: the set is not known in full" in capsys.readouterr().err
+
+
+def test_a_manifest_without_files_or_checksums_needs_a_seed_gap(ops_root: Path) -> None:
+    d = ops_root / "patches/x"
+    d.mkdir()
+    (d / "manifest.yaml").write_text("name: x\nfiles: []\n")
+    with pytest.raises(SpecError, match="files"):
+        pm.load(ops_root, "x")
+    (d / "manifest.yaml").write_text("name: x\nfiles:\n- {source: a.py, target: /a.py}\n")
+    with pytest.raises(SpecError, match="a.py has no sha256"):
+        pm.load(ops_root, "x")

@@ -124,11 +124,18 @@ def test_digest_pin_silences_the_warning(ops_root: Path) -> None:
     assert by_check(findings(ops_root, "d"), "image-digest") == []
 
 
-def test_boot10_warns_head_reads_engram_over_nfs(repo_spec: Spec) -> None:
+def test_boot10_head_reads_engram_from_its_local_checkpoint(repo_spec: Spec, ops_root: Path) -> None:
+    """Boot 10 copied rows to the three workers; reddie holds the checkpoint on local NVMe and reads its
+    rows there (seed 002: "Engram rows node-local on every rank"), so it is not an NFS warning. A worker
+    listed in nfs_ranks still is."""
     loaded = repo_spec.profile("boot10")
     inv = repo_spec.inventory("lab")
-    got = [(f.status, f.node) for f in lint(loaded, inv, place(loaded, inv)) if f.check == "engram-nfs"]
-    assert got == [("warn", "reddie")]
+    got = [(f.status, f.node, f.message) for f in lint(loaded, inv, place(loaded, inv)) if f.check == "engram-nfs"]
+    assert got == [("ok", "reddie", "rank 0 (reddie) reads Engram rows from its local checkpoint "
+                    "(the model is on this node's disk)")]
+    write(ops_root, "b", "extends: boot10\nengram:\n  nfs_ranks: [0, 2]\n")
+    assert [(f.status, f.node) for f in findings(ops_root, "b") if f.check == "engram-nfs"] == [
+        ("ok", "reddie"), ("warn", "bluey")]
 
 
 @pytest.mark.parametrize("profile, reason", [

@@ -72,6 +72,9 @@ def run_sync(args: argparse.Namespace) -> int:
     if not loaded.profile.patches:
         raise UserError(f"profile {args.profile!r} uses no patch set (patches: is unset)")
     manifest = pm.load(sp.root, loaded.profile.patches)
+    if not manifest.complete:
+        raise UserError(f"patches/{manifest.name}/{pm.MANIFEST}: the set is not known in full ({manifest.seed_gap}); "
+                        f"build it first: sparkfleet patches build DIR --name {manifest.name} --mounts mounts.txt")
     local = pm.verify_local(sp.root, manifest)
     if failed(local):
         print_findings(local)

@@ -14,10 +14,10 @@ def engram_host_dir(ctx: LaneContext, r: Rank) -> str | None:
     root = r.node.storage.engram_local_dir
     if e is None or not e.node_local or r.rank in e.nfs_ranks or root is None:
         return None
-    model = ctx.profile.model
-    assert model is not None
+    name = ctx.profile.engram_copy_name()
+    assert name is not None
     # copies are per checkpoint (CATALOG ENG-26): one directory per revision under the node's root
-    return posixpath.join(root, model.revision or model.repo_dir)
+    return posixpath.join(root, name)
 
 
 def docker_context(ctx: LaneContext, r: Rank) -> dict:

@@ -63,10 +63,10 @@ def copy_dir(profile: Profile, node: Node) -> str | None:
     """Where this node keeps the lane's copy: <engram_local_dir>/<revision or repo_dir> (engines/docker.py
     mounts the same directory; copies are per checkpoint, CATALOG ENG-26)."""
     root = node.storage.engram_local_dir
-    model = profile.model
-    if root is None or model is None:
+    name = profile.engram_copy_name()
+    if root is None or name is None:
         return None
-    return posixpath.join(root, model.revision or model.repo_dir)
+    return posixpath.join(root, name)
 
 
 def plan_jobs(profile: Profile, ranks: list[Rank], *, harvest: Harvest | None, pattern: str | None,

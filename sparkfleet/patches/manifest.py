@@ -19,10 +19,10 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from sparkfleet.findings import Finding
-from sparkfleet.spec.base import Strict, validate
+from sparkfleet.spec.base import FieldError, Strict, validate
 from sparkfleet.spec.errors import SpecError, UserError
 from sparkfleet.spec.yamlsrc import load_yaml
 
@@ -32,7 +32,7 @@ HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 class PatchFile(Strict):
     source: str
-    sha256: str
+    sha256: str | None = None  # None only in a set whose `seed_gap` says why the checksum is unknown
     target: str
 
     @field_validator("source")
@@ -45,8 +45,8 @@ class PatchFile(Strict):
 
     @field_validator("sha256")
     @classmethod
-    def _hash(cls, v: str) -> str:
-        if not HEX64.match(v):
+    def _hash(cls, v: str | None) -> str | None:
+        if v is not None and not HEX64.match(v):
             raise ValueError("expected 64 lowercase hex digits")
         return v
 
@@ -59,12 +59,31 @@ class PatchFile(Strict):
 
 
 class PatchManifest(Strict):
+    """A set whose files (or their checksums) the seeds do not give says so in `seed_gap`: it lists what is
+    known, nothing of it is mounted, `plan` warns and `up` refuses until `patches build` fills it in."""
+
     name: str
     description: str = ""
-    files: list[PatchFile] = Field(min_length=1)
+    seed_gap: str | None = None  # why the file list or checksums are missing (quoting the seed)
+    files: list[PatchFile] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known(self) -> PatchManifest:
+        if self.seed_gap is None:
+            if not self.files:
+                raise FieldError("files", "a patch set needs at least one file (or a seed_gap saying why not)")
+            unsummed = [f.source for f in self.files if f.sha256 is None]
+            if unsummed:
+                raise FieldError("files", f"{unsummed[0]} has no sha256 (only a set with a seed_gap may lack one)")
+        return self
+
+    @property
+    def complete(self) -> bool:
+        """Every file is known and pinned: the set can be mounted and verified."""
+        return self.seed_gap is None
 
     def mounts(self) -> list[tuple[str, str]]:
-        return [(f.source, f.target) for f in self.files]
+        return [(f.source, f.target) for f in self.files] if self.complete else []
 
 
 def set_dir(root: Path, name: str) -> Path:
@@ -95,7 +114,13 @@ def mounts_for(name: str | None, root: Path) -> tuple[list[tuple[str, str]], lis
         return [], [Finding("patch-set", "warn", f"patch set {name!r} has no manifest (patches/{name}/{MANIFEST})",
                             f"build it from your files: sparkfleet patches build DIR --name {name}",
                             field="patches")]
-    return load(root, name).mounts(), []
+    manifest = load(root, name)
+    if not manifest.complete:
+        return [], [Finding("patch-set", "warn", f"patch set {name!r} is not known in full: {manifest.seed_gap}; "
+                            "nothing will be mounted, and `up` refuses the lane until the set is built",
+                            f"build it from your files: sparkfleet patches build DIR --name {name} "
+                            "--mounts mounts.txt", field="patches")]
+    return manifest.mounts(), []
 
 
 def sha256_file(path: Path) -> str:

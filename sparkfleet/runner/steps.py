@@ -163,6 +163,10 @@ def patches(ctx: RunContext, st: Step) -> StepResult:
             "patches", "fail", f"patches/{name}/{pm.MANIFEST} does not exist",
             f"sparkfleet patches build DIR --name {name}")])
     manifest = pm.load(ctx.spec.root, name)
+    if not manifest.complete:
+        return StepResult("fail", f"patch set {name!r} is not known in full: nothing was started", [Finding(
+            "patches", "fail", f"patches/{name}/{pm.MANIFEST}: {manifest.seed_gap}",
+            f"sparkfleet patches build DIR --name {name} --mounts mounts.txt")])
     local = pm.verify_local(ctx.spec.root, manifest)
     if local:
         return StepResult("fail", f"patch set {name!r} differs from its manifest here", local)
@@ -222,6 +226,10 @@ def engram(ctx: RunContext, st: Step) -> StepResult:
     findings, per_rank = [], {}
     for r in ctx.plan.ranks:
         name = r.node.name
+        if name not in where and r.rank in e.nfs_ranks and r.node.storage.model_local:
+            per_rank[r.rank] = "node-local"  # the node holding the checkpoint reads its rows from local disk
+            findings.append(Finding("engram", "ok", f"rank {r.rank}: rows from the local checkpoint", node=name))
+            continue
         if name not in where:
             per_rank[r.rank] = "nfs"
             findings.append(Finding("engram", "warn", f"rank {r.rank} reads Engram rows over NFS "

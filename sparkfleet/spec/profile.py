@@ -54,6 +54,16 @@ class Engram(Strict):
     node_local: bool = False  # mount each node's local copy of its rows
     container_dir: str = "/engram-local"
     nfs_ranks: list[int] = Field(default_factory=list)  # ranks that read from the model dir instead
+    # directory under each node's engram_local_dir; default the checkpoint revision (copies are per
+    # checkpoint, ENG-26). A lane whose ranks split the rows differently (TP3) needs its own.
+    copy_dir: str | None = None
+
+    @field_validator("copy_dir")
+    @classmethod
+    def _copy_dir(cls, v: str | None) -> str | None:
+        if v is not None and ("/" in v or v in ("", ".", "..")):
+            raise ValueError("must be one directory name (no '/')")
+        return v
 
     @field_validator("tensor_pattern")
     @classmethod
@@ -217,3 +227,9 @@ class Profile(Strict):
     @property
     def world_size(self) -> int:
         return self.tp
+
+    def engram_copy_name(self) -> str | None:
+        """The lane's node-local Engram copy directory name (under each node's engram_local_dir)."""
+        if self.engram and self.engram.copy_dir:
+            return self.engram.copy_dir
+        return (self.model.revision or self.model.repo_dir) if self.model else None

@@ -237,7 +237,11 @@ def engram_nodes(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[
     if not e or not e.node_local:
         return
     for r in ranks:
-        if r.rank in e.nfs_ranks:
+        if r.rank in e.nfs_ranks and r.node.storage.model_local:
+            # the node holding the checkpoint reads its rows from local disk (3 ms a step, ENG-16): no copy needed
+            yield Finding("engram-nfs", "ok", f"rank {r.rank} ({r.node.name}) reads Engram rows from its local "
+                          "checkpoint (the model is on this node's disk)", node=r.node.name, field="engram.nfs_ranks")
+        elif r.rank in e.nfs_ranks:
             yield Finding("engram-nfs", "warn", f"rank {r.rank} ({r.node.name}) reads Engram rows over NFS",
                           "6-8 ms a step against 3 locally (CATALOG ENG-16); drop it from engram.nfs_ranks "
                           "once it has a copy", node=r.node.name, field="engram.nfs_ranks")
