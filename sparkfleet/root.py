@@ -1,22 +1,24 @@
-"""Where an ops directory is: `--root`, then $SPARKFLEET_ROOT, then the checkout sparkfleet runs from."""
+"""Where an ops directory is: `--root`, $SPARKFLEET_ROOT, the user config file, else this checkout."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from sparkfleet.spec.errors import UserError
+from sparkfleet.userconfig import setting
 
 LAYOUT = ("inventories", "profiles", "templates", "playbooks", "patches")
 
 
 def find_root(explicit: str | None = None) -> Path:
     """The ops directory holding inventories/, profiles/, templates/, playbooks/, patches/."""
-    candidate = explicit or os.environ.get("SPARKFLEET_ROOT")
+    chosen = setting("root", explicit)
+    candidate = chosen.value
     if candidate:
         root = Path(candidate).expanduser().resolve()
         if not (root / "profiles").is_dir():
-            raise UserError(f"--root {candidate}: no profiles/ directory there (expected {', '.join(LAYOUT)})")
+            raise UserError(f"root {candidate} (from {chosen.source}): no profiles/ directory there "
+                            f"(expected {', '.join(LAYOUT)})")
         return root
     for start in (Path.cwd(), Path(__file__).resolve().parent.parent):
         for d in (start, *start.parents):
@@ -27,8 +29,4 @@ def find_root(explicit: str | None = None) -> Path:
 
 def state_dir() -> Path:
     """Runs, restore points and locks; never inside the package."""
-    env = os.environ.get("SPARKFLEET_STATE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "sparkfleet"
+    return Path(setting("state").value).expanduser()

@@ -700,16 +700,13 @@ def test_cli_exit_0_and_json_shape(repo_spec: Spec, fake_fleet: dict, capsys: py
 
 def test_cli_exit_1_on_a_failure_and_table(repo_spec: Spec, fake_fleet: dict, capsys: pytest.CaptureFixture,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkfleet.cli.common import out
-
-    monkeypatch.setattr(out, "width", 400)  # one line per row, so the row can be read whole
     profile, inv, plan = lane(repo_spec, "dcp2")
     facts = healthy(profile, inv, plan)
     facts["asusi"].earlyoom = EarlyOom(running=False)
     for f in facts.values():
         f.simulated = True
     fake_fleet["facts"] = facts
-    assert cli("--profile", "dcp2") == 1
+    assert cli("--profile", "dcp2", "--wide") == 1  # --wide: one line per row, so the row can be read whole
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if "asusi [sim]" in line and " earlyoom " in line)
     assert "FAIL" in row and "earlyoom is not running" in row and 'EARLYOOM_ARGS="-m 2"' in row

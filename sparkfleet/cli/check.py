@@ -6,9 +6,6 @@ import argparse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rich.table import Table
-from rich.text import Text
-
 from sparkfleet.checks import run_checks
 from sparkfleet.cli.common import (
     EXIT_FAIL,
@@ -18,6 +15,7 @@ from sparkfleet.cli.common import (
     add_inventory,
     add_json,
     add_root,
+    add_wide,
     err,
     out,
     print_findings,
@@ -54,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(p)
     add_inventory(p)
     add_json(p)
+    add_wide(p)
     p.add_argument("--profile", "-p", required=True, help="the lane to check")
     p.add_argument("--drop-caches", action="store_true",
                    help="drop the page cache on every node first (as the node's ssh user: needs root)")
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report(plan, inventory, findings, facts, simulated, dropped, probes))
     else:
-        print_table(plan, findings, simulated)
+        print_table(plan, findings, simulated, wide=args.wide)
         lane = [f for f in plan.findings if f.status != "ok"]
         if lane:
             out.print()
@@ -165,21 +164,26 @@ def report(plan: Plan, inventory: Inventory, findings: list[Finding], facts: dic
     return doc
 
 
-def print_table(plan: Plan, findings: list[Finding], simulated: dict[str, bool]) -> None:
+def print_table(plan: Plan, findings: list[Finding], simulated: dict[str, bool], wide: bool = False) -> None:
+    """The findings as a table that fits the terminal, else one block per finding (cli/tables.py)."""
+    from rich.text import Text
+
+    from sparkfleet.cli.tables import Column, render
+
     sim = any(simulated.values())
-    out.print(f"[bold]check[/] {plan.profile} on inventory {plan.inventory}: "
-              + ", ".join(f"rank {r.rank} {r.node.name}" for r in plan.ranks)
-              + (" [magenta]\\[sim: a simulated lab][/]" if sim else ""))
-    table = Table(show_lines=False, pad_edge=False, expand=False)
-    for name in ("node", "check", "status"):
-        table.add_column(name, no_wrap=True)  # short: kept whole so rows can be grepped by node and check
-    for name in ("finding", "observed", "expected", "remedy"):
-        table.add_column(name, overflow="fold")
+    from sparkfleet.cli.tables import say
+
+    say(f"check {plan.profile} on inventory {plan.inventory}: "
+        + ", ".join(f"rank {r.rank} {r.node.name}" for r in plan.ranks) + (" [sim: a simulated lab]" if sim else ""))
+    # node, check and status are kept whole so rows can be grepped by node and check
+    cols = [Column("node"), Column("check"), Column("status")]
+    cols += [Column(name, wrap=True) for name in ("finding", "observed", "expected", "remedy")]
+    rows = []
     for f in findings:
         node = (f.node or "") + (" [sim]" if simulated.get(f.node or "") else "")
-        table.add_row(Text(node), Text(f.check), Text(f.status.upper(), style=STYLE[f.status]), Text(f.message),
-                      Text(f.observed or ""), Text(f.expected or ""), Text(f.remedy or ""))
-    out.print(table)
+        rows.append([node, f.check, Text(f.status.upper(), style=STYLE[f.status]), f.message,
+                     f.observed or "", f.expected or "", f.remedy or ""])
+    render(cols, rows, wide=wide)
     counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail")}
     verdict = "[bold red]FAIL[/]" if counts["fail"] else "[green]ok[/]"
     out.print(f"{verdict}: {counts['fail']} fail, {counts['warn']} warn, {counts['ok']} ok")

@@ -5,19 +5,38 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
-from sparkfleet.findings import Finding
-from sparkfleet.root import find_root
-from sparkfleet.spec.load import Spec
+    from sparkfleet.findings import Finding
+    from sparkfleet.spec.load import Spec
 
 # Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane.
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class LazyConsole:
+    """A rich Console made on first use, so commands that print little do not pay for importing rich."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._console: Console | None = None
+
+    def _get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+out: Console = LazyConsole(highlight=False, soft_wrap=True)  # type: ignore[assignment]
+err: Console = LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # type: ignore[assignment]
 
 
 def add_root(p: argparse.ArgumentParser) -> None:
@@ -28,12 +47,22 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
-def add_inventory(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inventory", "-i", default="lab", metavar="NAME|FILE",
-                   help="inventory name under inventories/ or a YAML file (default: lab)")
+def add_inventory(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--inventory; left out it is None, and Spec.inventory() takes the user's default (`sparkfleet config`)."""
+    shown = default or "$SPARKFLEET_INVENTORY, the config file, else lab"
+    p.add_argument("--inventory", "-i", default=default, metavar="NAME|FILE",
+                   help=f"inventory name under inventories/ or a YAML file (default: {shown})")
+
+
+def add_wide(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wide", "-w", action="store_true",
+                   help="the full table on one line per row, whatever the terminal's width")
 
 
 def spec(args: argparse.Namespace) -> Spec:
+    from sparkfleet.root import find_root
+    from sparkfleet.spec.load import Spec
+
     return Spec(find_root(getattr(args, "root", None)))
 
 
@@ -45,10 +74,21 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
 
 def print_findings(findings: list[Finding], console: Console = out) -> None:
-    """One finding per line plus its remedy: readable in a terminal, a log or a mail."""
+    """Each finding and its remedy, wrapped at whole words to the console's width with a hanging indent:
+    readable in a terminal, a log or a mail."""
+    from rich.text import Text
+
+    from sparkfleet.cli.tables import wrap_words
+
+    width = max(40, console.width)
     for f in findings:
         where = " ".join(x for x in (f.node, f.where) if x)
-        console.print(f"[{STYLE[f.status]}]{f.status.upper():<4}[/] {f.check}"
-                      + (f" ({where})" if where else "") + f": {f.message}", highlight=False)
+        head = f"{f.status.upper():<4} "
+        body = f.check + (f" ({where})" if where else "") + f": {f.message}"
+        for i, part in enumerate(wrap_words(body, width - len(head))):
+            line = Text(head, style=STYLE[f.status]) if i == 0 else Text(" " * len(head))
+            console.print(line + Text(part), highlight=False, soft_wrap=True)
         if f.remedy:
-            console.print(f"     -> {f.remedy}", markup=False, highlight=False)
+            for i, part in enumerate(wrap_words(f.remedy, width - 8)):
+                console.print(("     -> " if i == 0 else "        ") + part, markup=False, highlight=False,
+                              soft_wrap=True)

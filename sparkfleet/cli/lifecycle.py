@@ -133,6 +133,6 @@ def run_restore(args: argparse.Namespace) -> int:
         profile = args.name
     else:
         profile = point["profile"]
-        if args.inventory == "lab" and point.get("inventory"):
-            args.inventory = point["inventory"] if point["inventory"] != "lab" else args.inventory
+        if args.inventory is None and point.get("inventory"):
+            args.inventory = point["inventory"]
     return _execute(args, profile, "restore", _options(args, restore_point=point, force=args.force))

@@ -7,11 +7,7 @@ import json
 import shlex
 import time
 
-import httpx
-from rich.table import Table
-
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
-from sparkfleet.placement import endpoint
+from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, add_wide, out, print_json, spec
 from sparkfleet.spec.errors import UserError
 
 ORDER = 14
@@ -26,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(s)
     add_inventory(s)
     add_json(s)
+    add_wide(s)
     s.add_argument("--profile", "-p", help="only this lane")
     s.set_defaults(func=run_status)
 
@@ -45,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("runs", help="list run records; `runs show ID` prints one", formatter_class=fmt,
                        epilog="examples:\n  sparkfleet runs\n  sparkfleet runs show 20261129-101500-a1b2c3")
     add_json(r)
+    add_wide(r)
     r.add_argument("action", nargs="?", choices=["show"])
     r.add_argument("run_id", nargs="?")
     r.set_defaults(func=run_runs)
@@ -81,6 +79,8 @@ def _ours(facts) -> list[dict]:
 
 
 def _endpoint_status(base: str) -> dict:
+    import httpx
+
     out = {"endpoint": base}
     try:
         with httpx.Client(timeout=3.0) as http:
@@ -110,6 +110,8 @@ def _kv_usage(text: str) -> float | None:
 def run_status(args: argparse.Namespace) -> int:
     sp, inv, nodes, transport, facts = _fleet(args)
     transport.close()
+    from sparkfleet.placement import endpoint
+
     rows = [r for r in _ours(facts) if not args.profile or r.get("profile") in (None, args.profile)]
     lanes = {}
     for r in rows:
@@ -120,23 +122,36 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"containers": rows, "lanes": lanes})
         return EXIT_FAIL if unreachable else EXIT_OK
-    sim = any(r.get("simulated") for r in rows)
-    table = Table(title="sparkfleet status" + (" [simulation]" if sim else ""), title_justify="left")
-    for col in ("node", "lane", "rank", "container", "state", "since"):
-        table.add_column(col)
-    for r in sorted(rows, key=lambda x: (x.get("profile") or "", x.get("rank", 0))):
-        if "error" in r:
-            table.add_row(r["node"], "", "", "", f"[red]unreachable[/]: {r['error']}", "")
-        else:
-            table.add_row(r["node"], r["profile"], str(r["rank"]), r["container"], r["state"], r["started_at"] or "")
-    out.print(table)
-    for name, st in lanes.items():
-        out.print(f"{name}: {st['endpoint']} health {st.get('health', '-')} models {st.get('models', [])} "
-                  f"KV usage {st.get('kv_cache_usage')}" + (f" ({st['error']})" if "error" in st else ""),
-                  markup=False)
+    print_status(rows, lanes, wide=args.wide)
     if not rows:
         out.print("no sparkfleet containers on these nodes")
     return EXIT_FAIL if unreachable else EXIT_OK
+
+
+def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -> None:
+    """Containers per node as a table that fits the terminal; an unreachable node's reason wraps last."""
+    from rich.text import Text
+
+    from sparkfleet.cli.tables import Column, render, say
+
+    sim = any(r.get("simulated") for r in rows)
+    cols = [Column(c) for c in ("node", "lane", "rank", "state", "since", "container")]
+    errors = any("error" in r for r in rows)
+    if errors:
+        cols.append(Column("reason", wrap=True))
+    table = []
+    for r in sorted(rows, key=lambda x: (x.get("profile") or "", x.get("rank", 0))):
+        if "error" in r:
+            row = [r["node"], "", "", Text("unreachable", style="red"), "", "", r["error"]]
+        else:
+            row = [r["node"], r["profile"], str(r["rank"]), r["state"], r["started_at"] or "", r["container"]]
+            row += [""] if errors else []
+        table.append(row)
+    if rows:
+        render(cols, table, wide=wide, title="sparkfleet status" + (" [simulation]" if sim else ""))
+    for name, st in lanes.items():
+        say(f"{name}: {st['endpoint']} health {st.get('health', '-')} models {st.get('models', [])} "
+            f"KV usage {st.get('kv_cache_usage')}" + (f" ({st['error']})" if "error" in st else ""))
 
 
 def run_logs(args: argparse.Namespace) -> int:
@@ -204,9 +219,18 @@ def run_runs(args: argparse.Namespace) -> int:
     if args.json:
         print_json(runs)
         return EXIT_OK
-    for r in runs:
-        out.print(f"{r['run_id']}  {r['playbook']:<8} {r['profile']:<16} {r['outcome']:<11} "
-                  f"{r.get('duration_s')} s  {r.get('reason') or ''}", markup=False)
+    print_runs(runs, wide=args.wide)
     if not runs:
         out.print("no runs recorded yet")
     return EXIT_OK
+
+
+def print_runs(runs: list[dict], wide: bool = False) -> None:
+    """One row per run record; the failure reason is the free text that wraps."""
+    from sparkfleet.cli.tables import Column, render
+
+    if not runs:
+        return
+    cols = [Column(c) for c in ("run", "playbook", "profile", "outcome", "seconds")] + [Column("reason", wrap=True)]
+    render(cols, [[r["run_id"], r["playbook"], r["profile"], r["outcome"], str(r.get("duration_s") or ""),
+                   r.get("reason") or ""] for r in runs], wide=wide)

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-import yaml
-from rich.table import Table
-
-from sparkfleet.cli.common import EXIT_OK, add_json, add_root, out, print_json, spec
+from sparkfleet.cli.common import EXIT_OK, add_json, add_root, add_wide, out, print_json, spec
 from sparkfleet.spec.errors import SpecError
 
 ORDER = 5
@@ -20,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_root(p)
     add_json(p)
+    add_wide(p)
     p.add_argument("--all", action="store_true", help="include abstract bases")
     p.set_defaults(func=run_list)
 
@@ -45,14 +43,18 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return EXIT_OK
-    table = Table(title_justify="left")
-    for col in ("profile", "engine", "group", "port", "servable", "extends", "description"):
-        table.add_column(col, overflow="fold")
+    from rich.text import Text
+
+    from sparkfleet.cli.tables import Column, render
+
+    cols = [Column(c) for c in ("profile", "engine", "group", "port", "servable", "extends")]
+    cols.append(Column("description", wrap=True))
+    table = []
     for r in rows:
-        servable = "base" if r["abstract"] else ("yes" if r["servable"] else "[red]no[/]")
-        table.add_row(r["name"], r["engine"], r["group"] or "", str(r["port"] or ""), servable,
-                      r["extends"] or "", r["description"])
-    out.print(table)
+        servable = Text("base") if r["abstract"] else (Text("yes") if r["servable"] else Text("no", style="red"))
+        table.append([r["name"], r["engine"], r["group"] or "", str(r["port"] or ""), servable,
+                      r["extends"] or "", r["description"] or ""])
+    render(cols, table, wide=args.wide)
     return EXIT_OK
 
 
@@ -64,6 +66,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"profile": data, "files": loaded.chain})
         return EXIT_OK
+    import yaml
+
     out.print(f"# {args.profile}: merged from {' <- '.join(loaded.chain)}", markup=False)
     out.print(yaml.safe_dump(data, sort_keys=False, width=100).rstrip(), markup=False)
     return EXIT_OK

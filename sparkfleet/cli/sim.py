@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     up = ss.add_parser("up", help="build the simulated lab under <state_dir>/sim/")
     add_root(up)
-    add_inventory(up)
+    add_inventory(up, default="lab")
     add_json(up)
     up.add_argument("--transport", choices=("local", "ssh"), default="local",
                     help="local: run on this machine; ssh: one real sshd per node on 127.0.0.1 (default: local)")

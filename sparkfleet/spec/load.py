@@ -50,7 +50,12 @@ class Spec:
             return path
         return own
 
-    def inventory(self, name: str = "lab") -> Inventory:
+    def inventory(self, name: str | None = None) -> Inventory:
+        """The named inventory; None = the user's default (SPARKFLEET_INVENTORY, config file, else `lab`)."""
+        if name is None:
+            from sparkfleet.userconfig import value
+
+            name = value("inventory") or "lab"
         path = self.inventory_path(name)
         display = self._rel(path)
         if not path.is_file():
