@@ -24,6 +24,7 @@ class Plan:
     launches: list[Launch]
     steps: list[dict]
     findings: list[Finding] = field(default_factory=list)
+    overrides: list[dict] = field(default_factory=list)  # -o KEY=VALUE the profile was loaded with
 
     @property
     def refused(self) -> bool:
@@ -37,6 +38,7 @@ class Plan:
             "ranks": [{"rank": r.rank, "node": r.node.name, "role": r.role} for r in self.ranks],
             "steps": self.steps,
             "findings": [f.as_dict() for f in self.findings],
+            "overrides": self.overrides,
         }
 
 
@@ -64,4 +66,5 @@ def make_plan(loaded: Loaded, inventory: Inventory, playbook: Playbook, root: Pa
         for launch in chosen:
             together = sum(1 for x in chosen if x.wave == launch.wave) > 1
             steps.append({"step": "launch", **launch.as_dict(), "parallel": together})
-    return Plan(p.name, playbook.name, inventory.name, ranks, launches, steps, findings)
+    return Plan(p.name, playbook.name, inventory.name, ranks, launches, steps, findings,
+                [o.as_dict() for o in loaded.overrides])

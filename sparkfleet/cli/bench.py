@@ -11,7 +11,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_overrides,
+    add_root,
+    err,
+    out,
+    overrides,
+    print_json,
+    spec,
+)
 from sparkfleet.spec.errors import UserError
 
 if TYPE_CHECKING:
@@ -39,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(p)
     add_inventory(p)
     add_json(p)
+    add_overrides(p)
     p.add_argument("--profile", "-p", required=True)
     p.add_argument("--endpoint", metavar="URL", help="API base URL (default: http://HEAD:PORT of the lane)")
     p.add_argument("--concurrency", "-c", default="1,2,3,4,5,6,8,16", metavar="LIST",
@@ -98,8 +111,8 @@ def parse_ints(text: str, what: str, *, suffix_k: bool = False) -> tuple[int, ..
     return tuple(values)
 
 
-def _profile(sp: Spec, name: str) -> Loaded:
-    loaded = sp.profile(name)
+def _profile(sp: Spec, name: str, over: list | None = None) -> Loaded:
+    loaded = sp.profile(name, over)
     if loaded.profile.abstract:
         raise UserError(f"{name} is a base for other lanes (abstract: true), not a lane")
     return loaded
@@ -209,7 +222,7 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
     from sparkfleet.gates.client import RequestFailed
 
     sp = spec(args)
-    loaded = _profile(sp, args.profile)
+    loaded = _profile(sp, args.profile, overrides(args))
     key = _api_key(loaded)
     opts = _bench_options(args, loaded, key)
     pset = load_set(args.prompt_set)

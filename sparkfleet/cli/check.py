@@ -14,10 +14,12 @@ from sparkfleet.cli.common import (
     STYLE,
     add_inventory,
     add_json,
+    add_overrides,
     add_root,
     add_wide,
     err,
     out,
+    overrides,
     print_findings,
     print_json,
     spec,
@@ -53,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_inventory(p)
     add_json(p)
     add_wide(p)
+    add_overrides(p)
     p.add_argument("--profile", "-p", required=True, help="the lane to check")
     p.add_argument("--drop-caches", action="store_true",
                    help="drop the page cache on every node first (as the node's ssh user: needs root)")
@@ -67,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     sp = spec(args)
-    loaded = sp.profile(args.profile)
+    loaded = sp.profile(args.profile, overrides(args))
     if loaded.profile.abstract:
         raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane; "
                         "see `sparkfleet profiles`")

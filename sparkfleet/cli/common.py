@@ -54,6 +54,19 @@ def add_inventory(p: argparse.ArgumentParser, default: str | None = None) -> Non
                    help=f"inventory name under inventories/ or a YAML file (default: {shown})")
 
 
+def add_overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a profile field after `extends` (repeatable; VALUE is YAML), e.g. "
+                   "-o flags.--gpu-memory-utilization=0.78 -o env.NCCL_DEBUG=INFO -o expect.kv_tokens=1888800")
+
+
+def overrides(args: argparse.Namespace) -> list:
+    """The -o KEY=VALUE of a command, parsed (SpecError naming the -o when one is malformed)."""
+    from sparkfleet.spec.overrides import parse
+
+    return parse(getattr(args, "overrides", None))
+
+
 def add_wide(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", "-w", action="store_true",
                    help="the full table on one line per row, whatever the terminal's width")

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_inventory, add_root, err, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_inventory,
+    add_overrides,
+    add_root,
+    err,
+    out,
+    overrides,
+    print_json,
+    spec,
+)
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import HumanEvents, JsonEvents
 from sparkfleet.spec.errors import UserError
@@ -30,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--save-as boot10\n  sparkfleet up --profile dcp2 --dry-run")
     _common(up)
     up.add_argument("--profile", "-p", required=True)
+    add_overrides(up)
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
     up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
     up.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
@@ -80,11 +93,12 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint, **extra)
 
 
-def _execute(args: argparse.Namespace, profile: str, playbook: str, options: RunOptions) -> int:
+def _execute(args: argparse.Namespace, profile: str, playbook: str, options: RunOptions,
+             over: list | None = None) -> int:
     from sparkfleet.runner.run import execute
 
     sp = spec(args)
-    loaded = sp.profile(profile)
+    loaded = sp.profile(profile, overrides(args) if over is None else over)
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
     inventory = sp.inventory(args.inventory)
@@ -135,4 +149,7 @@ def run_restore(args: argparse.Namespace) -> int:
         profile = point["profile"]
         if args.inventory is None and point.get("inventory"):
             args.inventory = point["inventory"]
-    return _execute(args, profile, "restore", _options(args, restore_point=point, force=args.force))
+    from sparkfleet.spec.overrides import from_dicts
+
+    over = from_dicts(point.get("overrides")) if point else []  # restore brings back the -o it served with
+    return _execute(args, profile, "restore", _options(args, restore_point=point, force=args.force), over)

@@ -9,9 +9,11 @@ from sparkfleet.cli.common import (
     EXIT_USAGE,
     add_inventory,
     add_json,
+    add_overrides,
     add_root,
     err,
     out,
+    overrides,
     print_findings,
     print_json,
     spec,
@@ -26,11 +28,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Render the playbook's steps for a lane: every launch's node, rank, "
                        "argv and env, workers before the head. Nothing is contacted.",
                        epilog="examples:\n  sparkfleet plan --profile dcp2\n"
+                       "  sparkfleet plan --profile dcp2 -o flags.--gpu-memory-utilization=0.78 "
+                       "-o env.NCCL_DEBUG=INFO\n"
+
                        "  sparkfleet plan --profile tf1017 --json | jq '.steps[] | select(.step==\"launch\")'",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_root(p)
     add_inventory(p)
     add_json(p)
+    add_overrides(p)
     p.add_argument("--profile", "-p", required=True, help="lane to plan")
     p.add_argument("--playbook", default="up", help="playbook name or file (default: up)")
     p.set_defaults(func=run)
@@ -38,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     sp = spec(args)
-    loaded = sp.profile(args.profile)
+    loaded = sp.profile(args.profile, overrides(args))
     inventory = sp.inventory(args.inventory)
     playbook = sp.playbook(args.playbook)
     if loaded.profile.abstract:
@@ -55,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     out.print(f"[bold]plan[/] {plan.profile} ({plan.playbook} on inventory {plan.inventory}): "
               + ", ".join(f"rank {r.rank} {r.node.name}" for r in plan.ranks))
+    for o in loaded.overrides:
+        out.print(f"    override {o.key} = {o.as_dict()['value']!r} (from -o)", markup=False)
     for i, step in enumerate(plan.steps, 1):
         if step["step"] != "launch":
             out.print(f"{i:>2}. {step['step']:<12} {step['what']}", markup=False)

@@ -25,6 +25,7 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     record = Record(run_id, playbook.name, loaded.profile.name, inventory.name, command)
     plan = make_plan(loaded, inventory, playbook, spec.root, run_id=run_id)
     record.data["plan_findings"] = [f.as_dict() for f in plan.findings]
+    record.data["overrides"] = plan.overrides  # -o KEY=VALUE: restore reloads the profile with them
     events.emit("run", text=f"{playbook.name} {loaded.profile.name} (run {run_id}"
                 + (", dry run" if options.dry_run else "") + ")", run_id=run_id)
     if plan.refused:

@@ -9,6 +9,8 @@ from sparkfleet.spec.base import validate
 from sparkfleet.spec.errors import SpecError
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.merge import deep_merge, strip_unset
+from sparkfleet.spec.overrides import Override
+from sparkfleet.spec.overrides import apply as apply_overrides
 from sparkfleet.spec.playbook import Playbook
 from sparkfleet.spec.profile import Profile
 from sparkfleet.spec.yamlsrc import Marks, load_yaml, locate
@@ -21,6 +23,7 @@ class Loaded:
     profile: Profile
     marks: Marks
     chain: list[str] = field(default_factory=list)  # files, base first
+    overrides: list[Override] = field(default_factory=list)  # -o KEY=VALUE, applied after extends
 
 
 class Spec:
@@ -123,13 +126,16 @@ class Spec:
         merged = deep_merge(base, data, base_marks, marks)
         return merged, base_marks, files + [display]
 
-    def profile(self, name: str) -> Loaded:
+    def profile(self, name: str, overrides: list[Override] | None = None) -> Loaded:
+        """The merged profile; `overrides` (-o KEY=VALUE) are set after `extends`, then all is validated."""
         data, marks, files = self._raw_profile(name, [])
         data = strip_unset(data)
+        if overrides:
+            apply_overrides(data, overrides, marks, Profile)
         data["name"] = name
         marks[()] = (files[-1], 1)
         profile = validate(Profile, data, marks, files[-1])
-        return Loaded(profile, marks, files)
+        return Loaded(profile, marks, files, list(overrides or []))
 
     # -- playbooks ---------------------------------------------------------------------
     def playbook(self, name_or_path: str) -> Playbook:
