@@ -31,15 +31,17 @@ class Plan:
         return failed(self.findings)
 
     def as_dict(self) -> dict:
-        return {
+        doc = {
             "profile": self.profile,
             "playbook": self.playbook,
             "inventory": self.inventory,
             "ranks": [{"rank": r.rank, "node": r.node.name, "role": r.role} for r in self.ranks],
             "steps": self.steps,
             "findings": [f.as_dict() for f in self.findings],
-            "overrides": self.overrides,
         }
+        if self.overrides:  # only when -o was given, so plans without them read as before
+            doc["overrides"] = self.overrides
+        return doc
 
 
 def make_plan(loaded: Loaded, inventory: Inventory, playbook: Playbook, root: Path,

@@ -4,7 +4,8 @@ Layouts, tried in order for the console's width (the terminal's, else $COLUMNS, 
 1. **table**: every column side by side; free-text columns wrap as whole words, each at least
    `MIN_FREE` wide (or its natural width when narrower), never narrower than its header.
 2. **blocks**: the fixed columns as a table, each row's free text below it, indented, one
-   `label: text` per column ("one finding per block"), when the free text would not fit beside.
+   `label: text` per column ("one finding per block"), when the free text would not fit beside;
+   fixed columns that do not fit on the first line (rightmost first) go below with the free text.
 3. **records**: when even the fixed columns do not fit: `label: value` lines per row.
 `wide=True` prints the full table with nothing wrapped, whatever the width.
 
@@ -89,10 +90,15 @@ def layout(columns: list[Column], rows: list[list[Cell]], width: int | None,
             widths[i] += extra
             spare -= extra
         return "table", widths
-    fixed_width = sum(natural[i] for i in fixed) + len(SEP) * max(0, len(fixed) - 1)
-    if fixed and fixed_width <= width:
-        return "blocks", natural
-    return "records", natural
+    return ("blocks", natural) if fixed and _head(columns, natural, width) else ("records", natural)
+
+
+def _head(columns: list[Column], natural: list[int], width: int) -> list[int]:
+    """The fixed columns that fit on a block's first line (leftmost first); the rest go below it."""
+    fixed = [i for i, c in enumerate(columns) if not c.wrap]
+    while fixed and sum(natural[i] for i in fixed) + len(SEP) * (len(fixed) - 1) > width:
+        fixed.pop()
+    return fixed
 
 
 def lines(columns: list[Column], rows: list[list[Cell]], width: int | None, wide: bool = False) -> list[Text]:
@@ -101,7 +107,7 @@ def lines(columns: list[Column], rows: list[list[Cell]], width: int | None, wide
     if kind == "table":
         return _table(columns, rows, widths, wide)
     if kind == "blocks":
-        return _blocks(columns, rows, widths, width or 0)
+        return _blocks(columns, rows, widths, width or 0, _head(columns, widths, width or 0))
     return _records(columns, rows, width or 0)
 
 
@@ -139,9 +145,9 @@ def _table(columns: list[Column], rows: list[list[Cell]], widths: list[int], wid
     return head + [rule] + body
 
 
-def _blocks(columns: list[Column], rows: list[list[Cell]], widths: list[int], width: int) -> list[Text]:
-    fixed = [i for i, c in enumerate(columns) if not c.wrap]
-    free = [i for i, c in enumerate(columns) if c.wrap]
+def _blocks(columns: list[Column], rows: list[list[Cell]], widths: list[int], width: int,
+            fixed: list[int]) -> list[Text]:
+    free = [i for i in range(len(columns)) if i not in fixed]
     fw = [widths[i] for i in fixed]
     out = _row_lines([(columns[i].header, "bold") for i in fixed], fw, [False] * len(fixed), True)
     out.append(Text(SEP.join("-" * w for w in fw)))
