@@ -1,6 +1,9 @@
 """`sparkfleet trust NODE... | --all`: show each node's SSH host key fingerprint and pin it when the user says so.
 
 sparkfleet checks host keys strictly against its own known_hosts; this is the one place keys get in.
+A node behind jump hosts (ProxyJump) has each hop's key shown and pinned first, then its own key is
+fetched through the hops (whose keys must then be pinned). `--from-known-hosts [FILE]` takes the
+keys from an OpenSSH known_hosts (default ~/.ssh/known_hosts) instead of from the network.
 """
 
 from __future__ import annotations
@@ -8,14 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.markup import escape
-
 from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
-from sparkfleet.fleet import hostkeys
 from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Node
+from sparkfleet.spec.inventory import Hop, Node
 
 ORDER = 80
 GOOD = ("pinned", "already-pinned", "replaced", "local")
@@ -24,10 +25,24 @@ EPILOG = """examples:
   sparkfleet trust reddie                 # show reddie's key fingerprint, pin it if you answer y
   sparkfleet trust --all --yes            # pin every node's current key without asking (first setup)
   sparkfleet trust asusi --replace        # asusi was reinstalled: verify the new key, then re-pin it
+  sparkfleet trust --all --from-known-hosts   # import the keys ssh already knows (~/.ssh/known_hosts)
 
 Compare the fingerprint with the node's own (on its console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub)
-before you pin it. Exit status: 0 when every named node ends up pinned, 1 otherwise, 2 for bad input.
+before you pin it. Nodes behind a ProxyJump (ssh.proxy_jump or ~/.ssh/config) have their jump hosts' keys
+shown and pinned first. Exit status: 0 when every named node ends up pinned, 1 otherwise, 2 for bad input.
 """
+
+
+@dataclass
+class Target:
+    """One host key to trust: a node, or a jump host on the way to one."""
+
+    name: str  # the node's name; for a jump host "jump host user@host:port"
+    host: str
+    port: int
+    via: list[Hop] = field(default_factory=list)  # hops before it
+    node: Node | None = None  # None for a jump host
+    local: bool = False
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,11 +61,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replace a different, already pinned key (only after verifying the new one)")
     p.add_argument("--known-hosts", metavar="FILE",
                    help="known_hosts file to pin into (default: known_hosts in the state dir)")
+    p.add_argument("--from-known-hosts", nargs="?", const="~/.ssh/known_hosts", metavar="FILE",
+                   help="take the keys from an OpenSSH known_hosts (default ~/.ssh/known_hosts) instead of "
+                   "fetching them; each is still shown and confirmed")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-node connect timeout (default 10)")
     p.set_defaults(func=run)
 
 
+def targets(nodes: list[Node]) -> list[Target]:
+    """Every key to trust, jump hosts before the nodes behind them, each once."""
+    seen: set[tuple] = set()
+    out: list[Target] = []
+    for node in nodes:
+        if node.transport != "ssh":
+            out.append(Target(node.name, "", 0, node=node, local=True))
+            continue
+        for i, hop in enumerate(node.ssh.jump):
+            key = (hop.host, hop.port, tuple(map(str, node.ssh.jump[:i])))
+            if key not in seen:
+                seen.add(key)
+                out.append(Target(f"jump host {hop}", hop.host, hop.port, list(node.ssh.jump[:i])))
+        out.append(Target(node.name, node.ssh.host, node.ssh.port, list(node.ssh.jump), node=node))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    from sparkfleet.fleet import hostkeys
+
     if args.all and args.nodes:
         raise UserError("trust: name nodes or pass --all, not both")
     if not args.all and not args.nodes:
@@ -65,64 +102,140 @@ def run(args: argparse.Namespace) -> int:
                             f"(known: {', '.join(inventory.nodes)})")
         nodes = [inventory.nodes[n] for n in dict.fromkeys(args.nodes)]
     path = Path(args.known_hosts).expanduser() if args.known_hosts else hostkeys.default_known_hosts()
-
-    # Fetch every key at once (a dead node costs one timeout, not one per node), then ask in order.
-    with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 32))) as pool:
-        fetched = list(pool.map(lambda n: _fetch(n, path, args.timeout), nodes))
-    rows = [_decide(node, got, path, args) for node, got in zip(nodes, fetched, strict=True)]
+    todo = targets(nodes)
+    if args.from_known_hosts:
+        source = Path(args.from_known_hosts).expanduser()
+        if not source.is_file():
+            raise UserError(f"trust --from-known-hosts: {source}: no such file")
+        rows = [r for t in todo for r in _import(t, source, path, args)]
+    else:
+        rows = _fetch_all(todo, path, args)
+    node_rows = [r for r in rows if not r.get("jump_host")]
     if args.json:
-        print_json({"known_hosts": str(path), "nodes": rows})
-    return EXIT_OK if all(r["status"] in GOOD for r in rows) else EXIT_FAIL
+        print_json({"known_hosts": str(path), "nodes": node_rows,
+                    "jump_hosts": [r for r in rows if r.get("jump_host")]})
+    return EXIT_OK if rows and all(r["status"] in GOOD for r in rows) else EXIT_FAIL
 
 
-def _fetch(node: Node, path: Path, timeout_s: float) -> hostkeys.FetchedKey | Exception | None:
-    if node.transport != "ssh":
+def _fetch_all(todo: list[Target], path: Path, args: argparse.Namespace) -> list[dict]:
+    """Fetch and decide, hop depth by hop depth: a key behind a hop is fetched once the hop is pinned."""
+    rows: list[dict] = []
+    by_depth: dict[int, list[Target]] = {}
+    for t in todo:
+        by_depth.setdefault(len(t.via), []).append(t)
+    transport = None
+    try:
+        for depth in sorted(by_depth):
+            level = by_depth[depth]
+            if depth and transport is None:
+                from sparkfleet.fleet.ssh import SshTransport
+
+                transport = SshTransport(path, connect_timeout_s=args.timeout)
+            # every key of a level at once (a dead node costs one timeout, not one per node), then ask in order
+            with ThreadPoolExecutor(max_workers=max(1, min(len(level), 32))) as pool:
+                fetched = list(pool.map(lambda t, tr=transport: _fetch(t, path, args.timeout, tr), level))
+            rows += [_decide(t, got, path, args) for t, got in zip(level, fetched, strict=True)]
+    finally:
+        if transport is not None:
+            transport.close()
+    return rows
+
+
+def _fetch(t: Target, path: Path, timeout_s: float, transport):
+    from sparkfleet.fleet import hostkeys
+
+    if t.local:
         return None
     try:
-        prefer = list(hostkeys.pinned(path, node.ssh.host, node.ssh.port))
-        return hostkeys.fetch_host_key(node.ssh.host, node.ssh.port, timeout_s=timeout_s, prefer=prefer)
+        prefer = list(hostkeys.pinned(path, t.host, t.port))
+        sock = None
+        if t.via:
+            gateway = transport._gateway(t.via)
+            sock = gateway.transport.open_channel("direct-tcpip", (t.host, t.port), ("", 0), timeout=timeout_s)
+        return hostkeys.fetch_host_key(t.host, t.port, timeout_s=timeout_s, prefer=prefer, sock=sock)
     except Exception as exc:  # noqa: BLE001 - reported for this node; the others go on
         return exc
 
 
-def _decide(node: Node, got: hostkeys.FetchedKey | Exception | None, path: Path, args: argparse.Namespace) -> dict:
-    """Show one node's key, pin it if confirmed; return its JSON row."""
-    host, port = node.ssh.host, node.ssh.port
-    row: dict = {"node": node.name, "host": host, "port": port, "key_type": None, "fingerprint": None}
+def _import(t: Target, source: Path, path: Path, args: argparse.Namespace) -> list[dict]:
+    """Rows for the keys `source` (an OpenSSH known_hosts) holds for this target, one per key type."""
+    from sparkfleet.fleet import hostkeys
+
+    if t.local:
+        return [_decide(t, None, path, args)]
+    found = hostkeys.pinned(source, t.host, t.port)
+    if not found:
+        say = err if args.json else out
+        say.print(f"{t.name}  {t.host}:{t.port}", markup=False, highlight=False)
+        message = (f"no key for {hostkeys.host_entry(t.host, t.port)} in {source}; fetch it with "
+                   f"`sparkfleet trust {t.node.name if t.node else '...'}`")
+        say.print(f"  {message}", markup=False, highlight=False)
+        return [_row(t, "not-in-file", message)]
+    return [_decide(t, hostkeys.FetchedKey(t.host, t.port, key), path, args, source=source)
+            for key in found.values()]
+
+
+def _row(t: Target, status: str, message: str, **extra) -> dict:
+    row = {"node": t.node.name if t.node else t.name, "host": t.host, "port": t.port, "key_type": None,
+           "fingerprint": None, **extra, "status": status, "message": message}
+    if t.node is None:
+        row["jump_host"] = True
+    if t.via:
+        row["via"] = [str(h) for h in t.via]
+    return row
+
+
+def _decide(t: Target, got, path: Path, args: argparse.Namespace, source: Path | None = None) -> dict:
+    """Show one key, pin it if confirmed; return its JSON row."""
+    from rich.markup import escape
+
+    from sparkfleet.fleet import hostkeys
+
+    host, port = t.host, t.port
     say = err if args.json else out  # with --json, stdout is only the JSON document
+    extra: dict = {}
 
     def done(status: str, message: str, style: str = "") -> dict:
         say.print(f"  [{style}]{escape(message)}[/]" if style else f"  {escape(message)}", highlight=False)
-        return {**row, "status": status, "message": message}
+        return _row(t, status, message, **extra)
 
-    if got is None:
-        say.print(f"[bold]{node.name}[/]  transport: local", highlight=False)
+    via = "".join(f" via {h}" for h in reversed(t.via))
+    if t.local:
+        say.print(f"[bold]{t.name}[/]  transport: local", highlight=False)
         return done("local", "runs on this machine (transport: local); there is no SSH host key to pin")
     if isinstance(got, Exception):
-        say.print(f"[bold]{node.name}[/]  {escape(host)}:{port}", highlight=False)
+        say.print(f"[bold]{escape(t.name)}[/]  {escape(host)}:{port}{escape(via)}", highlight=False)
         reason = getattr(got, "strerror", None) or str(got) or type(got).__name__
         return done("unreachable", f"cannot fetch the host key: {reason}; check the node is up and its address "
                     f"in the inventory", "bold red")
-    row.update(key_type=got.key_type, fingerprint=got.fingerprint)
-    say.print(f"[bold]{node.name}[/]  {escape(host)}:{port}  {got.key_type}  {got.fingerprint}", highlight=False)
+    extra.update(key_type=got.key_type, fingerprint=got.fingerprint)
+    if source is not None:
+        extra["from"] = str(source)
+    origin = f"  (from {source})" if source else ""
+    say.print(f"[bold]{escape(t.name)}[/]  {escape(host)}:{port}{escape(via)}  {got.key_type}  {got.fingerprint}"
+              f"{escape(origin)}", highlight=False)
     pinned = hostkeys.pinned(path, host, port)
-    row["pinned"] = {t: hostkeys.fingerprint(k) for t, k in pinned.items()}
+    extra["pinned"] = {k: hostkeys.fingerprint(v) for k, v in pinned.items()}
     if pinned.get(got.key_type) == got.key:
         return done("already-pinned", f"already pinned in {path}", "green")
-    if pinned:
-        old = ", ".join(f"{fp} ({t})" for t, fp in row["pinned"].items())
+    # a fetched key of another type than the pinned one means the server lost that key: a change;
+    # an imported file may just list more key types than are pinned: only the same type can differ
+    changed = got.key_type in pinned if source is not None else bool(pinned)
+    again = f"sparkfleet trust {t.node.name if t.node else '...'}"
+    if changed:
+        old = ", ".join(f"{fp} ({k})" for k, fp in extra["pinned"].items())
         entry = escape(hostkeys.host_entry(host, port))
-        err.print(f"  [bold red]WARNING: HOST KEY CHANGED for {node.name} ({entry})[/]: "
+        err.print(f"  [bold red]WARNING: HOST KEY CHANGED for {escape(t.name)} ({entry})[/]: "
                   f"pinned {old}, the node now offers {got.fingerprint} ({got.key_type}). The node was "
                   f"reinstalled or someone is in between; verify the new key out of band.", highlight=False)
         if not args.replace:
             return done("changed", f"refused: a different key is pinned; after verifying, re-pin with "
-                        f"`sparkfleet trust {node.name} --replace`", "bold red")
-        if not _confirm(args, f"Replace the pinned key of {node.name} with {got.fingerprint}?"):
+                        f"`{again} --replace`", "bold red")
+        if not _confirm(args, f"Replace the pinned key of {t.name} with {got.fingerprint}?"):
             return done("declined", "not replaced; the old key stays pinned")
         hostkeys.pin(path, host, port, got.key, replace=True)
         return done("replaced", f"replaced in {path}", "green")
-    if not _confirm(args, f"Pin this key for {node.name}?"):
+    if not _confirm(args, f"Pin this key for {t.name}?"):
         return done("declined", "not pinned")
     hostkeys.pin(path, host, port, got.key)
     return done("pinned", f"pinned in {path}", "green")

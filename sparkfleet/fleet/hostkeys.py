@@ -58,14 +58,16 @@ class FetchedKey:
 
 
 def fetch_host_key(host: str, port: int = 22, *, timeout_s: float = 10.0,
-                   prefer: list[str] | None = None) -> FetchedKey:
+                   prefer: list[str] | None = None, sock=None) -> FetchedKey:
     """Run the SSH key exchange with host:port and return the server's host key, trusting nothing.
 
     No authentication happens and nothing is written. `prefer` puts those key types first in the
-    negotiation, so a check against an already-pinned key compares keys of the same type.
+    negotiation, so a check against an already-pinned key compares keys of the same type. `sock`
+    is an open channel to host:port (through a jump host) to use instead of connecting directly.
     Raises OSError (refused, unreachable, timeout) or paramiko.SSHException (not an SSH server).
     """
-    sock = socket.create_connection((host, port), timeout=timeout_s)
+    if sock is None:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
     transport = paramiko.Transport(sock)
     try:
         transport.banner_timeout = timeout_s

@@ -28,7 +28,7 @@ from fabric import Config, Connection
 
 from sparkfleet.fleet.hostkeys import default_known_hosts, fingerprint, host_entry
 from sparkfleet.fleet.transport import Result, fan_out
-from sparkfleet.spec.inventory import Node
+from sparkfleet.spec.inventory import Hop, Node
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DRAIN_AFTER_EXIT_S = 2.0  # a background child that keeps stdout open must not hold a finished command
@@ -72,7 +72,17 @@ def env_prefix(env: dict[str, str] | None) -> str:
 
 
 def where(node: Node) -> str:
-    return f"{node.ssh.user}@{node.ssh.host}:{node.ssh.port}"
+    at = f"{node.ssh.user}@{node.ssh.host}:{node.ssh.port}"
+    return at + "".join(f" via {hop}" for hop in reversed(node.ssh.jump))
+
+
+class HopFailed(Exception):
+    """Connecting to a jump host (ProxyJump) on the way to a node failed; `cause` says how."""
+
+    def __init__(self, hop: Hop, cause: BaseException):
+        super().__init__(f"jump host {hop}: {cause}")
+        self.hop = hop
+        self.cause = cause
 
 
 class SshTransport:
@@ -85,6 +95,7 @@ class SshTransport:
         self.put_timeout_s = put_timeout_s
         self.max_parallel = max_parallel
         self._conns: dict[str, tuple[tuple, Connection]] = {}
+        self._hops: dict[tuple, Connection] = {}  # jump host connections, shared by the nodes behind them
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -107,7 +118,10 @@ class SshTransport:
         """Close every open connection; the transport can still be used (it reconnects)."""
         with self._guard:
             conns, self._conns = list(self._conns.values()), {}
+            hops, self._hops = list(self._hops.values()), {}
         for _, conn in conns:
+            _quiet_close(conn)
+        for conn in reversed(hops):  # the last hop first: its channel runs through the ones before
             _quiet_close(conn)
 
     def __enter__(self) -> SshTransport:
@@ -140,7 +154,8 @@ class SshTransport:
 
     def _connection(self, node: Node) -> Connection:
         """The node's open connection, opened on first use and reused until close()."""
-        params = (node.ssh.host, node.ssh.port, node.ssh.user, node.ssh.key, str(self.known_hosts))
+        params = (node.ssh.host, node.ssh.port, node.ssh.user, node.ssh.key, str(self.known_hosts),
+                  tuple(map(str, node.ssh.jump)))
         with self._guard:
             lock = self._locks.setdefault(node.name, threading.Lock())
         with lock:  # one connection per node even when two calls race for it
@@ -156,19 +171,45 @@ class SshTransport:
                 self._conns[node.name] = (params, conn)
             return conn
 
+    def _gateway(self, hops: list[Hop]) -> Connection | None:
+        """The open connection to the last of `hops` (each through the one before), host keys strict."""
+        gateway = None
+        for n, hop in enumerate(hops):
+            key = tuple(map(str, hops[:n + 1])) + ((hop.key or ""),)
+            with self._guard:
+                lock = self._locks.setdefault(f"hop:{key}", threading.Lock())
+            with lock:
+                with self._guard:
+                    conn = self._hops.get(key)
+                if conn is None or conn.transport is None or not conn.transport.is_active():
+                    try:
+                        conn = self._connect(hop.host, hop.port, hop.user, hop.key, gateway)
+                    except Exception as exc:  # noqa: BLE001 - reported as this hop's failure
+                        raise HopFailed(hop, exc) from exc
+                    with self._guard:
+                        self._hops[key] = conn
+            gateway = conn
+        return gateway
+
     def _open(self, node: Node) -> Connection:
+        gateway = self._gateway(node.ssh.jump) if node.ssh.jump else None
+        return self._connect(node.ssh.host, node.ssh.port, node.ssh.user, node.ssh.key, gateway)
+
+    def _connect(self, host: str, port: int, user: str, key: str | None, gateway: Connection | None) -> Connection:
+        """One strict connection to host:port, directly or through `gateway`'s direct-tcpip channel."""
         timeout = self.connect_timeout_s
         kwargs: dict = {
             # fabric's connect_timeout is cast to int; paramiko takes float seconds here
             "timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout,
         }
-        if node.ssh.key:
+        if key:
             # like IdentitiesOnly: the inventory's key and nothing else, so auth failures are clear
-            kwargs.update(key_filename=os.path.expanduser(node.ssh.key), look_for_keys=False, allow_agent=False)
-        # An empty, explicit SSHConfig: the inventory says where a node is, not ~/.ssh/config.
+            kwargs.update(key_filename=os.path.expanduser(key), look_for_keys=False, allow_agent=False)
+        # An empty, explicit SSHConfig: fleet/sshconfig.py already applied the operator's file to the
+        # inventory (fabric's own reading would also follow ProxyJump with unchecked host keys).
         config = Config(ssh_config=paramiko.SSHConfig(), lazy=True)
-        conn = Connection(node.ssh.host, user=node.ssh.user, port=node.ssh.port, config=config,
-                          connect_kwargs=kwargs)
+        # with a gateway Connection, fabric opens a direct-tcpip channel through it as the socket
+        conn = Connection(host, user=user, port=port, config=config, connect_kwargs=kwargs, gateway=gateway)
         # Strict host keys: replace fabric's AutoAddPolicy before the connection opens.
         if self.known_hosts.is_file():
             conn.client.load_host_keys(str(self.known_hosts))
@@ -337,6 +378,14 @@ def _quiet_close(conn: Connection) -> None:
 
 def connect_failure(node: Node, exc: BaseException, known_hosts: Path, timeout_s: float) -> Result:
     """Turn a connect-time exception into the node's Result: error kind plus a one-line remedy."""
+    if isinstance(exc, HopFailed):  # judged as if the jump host were the node, then named as the hop
+        hop = exc.hop
+        via = node.model_copy(update={"ssh": node.ssh.model_copy(update={
+            "host": hop.host, "port": hop.port, "user": hop.user, "key": hop.key, "jump": []})})
+        inner = connect_failure(via, exc.cause, known_hosts, timeout_s)
+        message = inner.message.removeprefix(f"{node.name}: ")
+        return Result(node.name, False, error=inner.error, extra={**inner.extra, "jump_host": str(hop)},
+                      message=f"{node.name}: jump host {hop} (ProxyJump): {message}")
     name, at = node.name, where(node)
     entry = host_entry(node.ssh.host, node.ssh.port)
 

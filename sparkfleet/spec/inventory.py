@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sparkfleet.spec.base import Strict
+from sparkfleet.spec.base import FieldError, Strict
 
 NAME = r"^[a-z0-9][a-z0-9_-]*$"
 
@@ -36,11 +36,34 @@ DEFAULT_HARDWARE: dict[str, HardwareClass] = {
 }
 
 
-class Ssh(Strict):
+class Hop(Strict):
+    """One jump host on the way to a node (ProxyJump), resolved: its host key is checked like a node's."""
+
     host: str
     user: str = "root"
     port: int = Field(22, ge=1, le=65535)
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+class Ssh(Strict):
+    """How to reach a node. Values not set here come from the SSH config (fleet/sshconfig.py), as ssh does."""
+
+    host: str = ""  # address, or a Host of the SSH config (its HostName then applies, as with `ssh host`)
+    alias: str | None = None  # a Host that must be in the SSH config (its HostName, User, Port, ...)
+    user: str = "root"
+    port: int = Field(22, ge=1, le=65535)
     key: str | None = None  # path of the private key; None = agent / default keys
+    proxy_jump: str | None = None  # OpenSSH ProxyJump: [user@]host[:port][,...] (Hosts allowed), or none
+    jump: list[Hop] = Field(default_factory=list)  # the resolved hops, first hop first
+
+    @model_validator(mode="after")
+    def _named(self) -> Ssh:
+        if not self.host and not self.alias:
+            raise FieldError("host", "set host (an address or an SSH config Host) or alias")
+        return self
 
 
 class Rdma(Strict):
@@ -109,6 +132,7 @@ class Inventory(Strict):
     name: str = "inventory"
     example: bool = False  # True when addresses/HCAs/interfaces are examples the user must set
     fabric_subnet: str | None = None
+    ssh_config: str | None = None  # OpenSSH client config (default: $SPARKFLEET_SSH_CONFIG, ~/.ssh/config)
     hardware_classes: dict[str, HardwareClass] = Field(default_factory=dict)
     nodes: dict[str, Node]
     groups: dict[str, list[str]]

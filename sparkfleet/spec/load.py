@@ -92,7 +92,9 @@ class Spec:
                     _, line = locate(marks, ("nodes", key, "fabric_ip"))
                     raise SpecError(f"{node.fabric_ip} is outside fabric_subnet {net}", display, line,
                                     f"nodes.{key}.fabric_ip")
-        return inv
+        from sparkfleet.fleet.sshconfig import resolve  # the operator's ~/.ssh/config, as ssh reads it
+
+        return resolve(inv, marks, display)
 
     # -- profiles ----------------------------------------------------------------------
     def profile_names(self) -> list[str]:
