@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.engines import ENGINES, LaneContext, Launch
+from sparkfleet.engines.base import LaneContext, Launch
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding, failed
 from sparkfleet.patches.manifest import mounts_for
 from sparkfleet.placement import Rank, place
@@ -53,7 +54,7 @@ def make_plan(loaded: Loaded, inventory: Inventory, playbook: Playbook, root: Pa
     patch_mounts, patch_findings = mounts_for(p.patches, root)
     findings += patch_findings
     ctx = LaneContext(p, inventory, ranks, root / "templates", run_id, dict(gid_index or {}), patch_mounts)
-    launches = ENGINES[p.engine].launches(ctx)
+    launches = engine_for(p.engine).launches(ctx)
     nodes = [r.node.name for r in ranks]
     steps: list[dict] = []
     for step in playbook.steps:

@@ -20,7 +20,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.fleet import ship
 from sparkfleet.fleet.facts import FactsRequest, Gid, NodeFacts, RdmaPort
-from sparkfleet.fleet.gather import bind_sources, facts_requests, gather, plan_for, resolve_gid_indexes
+from sparkfleet.fleet.gather import facts_requests, gather, plan_for, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result
 from sparkfleet.spec.inventory import Node
 from sparkfleet.spec.load import Spec
@@ -90,13 +90,6 @@ def test_unknown_node_is_a_user_error(spec: Spec) -> None:
 
     with pytest.raises(UserError, match="'nope' is not in inventory"):
         facts_requests(spec.inventory("lab"), nodes=["nope"])
-
-
-def test_bind_sources_forms() -> None:
-    argv = ["docker", "run", "-v", "/a:/x:ro", "--volume=/b/c/:/y", "-v", "named:/z",
-            "--mount", "type=bind,source=/d,target=/w,readonly", "--mount=type=bind,src=/e,dst=/v",
-            "--mount", "type=volume,source=vol,target=/u", "-e", "A=-v", "img@sha256:1", "-v", "/after:/image"]
-    assert bind_sources(argv, "img@sha256:1") == ["/a", "/b/c", "/d", "/e"]
 
 
 # -- a transport that really runs the commands, per node -------------------------------------

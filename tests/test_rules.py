@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
+from sparkfleet.engines.vllm import required_capture_sizes
 from sparkfleet.placement import place
 from sparkfleet.spec.load import Spec
-from sparkfleet.spec.rules import lint, required_capture_sizes
+from sparkfleet.spec.rules import lint
 
 
 def findings(root: Path, profile: str) -> list:

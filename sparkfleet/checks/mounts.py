@@ -6,46 +6,27 @@ needed the file fails minutes later (CATALOG FM-12, HLT-05).
 
 from __future__ import annotations
 
-import posixpath
-
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.gather import bind_sources
 
 from .context import CheckContext
 
 CHECK = "mounts"
 
 
-def volumes(argv: list[str], stop_at: str | None = None) -> list[tuple[str, str]]:
-    """(source, target) of every `-v`/`--volume` host-path bind before `stop_at` (the image)."""
-    out: list[tuple[str, str]] = []
-    it = iter(argv)
-    for token in it:
-        if stop_at is not None and token == stop_at:
-            break
-        value = next(it, None) if token in ("-v", "--volume") else (
-            token.split("=", 1)[1] if token.startswith("--volume=") else None)
-        if value is None:
-            continue
-        parts = value.split(":")
-        if len(parts) >= 2 and parts[0].startswith("/"):
-            out.append((posixpath.normpath(parts[0]), parts[1]))
-    return out
-
-
 def check(ctx: CheckContext) -> list[Finding]:
     out: list[Finding] = []
-    image = ctx.profile.image.pinned if ctx.profile.image else None
     engram = ctx.profile.engram.container_dir if ctx.profile.engram else None
     for r, f in ctx.ranks():
         node = r.node.name
         for launch in (x for x in ctx.plan.launches if x.node == node):
             # the node-local Engram copy is made by the playbook's engram step, after this check: the
             # storage check judges the room for it, and the engram step verifies it before the launch
-            later = {src for src, dst in volumes(launch.argv, image) if dst == engram}
-            sources = [s for s in bind_sources(launch.argv, image) if s not in later]
+            if launch.spec is None:
+                continue  # a launch that is not a container (TensorFold's serve.sh)
+            later = launch.spec.source_of(engram) if engram else None
+            sources = [s for s in launch.spec.bind_sources if s != later]
             if not sources:
-                continue  # a launch without docker binds (TensorFold's serve.sh)
+                continue
             missing = [s for s in sources if s in f.paths and not f.paths[s].exists]
             unasked = [s for s in sources if s not in f.paths]
             for s in missing:

@@ -7,11 +7,10 @@ import posixpath
 
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts, PathInfo
-from sparkfleet.fleet.gather import bind_sources, model_dir
+from sparkfleet.fleet.gather import model_dir
 from sparkfleet.placement import Rank
 
 from .context import CheckContext, gib
-from .mounts import volumes
 from .seeds import engram_copy_bytes
 
 CHECK = "storage"
@@ -71,8 +70,7 @@ def engram(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
     launch = ctx.launch(r.node.name)
     if e is None or not e.node_local or launch is None:
         return []
-    image = ctx.profile.image.pinned if ctx.profile.image else None
-    copy = next((src for src, dst in volumes(launch.argv, image) if dst == e.container_dir), None)
+    copy = launch.spec.source_of(e.container_dir) if launch.spec else None
     if copy is None:
         return []  # this rank reads Engram from the model dir (engram.nfs_ranks, or no engram_local_dir)
     node = r.node.name
@@ -113,7 +111,7 @@ def cache(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
     node = r.node.name
     path = posixpath.normpath(r.node.storage.cache_dir)
     launch = ctx.launch(node)
-    if launch is None or path not in bind_sources(launch.argv):
+    if launch is None or launch.spec is None or path not in launch.spec.bind_sources:
         return []  # this lane's launch does not mount the node's cache dir (TensorFold's recipe has its own)
     info = f.paths.get(path)
     if info is None or not info.exists:

@@ -1,12 +1,4 @@
-"""Engine adapters: render each rank's launch and (later) turn engine logs into facts."""
+"""Engine adapters: each engine's launch (ContainerSpec), rules, log vocabulary and metric names.
 
-from __future__ import annotations
-
-from sparkfleet.engines.base import Engine, LaneContext, Launch
-from sparkfleet.engines.sglang import SGLang
-from sparkfleet.engines.tensorfold import TensorFold
-from sparkfleet.engines.vllm import Vllm
-
-ENGINES: dict[str, Engine] = {"vllm": Vllm(), "tensorfold": TensorFold(), "sglang": SGLang()}
-
-__all__ = ["ENGINES", "Engine", "Launch", "LaneContext"]
+`engine_for(name)` (engines/registry.py) gives a profile's adapter; the registry lists them.
+"""

@@ -1,16 +1,28 @@
-"""What every engine adapter produces: one Launch per rank, in execution order."""
+"""What an engine adapter is, and what it produces: one Launch per rank, in execution order.
+
+An adapter (one module per engine, listed in engines/registry.py) owns everything specific to its
+engine: the launch (a ContainerSpec per rank, its command from one template), the flags and env
+sparkfleet sets itself (reserved), its lane rules, its log vocabulary, its metric names and the
+variable its API key is read from.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ClassVar
 
+from sparkfleet.engines.container import ContainerSpec, checked, docker_argv, docker_script
+from sparkfleet.engines.logs import LogVocabulary
+from sparkfleet.findings import Finding
 from sparkfleet.placement import Rank
 from sparkfleet.render.flags import flag_tokens
 from sparkfleet.render.shell import render, to_argv
 from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.spec.load import Loaded
 from sparkfleet.spec.profile import Profile
+from sparkfleet.spec.yamlsrc import locate
 
 LABEL_PREFIX = "sparkfleet"
 
@@ -34,6 +46,9 @@ class LaneContext:
 
 @dataclass
 class Launch:
+    """One rank's start: what runs on which node, in which wave. `spec` is the container as data
+    (None for a launch that is not a container); argv, env and script are rendered from it."""
+
     node: str
     rank: int
     role: str  # head | worker
@@ -43,6 +58,14 @@ class Launch:
     env: dict[str, str]
     script: str  # the rendered shell, as run on the node
     files: dict[str, str] = field(default_factory=dict)  # path on the node -> content
+    spec: ContainerSpec | None = None
+
+    @classmethod
+    def of(cls, r: Rank, wave: int, spec: ContainerSpec, files: dict[str, str] | None = None) -> Launch:
+        """A container launch: argv and shell rendered from the spec (engines/container.py)."""
+        checked(spec)
+        return cls(r.node.name, r.rank, r.role, wave, spec.name, docker_argv(spec), spec.env_items(),
+                   docker_script(spec), dict(files or {}), spec)
 
     def as_dict(self) -> dict:
         d = {"node": self.node, "rank": self.rank, "role": self.role, "wave": self.wave,
@@ -52,10 +75,73 @@ class Launch:
         return d
 
 
-class Engine(Protocol):
-    name: str
+@dataclass(frozen=True)
+class MetricNames:
+    """An engine's /metrics names, by what the bench and dashboards read them for.
 
-    def launches(self, ctx: LaneContext) -> list[Launch]: ...
+    `counters` keys: generation_tokens, prompt_tokens, requests, preemptions, prefix_cache_queries,
+    prefix_cache_hits, drafts, draft_tokens, accepted; `gauges` keys: running, waiting, kv_usage.
+    An engine lists only what it exports."""
+
+    prefix: str  # every name of the engine's own starts with it ("vllm:", "llamacpp:")
+    counters: dict[str, str] = field(default_factory=dict)
+    gauges: dict[str, str] = field(default_factory=dict)
+    per_pos: str | None = None  # spec decoding: accepted tokens per draft position
+
+
+LaneRule = Callable[["Engine", Loaded, Inventory, list[Rank]], Iterator[Finding]]
+
+
+class Engine:
+    """The base every adapter extends; class attributes are the engine's vocabulary."""
+
+    name: ClassVar[str]
+    reserved_flags: ClassVar[tuple[str, ...]] = ()  # set by sparkfleet from the profile and inventory
+    reserved_env: ClassVar[tuple[str, ...]] = ()  # per node, from the inventory
+    log: ClassVar[LogVocabulary] = LogVocabulary()
+    metrics: ClassVar[MetricNames | None] = None  # None: no /metrics the bench or dashboards read
+    api_key_var: ClassVar[str | None] = None  # the container variable the engine reads its API key from
+    ready_from_log: ClassVar[bool] = False  # wait for the head's `log.serving` line as well as /health
+    lane_rules: ClassVar[tuple[LaneRule, ...]] = ()
+    # why `engram-local` needs --source for this engine (its weights pack has no Engram shards), or None
+    engram_source_needed: ClassVar[str | None] = None
+
+    def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
+        """The node-local Engram copy this engine's rank mounts, or None (it reads the model dir)."""
+        return None
+
+    def launches(self, ctx: LaneContext) -> list[Launch]:
+        """Every rank's launch, in the order they start (waves)."""
+        raise NotImplementedError
+
+    def rules(self, loaded: Loaded, inventory: Inventory, ranks: list[Rank]) -> list[Finding]:
+        """The engine's lane rules, in order (spec/rules.py runs them between the shared ones)."""
+        return [f for rule in self.lane_rules for f in rule(self, loaded, inventory, ranks)]
+
+
+def at(loaded: Loaded, *path: Any) -> str | None:
+    """`file:line` of a profile key, for a finding's `where`."""
+    file, line = locate(loaded.marks, tuple(path))
+    return f"{file}:{line}" if file and line else file
+
+
+def reserved(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """Flags and env the adapter sets itself may not come from the profile."""
+    p = loaded.profile
+    for flag in p.flags:
+        if flag in engine.reserved_flags:
+            yield Finding("reserved", "fail", f"{flag} is set by sparkfleet from the profile and inventory",
+                          "use the profile's port/host/served_names/tp/dcp/master_port fields instead",
+                          field=f"flags.{flag}", where=at(loaded, "flags", flag))
+    for key in p.env:
+        if key in engine.reserved_env:
+            yield Finding("reserved", "fail", f"env {key} is per node and comes from the inventory",
+                          "set the node's fabric_ip, rdma and storage in the inventory instead",
+                          field=f"env.{key}", where=at(loaded, "env", key))
+
+
+def hardware(ranks: list[Rank]) -> set[str]:
+    return {r.node.hardware for r in ranks}
 
 
 def container_name(profile: Profile, rank: int) -> str:
@@ -89,18 +175,7 @@ def groups(flags: dict, lists: str = "nargs") -> list[list[str]]:
     return out
 
 
-def env_from_argv(argv: list[str], stop_at: str) -> dict[str, str]:
-    """The container env, read back from the `-e K=V` options before the image."""
-    env: dict[str, str] = {}
-    end = argv.index(stop_at) if stop_at in argv else len(argv)
-    it = iter(argv[:end])
-    for token in it:
-        if token in ("-e", "--env"):
-            key, _, value = next(it).partition("=")
-            env[key] = value
-    return env
-
-
-def render_launch(ctx: LaneContext, template: str, context: dict) -> tuple[str, list[str]]:
-    script = render(ctx.template_dir, template, context)
-    return script, to_argv(script)
+def render_command(ctx: LaneContext, template: str, context: dict) -> tuple[str, list[str]]:
+    """An engine template's text (the command after the image, or a whole script) and its argv."""
+    text = render(ctx.template_dir, template, context)
+    return text, to_argv(text)

@@ -1,10 +1,11 @@
-"""The parts of a `docker run` launch that vLLM and SGLang share: names, labels, mounts, host dirs."""
+"""The parts of a `docker run` launch that the container engines share: names, labels, options, binds."""
 
 from __future__ import annotations
 
 import posixpath
 
 from sparkfleet.engines.base import LaneContext, container_name, gid_for, groups, labels
+from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.placement import Rank
 
 
@@ -20,32 +21,42 @@ def engram_host_dir(ctx: LaneContext, r: Rank) -> str | None:
     return posixpath.join(root, name)
 
 
-def docker_context(ctx: LaneContext, r: Rank) -> dict:
+def lane_binds(ctx: LaneContext, r: Rank) -> list[Bind]:
+    """The patch set's files (read-only, from the node's patch root) and the profile's own mounts."""
     p = ctx.profile
-    assert p.image is not None and p.model is not None
     node = r.node
+    return ([Bind(posixpath.join(node.storage.patch_root, p.patches or "", src), dst, True)
+             for src, dst in ctx.patch_mounts]
+            + [Bind(m.source, m.target, m.readonly) for m in p.mounts])
+
+
+def model_host_dir(ctx: LaneContext, r: Rank) -> str:
+    assert ctx.profile.model is not None
+    return posixpath.join(r.node.storage.model_root, ctx.profile.model.repo_dir)
+
+
+def container_spec(ctx: LaneContext, r: Rank, command_text: str, command: list[str], *, binds: list[Bind],
+                   env: dict[str, str | None], ports: list[int]) -> ContainerSpec:
+    """A lane container: name, labels and the profile's docker options, then the engine's binds and env."""
+    p = ctx.profile
+    assert p.image is not None
+    return ContainerSpec(name=container_name(p, r.rank), image=p.image.pinned, command=command,
+                         command_text=command_text, labels=labels(ctx, r.rank), options=groups(p.docker, "repeat"),
+                         mounts=binds, env=env, ports=ports)
+
+
+def template_context(ctx: LaneContext, r: Rank) -> dict:
+    """What the container engines' command templates read."""
+    p = ctx.profile
+    assert p.model is not None
     return {
-        "container_name": container_name(p, r.rank),
-        "labels": labels(ctx, r.rank),
-        "docker": groups(p.docker, "repeat"),
-        "image": p.image.pinned,
-        "model_host_dir": posixpath.join(node.storage.model_root, p.model.repo_dir),
         "snapshot": p.model.snapshot or p.model.revision,
-        "engram_host_dir": engram_host_dir(ctx, r),
-        "engram_container_dir": p.engram.container_dir if p.engram else None,
-        "mounts": [f"{posixpath.join(node.storage.patch_root, p.patches or '', src)}:{dst}:ro"
-                   for src, dst in ctx.patch_mounts]
-        + [f"{m.source}:{m.target}" + (":ro" if m.readonly else "") for m in p.mounts],
-        "env": p.env,
-        # the key's value never reaches argv or records: `-e VLLM_API_KEY` takes it from the environment
-        # the launch command runs in (sparkfleet sets it there from profile.api_key_env)
-        "api_key_env": p.api_key_env,
-        "node": node,
+        "node": r.node,
         "head": ctx.head,
         "rank": r.rank,
         "nnodes": len(ctx.ranks),
         "master_port": p.master_port,
-        "gid": gid_for(ctx, node),
+        "gid": gid_for(ctx, r.node),
         "served_names": p.served_names,
         "host": p.host,
         "port": p.port,
@@ -53,3 +64,12 @@ def docker_context(ctx: LaneContext, r: Rank) -> dict:
         "dcp": p.dcp,
         "args": groups(p.flags),
     }
+
+
+def need(value: object, what: str, node: str) -> str:
+    """A per-node value the launch needs; unset is a spec error naming the node and the field."""
+    if value is None:
+        from sparkfleet.spec.errors import SpecError
+
+        raise SpecError(f"node {node} has no {what}, and the launch needs it", "inventory", None, what)
+    return str(value)

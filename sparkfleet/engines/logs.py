@@ -1,7 +1,9 @@
 """Engine logs -> facts: KV tokens, MoE backend, Engram mode per layer, autotune, fatal lines. Pure.
 
-Line formats are vLLM's (REFERENCE.md §3) and the seeds' (CATALOG.md §5.2). A WARNING line is never
-fatal: a fast-fail that matched WARNING killed a healthy boot in the seeds (FM-50).
+Each engine adapter names its lines in a LogVocabulary (vLLM's are REFERENCE.md §3 and the seeds'
+CATALOG.md §5.2; llama.cpp's are in engines/llamacpp.py); `feed` folds any engine's log with its own
+vocabulary. A WARNING line is never fatal: a fast-fail that matched WARNING killed a healthy boot in
+the seeds (FM-50).
 """
 
 from __future__ import annotations
@@ -9,17 +11,32 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-MOE_BACKEND = re.compile(r"Using '([A-Za-z0-9_]+)' \w+ MoE backend")
-ENGRAM_DISK = re.compile(r"Engram DISK mode: layer (\d+) rows \[(\d+), (\d+)\)")
-NODE_LOCAL = re.compile(r"read from node-local")
-AUTOTUNE_LOADED = re.compile(r"Loaded (\d+) configs")
-AUTOTUNE_PRELOADED = re.compile(r"Preloaded (\d+)/(\d+)")
-REHOME = re.compile(r"rehome done layers=(\d+)")
-API_UP = re.compile(r"Application startup complete|Starting vLLM API server")
 EXCEPTION = re.compile(r"^(\(\w+ pid=\d+\) )?[\w.]*(Error|Exception|Interrupt)\b.*")
 WARNING = re.compile(r"\bWARN(ING)?\b")
+
+
+@dataclass(frozen=True)
+class LogVocabulary:
+    """The lines one engine prints, as regexes; None where the engine has no such line.
+
+    `kv_tokens` and `max_concurrency` capture a number (group 1 / group 2), `moe_backend` the backend
+    (group 1), `engram_disk` layer, start, end. `phases` are (regex, phase) for the live display: the
+    last one seen is where the boot is. `fatal` are the engine's own fatal signatures, added to the
+    profile's `fatal_signatures`."""
+
+    started: re.Pattern | None = None  # the process is up and says what it is
+    loaded: re.Pattern | None = None  # the weights are in memory
+    serving: re.Pattern | None = None  # the API answers
+    kv_tokens: re.Pattern | None = None
+    max_concurrency: re.Pattern | None = None
+    moe_backend: re.Pattern | None = None
+    engram_disk: re.Pattern | None = None
+    engram_node_local: re.Pattern | None = None
+    autotune_loaded: re.Pattern | None = None
+    autotune_preloaded: re.Pattern | None = None
+    rehome: re.Pattern | None = None
+    phases: tuple[tuple[re.Pattern, str], ...] = ()
+    fatal: tuple[str, ...] = ()
 
 
 @dataclass
@@ -47,49 +64,48 @@ class LogFacts:
         return d
 
 
-PHASES = [  # (regex, phase name): the last matching one is where the boot is
-    (re.compile(r"[Ll]oading (model )?weights|Loading safetensors"), "loading weights"),
-    (ENGRAM_DISK, "engram"),
-    (KV_TOKENS, "kv cache"),
-    (re.compile(r"[Cc]apturing CUDA graph|Graph capturing"), "capturing graphs"),
-    (re.compile(r"[Aa]utotun"), "autotune"),
-    (API_UP, "serving"),
-]
-
-
-def fatal_match(line: str, signatures: list[str]) -> bool:
+def fatal_match(line: str, signatures: list[str] | tuple[str, ...]) -> bool:
     """True when a fatal signature matches; WARNING lines never do."""
     if WARNING.search(line):
         return False
     return any(re.search(p, line) for p in signatures)
 
 
-def feed(facts: LogFacts, lines: list[str], signatures: list[str]) -> LogFacts:
-    """Fold more lines into `facts` (in place, and returned) — call it as the log grows."""
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVocabulary | None = None) -> LogFacts:
+    """Fold more lines into `facts` (in place, and returned) — call it as the log grows.
+
+    `vocab` is the engine's (`engine_for(profile).log`); without one, vLLM's."""
+    if vocab is None:
+        from sparkfleet.engines.vllm import LOG as vocab  # noqa: N811 - the default engine's vocabulary
+    fatal = [*signatures, *vocab.fatal]
     for line in lines:
         facts.lines_seen += 1
-        if m := KV_TOKENS.search(line):
-            facts.kv_tokens = int(m.group(1).replace(",", ""))
-        if m := MAX_CONCURRENCY.search(line):
+        if vocab.kv_tokens and (m := vocab.kv_tokens.search(line)):
+            facts.kv_tokens = _number(m.group(1))
+        if vocab.max_concurrency and (m := vocab.max_concurrency.search(line)):
             facts.max_concurrency = float(m.group(2))
-        if m := MOE_BACKEND.search(line):
+        if vocab.moe_backend and (m := vocab.moe_backend.search(line)):
             facts.moe_backend_line, facts.moe_backend = m.group(0), m.group(1)
-        if m := ENGRAM_DISK.search(line):
+        if vocab.engram_disk and (m := vocab.engram_disk.search(line)):
             facts.engram_rows[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
-        if NODE_LOCAL.search(line):
+        if vocab.engram_node_local and vocab.engram_node_local.search(line):
             facts.engram_node_local = True
-        if m := AUTOTUNE_LOADED.search(line):
+        if vocab.autotune_loaded and (m := vocab.autotune_loaded.search(line)):
             facts.autotune_loaded = int(m.group(1))
-        if m := AUTOTUNE_PRELOADED.search(line):
+        if vocab.autotune_preloaded and (m := vocab.autotune_preloaded.search(line)):
             facts.autotune_preloaded = (int(m.group(1)), int(m.group(2)))
-        if m := REHOME.search(line):
+        if vocab.rehome and (m := vocab.rehome.search(line)):
             facts.rehome_layers = int(m.group(1))
-        if API_UP.search(line):
+        if vocab.serving and vocab.serving.search(line):
             facts.api_up = True
-        for regex, phase in PHASES:
+        for regex, phase in vocab.phases:
             if regex.search(line):
                 facts.phase = phase
-        if facts.fatal is None and fatal_match(line, signatures):
+        if facts.fatal is None and fatal_match(line, fatal):
             facts.fatal = line.strip()
         elif facts.fatal and facts.fatal.startswith("Traceback") and facts.fatal_detail is None \
                 and EXCEPTION.search(line):
@@ -97,5 +113,5 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str]) -> LogFacts:
     return facts
 
 
-def parse(text: str, signatures: list[str]) -> LogFacts:
-    return feed(LogFacts(), text.splitlines(), signatures)
+def parse(text: str, signatures: list[str], vocab: LogVocabulary | None = None) -> LogFacts:
+    return feed(LogFacts(), text.splitlines(), signatures, vocab)

@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
+from collections.abc import Iterator
 
-from sparkfleet.engines.base import LaneContext, Launch, container_name, gid_for, groups, render_launch
+from sparkfleet.engines.base import Engine, LaneContext, Launch, at, container_name, gid_for, groups, render_command
+from sparkfleet.engines.base import reserved as reserved_rule
+from sparkfleet.engines.logs import LogVocabulary
+from sparkfleet.findings import Finding
+from sparkfleet.placement import Rank
 from sparkfleet.render.shell import render
+from sparkfleet.spec.inventory import Inventory
+from sparkfleet.spec.load import Loaded
+
+# config.env keys sparkfleet writes per rank (templates/tensorfold-config.env.j2); the profile's env
+# is appended after them, so one of these in env would silently override the rank's own value
+RESERVED_ENV = ("HOST", "PORT", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RDMA_HCA", "GID_INDEX",
+                "MODEL_DIR", "SERVED_NAMES", "SERVE_ARGS")
+
+# The seeds show no TensorFold boot lines beyond the fatal ones the lanes list (CATALOG §5.2), so its
+# vocabulary names only what a Python server prints on the way up.
+LOG = LogVocabulary(
+    serving=re.compile(r"Application startup complete|Uvicorn running on"),
+    phases=((re.compile(r"[Ll]oading"), "loading weights"),
+            (re.compile(r"Application startup complete|Uvicorn running on"), "serving")),
+)
 
 
 def parse_env_file(text: str) -> dict[str, str]:
@@ -20,8 +41,22 @@ def parse_env_file(text: str) -> dict[str, str]:
     return env
 
 
-class TensorFold:
+def flags_unused(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """TensorFold's serve settings are tensorfold.args; `flags` would never reach the server."""
+    p = loaded.profile
+    if p.flags:
+        yield Finding("engine-flags", "fail", f"flags {', '.join(p.flags)} are not read by a TensorFold lane",
+                      "put serve settings in tensorfold.args (they become SERVE_ARGS in config.env)",
+                      field="flags", where=at(loaded, "flags"))
+
+
+class TensorFold(Engine):
     name = "tensorfold"
+    reserved_env = RESERVED_ENV
+    log = LOG
+    lane_rules = (flags_unused, reserved_rule)
+    engram_source_needed = ("a TensorFold lane's Engram shards come from the base checkpoint, not its EXL3 pack "
+                            "(CATALOG ENG-29)")
 
     def launches(self, ctx: LaneContext) -> list[Launch]:
         """One rank at a time from the highest rank down; rank 0 (the API) last (CATALOG LCH-T5)."""
@@ -51,8 +86,8 @@ class TensorFold:
             }
             config = render(ctx.template_dir, "tensorfold-config.env.j2", context)
             config_path = posixpath.join(tf.recipe_dir, "config.env")
-            script, argv = render_launch(ctx, "tensorfold-start.sh.j2",
-                                         {"recipe_dir": tf.recipe_dir, "config_path": config_path})
+            script, argv = render_command(ctx, "tensorfold-start.sh.j2",
+                                          {"recipe_dir": tf.recipe_dir, "config_path": config_path})
             out.append(Launch(node.name, r.rank, r.role, wave, container_name(p, r.rank), argv,
                               parse_env_file(config), script, {config_path: config}))
         return out

@@ -1,11 +1,31 @@
-"""vLLM: one `docker run` per rank; several nodes use mp with workers headless, one node is plain."""
+"""vLLM: one `docker run` per rank; several nodes use mp with workers headless, one node is plain.
+
+Its log lines are REFERENCE.md §3 and the seeds' (CATALOG.md §5.2); its metric names vLLM V1's
+(REFERENCE.md §1); its lane rules are the seeds' lessons (CATALOG ids in the remedies).
+"""
 
 from __future__ import annotations
 
 import copy
+import re
+from collections.abc import Iterator
 
-from sparkfleet.engines.base import LaneContext, Launch, env_from_argv, groups, render_launch
-from sparkfleet.engines.docker import docker_context
+from sparkfleet.engines.base import Engine, LaneContext, Launch, MetricNames, at, groups, hardware, render_command
+from sparkfleet.engines.base import reserved as reserved_rule
+from sparkfleet.engines.container import Bind
+from sparkfleet.engines.docker import (
+    container_spec,
+    engram_host_dir,
+    lane_binds,
+    model_host_dir,
+    need,
+    template_context,
+)
+from sparkfleet.engines.logs import LogVocabulary
+from sparkfleet.findings import Finding
+from sparkfleet.placement import Rank
+from sparkfleet.spec.inventory import Inventory
+from sparkfleet.spec.load import Loaded
 from sparkfleet.spec.profile import Profile
 
 # Set from structured profile fields or per node; a profile that puts them in flags/env is refused.
@@ -15,37 +35,79 @@ RESERVED_FLAGS = ("--served-model-name", "--host", "--port", "--tensor-parallel-
 RESERVED_ENV = ("VLLM_HOST_IP", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "B12X_ROCE_HCA",
                 "B12X_ROCE_GID_INDEX", "DSV41_ENGRAM_DIR")
 
+KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+ENGRAM_DISK = re.compile(r"Engram DISK mode: layer (\d+) rows \[(\d+), (\d+)\)")
+API_UP = re.compile(r"Application startup complete|Starting vLLM API server")
+LOG = LogVocabulary(
+    started=re.compile(r"vLLM API server version|Starting vLLM API server"),
+    loaded=re.compile(r"Loading weights took|Model loading took"),
+    serving=API_UP,
+    kv_tokens=KV_TOKENS,
+    max_concurrency=re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
+    moe_backend=re.compile(r"Using '([A-Za-z0-9_]+)' \w+ MoE backend"),
+    engram_disk=ENGRAM_DISK,
+    engram_node_local=re.compile(r"read from node-local"),
+    autotune_loaded=re.compile(r"Loaded (\d+) configs"),
+    autotune_preloaded=re.compile(r"Preloaded (\d+)/(\d+)"),
+    rehome=re.compile(r"rehome done layers=(\d+)"),
+    phases=(  # the last matching one is where the boot is
+        (re.compile(r"[Ll]oading (model )?weights|Loading safetensors"), "loading weights"),
+        (ENGRAM_DISK, "engram"),
+        (KV_TOKENS, "kv cache"),
+        (re.compile(r"[Cc]apturing CUDA graph|Graph capturing"), "capturing graphs"),
+        (re.compile(r"[Aa]utotun"), "autotune"),
+        (API_UP, "serving"),
+    ),
+)
 
-class Vllm:
-    name = "vllm"
-
-    def template(self, ctx: LaneContext) -> str:
-        return "vllm-multinode.sh.j2" if len(ctx.ranks) > 1 else "vllm-single.sh.j2"
-
-    def launches(self, ctx: LaneContext) -> list[Launch]:
-        """Workers first (together, wave 1), then the head (wave 2)."""
-        out = []
-        template = self.template(ctx)
-        for r in ctx.ranks:
-            context = docker_context(ctx, r)
-            context["args"] = groups(effective_flags(ctx.profile, {x.node.hardware for x in ctx.ranks}))
-            context["roce"] = ctx.profile.env.get("VLLM_ENABLE_ROCE_ALLREDUCE") == "1"
-            script, argv = render_launch(ctx, template, context)
-            wave = 2 if (r.rank == 0 and len(ctx.ranks) > 1) else 1
-            out.append(Launch(r.node.name, r.rank, r.role, wave, context["container_name"], argv,
-                              env_from_argv(argv, context["image"]), script))
-        return sorted(out, key=lambda launch: (launch.wave, launch.rank))
+METRICS = MetricNames(
+    prefix="vllm:",
+    counters={
+        "generation_tokens": "vllm:generation_tokens_total",
+        "prompt_tokens": "vllm:prompt_tokens_total",
+        "requests": "vllm:request_success_total",  # summed over finished_reason
+        "preemptions": "vllm:num_preemptions_total",
+        "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+        "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+        "drafts": "vllm:spec_decode_num_drafts_total",
+        "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+        "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+    },
+    gauges={"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+            "kv_usage": "vllm:kv_cache_usage_perc"},
+    per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+)
 
 
-def effective_flags(p: Profile, hardware: set[str]) -> dict:
+def speculative(p: Profile) -> dict | None:
+    spec = p.flags.get("--speculative-config")
+    return spec if isinstance(spec, dict) else None
+
+
+def capture_sizes(p: Profile) -> tuple[list[int] | None, tuple[str, ...]]:
+    """The CUDA-graph capture list and where it is set (compilation config or its own flag)."""
+    cc = p.flags.get("--compilation-config")
+    if isinstance(cc, dict) and "cudagraph_capture_sizes" in cc:
+        return list(cc["cudagraph_capture_sizes"]), ("flags", "--compilation-config", "cudagraph_capture_sizes")
+    sizes = p.flags.get("--cudagraph-capture-sizes")
+    if isinstance(sizes, list):
+        return [int(s) for s in sizes], ("flags", "--cudagraph-capture-sizes")
+    return None, ("flags",)
+
+
+def required_capture_sizes(k: int, max_num_seqs: int) -> list[int]:
+    """Every multiple of k and of k+1 up to max_num_seqs x (k+1) (CATALOG FM-14, DESIGN OQ-02)."""
+    top = max_num_seqs * (k + 1)
+    return sorted({m for step in (k, k + 1) for m in range(step, top + 1, step)})
+
+
+def effective_flags(p: Profile, hw: set[str]) -> dict:
     """The profile's flags, with GB10 capture sizes generated from the rule when none are listed."""
-    from sparkfleet.spec.rules import capture_sizes, required_capture_sizes, speculative
-
     spec = speculative(p)
     k = spec.get("num_speculative_tokens") if spec else None
     mns = p.flags.get("--max-num-seqs")
     sizes, _ = capture_sizes(p)
-    if ("gb10" not in hardware or sizes is not None or not isinstance(k, int) or not isinstance(mns, int)
+    if ("gb10" not in hw or sizes is not None or not isinstance(k, int) or not isinstance(mns, int)
             or "num_speculative_tokens_per_batch_size" in spec):
         return p.flags
     flags = copy.deepcopy(p.flags)
@@ -54,3 +116,161 @@ def effective_flags(p: Profile, hardware: set[str]) -> dict:
     cc["cudagraph_capture_sizes"] = required_capture_sizes(k, mns)
     flags["--compilation-config"] = cc
     return flags
+
+
+# -- lane rules (shared with SGLang where the lesson is not vLLM's alone) ------------------------------
+
+def eager(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    if p.flags.get("--enforce-eager") not in (None, False):
+        yield Finding("eager", "fail", "eager mode (--enforce-eager) is the throughput ceiling: ~200 ms a step",
+                      "remove --enforce-eager; lanes run with CUDA graphs (CATALOG LCH-04, FM-08)",
+                      field="flags.--enforce-eager", where=at(loaded, "flags", "--enforce-eager"))
+    cc = p.flags.get("--compilation-config")
+    mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else None
+    if isinstance(mode, str) and mode.upper() == "NONE":
+        yield Finding("eager", "fail", "cudagraph_mode NONE runs eager",
+                      "use FULL_AND_PIECEWISE (CATALOG LCH-04)", field="flags.--compilation-config",
+                      where=at(loaded, "flags", "--compilation-config", "cudagraph_mode"))
+
+
+def block_size(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    if "gb10" not in hardware(ranks):
+        return
+    value = p.flags.get("--block-size")
+    if str(value) != "128":
+        yield Finding("block-size", "fail",
+                      f"a vLLM lane on GB10 needs --block-size 128 (has {value if value is not None else 'none'})",
+                      "set flags: {--block-size: 128}; 32 and 64 die at KV init with 'No common block size' "
+                      "(CATALOG FM-04)", field="flags.--block-size", where=at(loaded, "flags", "--block-size"))
+
+
+def jit_guard(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    if "gb10" not in hardware(ranks):
+        return
+    missing = [k for k in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS") if k not in p.env]
+    if missing:
+        yield Finding("jit-guard", "fail", f"no JIT-storm guard: {', '.join(missing)} not set",
+                      "set env MAX_JOBS: 2 and FLASHINFER_NVCC_THREADS: 1; a 22-job runtime compile wedged "
+                      "all four nodes (CATALOG LCH-10, FM-02)", field="env", where=at(loaded, "env"))
+
+
+def capture_rule(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    if "gb10" not in hardware(ranks):
+        return
+    spec = speculative(p)
+    k = spec.get("num_speculative_tokens") if spec else None
+    if not isinstance(k, int) or "num_speculative_tokens_per_batch_size" in (spec or {}):
+        return
+    mns = p.flags.get("--max-num-seqs")
+    sizes, path = capture_sizes(p)
+    if not isinstance(mns, int):
+        yield Finding("capture-sizes", "warn",
+                      "--max-num-seqs is not set, so the capture sizes cannot be checked against the rule",
+                      "set --max-num-seqs; the rule is every multiple of k and k+1 up to max_num_seqs x (k+1) "
+                      "(CATALOG FM-14)", field="flags.--max-num-seqs", where=at(loaded, "flags"))
+        return
+    want = required_capture_sizes(k, mns)
+    if sizes is None:
+        return  # generated from the rule at render time
+    missing = [s for s in want if s not in sizes]
+    if missing:
+        yield Finding("capture-sizes", "warn",
+                      f"capture sizes miss {missing} required by the rule for k={k}, max_num_seqs={mns}",
+                      "padded DSpark batches can hang SM120 sparse MLA (CATALOG FM-14, OQ-02); add them or "
+                      "drop the list to have it generated", field=".".join(map(str, path[:2])),
+                      where=at(loaded, *path), observed=str(sizes), expected=str(want))
+
+
+def k_schedule(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    spec = speculative(loaded.profile)
+    if not spec:
+        return
+    k = spec.get("num_speculative_tokens")
+    for band in spec.get("num_speculative_tokens_per_batch_size") or []:
+        if not (isinstance(band, list) and len(band) == 3):
+            yield Finding("k-schedule", "fail", f"band {band!r} is not [first_batch, last_batch, k]",
+                          "write each band as [lo, hi, k]", field="flags.--speculative-config",
+                          where=at(loaded, "flags", "--speculative-config"))
+            continue
+        if band[2] not in (k, 1):
+            yield Finding("k-schedule", "fail",
+                          f"band {band} drafts k={band[2]} inside a num_speculative_tokens={k} schedule: it pays "
+                          f"the full {k}-token verify for {band[2]}",
+                          f"use k={k} or k=1 in every band (CATALOG FM-58)", field="flags.--speculative-config",
+                          where=at(loaded, "flags", "--speculative-config", "num_speculative_tokens_per_batch_size"))
+
+
+def reasoning_medium(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    kwargs = loaded.profile.flags.get("--default-chat-template-kwargs")
+    if isinstance(kwargs, dict) and kwargs.get("reasoning_effort") == "medium":
+        yield Finding("reasoning-effort", "fail", "reasoning_effort 'medium': the V4.1 chat template returns 400",
+                      "use low, high, xhigh, max or an integer 1-100 (CATALOG LCH-G11, FM-56)",
+                      field="flags.--default-chat-template-kwargs",
+                      where=at(loaded, "flags", "--default-chat-template-kwargs", "reasoning_effort"))
+
+
+def head_ports(p: Profile, r: Rank, multi: bool) -> list[int]:
+    """What a rank listens on: the API and, across nodes, the rendezvous port, both on the head."""
+    if r.rank != 0:
+        return []
+    return [x for x in (p.port, p.master_port if multi else None) if x is not None]
+
+
+class Vllm(Engine):
+    name = "vllm"
+    reserved_flags = RESERVED_FLAGS
+    reserved_env = RESERVED_ENV
+    log = LOG
+    metrics = METRICS
+    api_key_var = "VLLM_API_KEY"
+    lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, reserved_rule)
+
+    def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
+        return engram_host_dir(ctx, r)
+
+    def template(self, ctx: LaneContext) -> str:
+        return "vllm-multinode.sh.j2" if len(ctx.ranks) > 1 else "vllm-single.sh.j2"
+
+    def launches(self, ctx: LaneContext) -> list[Launch]:
+        """Workers first (together, wave 1), then the head (wave 2)."""
+        p = ctx.profile
+        multi = len(ctx.ranks) > 1
+        template = self.template(ctx)
+        flags = groups(effective_flags(p, hardware(ctx.ranks)))
+        roce = p.env.get("VLLM_ENABLE_ROCE_ALLREDUCE") == "1"
+        out = []
+        for r in ctx.ranks:
+            node = r.node
+            text, command = render_command(ctx, template, {**template_context(ctx, r), "args": flags})
+            env: dict[str, str | None] = {}
+            if multi:
+                binds = [Bind(model_host_dir(ctx, r), "/models/repo", True), Bind(node.storage.cache_dir, "/cache")]
+                local = engram_host_dir(ctx, r)
+                if local and p.engram:
+                    binds.append(Bind(local, p.engram.container_dir, True))
+                    env["DSV41_ENGRAM_DIR"] = p.engram.container_dir
+                rdma = node.rdma
+                if rdma is None:
+                    need(None, "rdma", node.name)
+                assert rdma is not None
+                hcas = ",".join(rdma.hcas)
+                env.update(VLLM_HOST_IP=need(node.fabric_ip, "fabric_ip", node.name), NCCL_IB_HCA=hcas,
+                           NCCL_SOCKET_IFNAME=rdma.fabric_iface)
+                if roce:
+                    env.update(B12X_ROCE_HCA=hcas, B12X_ROCE_GID_INDEX=template_context(ctx, r)["gid"])
+            else:
+                binds = [Bind(model_host_dir(ctx, r), "/model", True),
+                         Bind(node.storage.cache_dir, "/root/.cache/vllm")]
+            env.update(p.env)
+            if p.api_key_env:
+                # the key's value never reaches argv or records: `-e VLLM_API_KEY` takes it from the
+                # environment the launch command runs in (sparkfleet sets it there from profile.api_key_env)
+                env[self.api_key_var] = None
+            spec = container_spec(ctx, r, text, command, binds=binds + lane_binds(ctx, r), env=env,
+                                  ports=head_ports(p, r, multi))
+            out.append(Launch.of(r, 2 if (r.rank == 0 and multi) else 1, spec))
+        return sorted(out, key=lambda launch: (launch.wave, launch.rank))

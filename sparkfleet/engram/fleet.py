@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.engram.manifest import check_rank
 from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
@@ -85,9 +86,9 @@ def plan_jobs(profile: Profile, ranks: list[Rank], *, harvest: Harvest | None, p
     if not whole_shards and not pattern:
         raise UserError(f"lane {profile.name!r} has no engram.tensor_pattern: name the Engram tensors with "
                         "--tensors PATTERN (a glob with {layer}, e.g. 'model.layers.{layer}.engram.*')")
-    if profile.engine == "tensorfold" and source is None:
-        raise UserError("a TensorFold lane's Engram shards come from the base checkpoint, not its EXL3 pack "
-                        "(CATALOG ENG-29): give that checkpoint's directory with --source DIR")
+    why_source = engine_for(profile.engine).engram_source_needed
+    if why_source and source is None:
+        raise UserError(f"{why_source}: give that checkpoint's directory with --source DIR")
     jobs: list[Job] = []
     findings: list[Finding] = []
     for r in ranks:

@@ -55,36 +55,6 @@ def model_dir(profile: Profile, node: Node) -> str | None:
     return posixpath.join(node.storage.model_root, profile.model.repo_dir)
 
 
-def bind_sources(argv: list[str], stop_at: str | None = None) -> list[str]:
-    """Host paths of `-v SRC:DST[:opts]`, `--volume[=]…` and `--mount type=bind,source=…` in a docker argv.
-
-    Parsing stops at `stop_at` (the image) so engine arguments after it are never read as docker options.
-    Named volumes (no leading '/') are not host paths and are skipped.
-    """
-    out: list[str] = []
-    it = iter(argv)
-    for token in it:
-        if stop_at is not None and token == stop_at:
-            break
-        value = None
-        if token in ("-v", "--volume", "--mount"):
-            value = next(it, None)
-            kind = "mount" if token == "--mount" else "volume"
-        elif token.startswith("--volume="):
-            value, kind = token.split("=", 1)[1], "volume"
-        elif token.startswith("--mount="):
-            value, kind = token.split("=", 1)[1], "mount"
-        if value is None:
-            continue
-        if kind == "volume":
-            _add(out, value.split(":", 1)[0])
-        else:
-            fields = dict(f.split("=", 1) for f in value.split(",") if "=" in f)
-            if fields.get("type", "volume") == "bind":
-                _add(out, fields.get("source") or fields.get("src"))
-    return out
-
-
 def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
     """The lane's plan, rendered only for its launches (a one-step playbook: no playbook file read)."""
     return make_plan(loaded, inventory, Playbook(name="facts", steps=[Step(step="facts")]), root)
@@ -113,10 +83,10 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
                    nodes: Iterable[str] = (), root: Path | None = None) -> dict[str, FactsRequest]:
     """What to ask each node: the plan's nodes (lane paths) plus `nodes` (storage dirs only).
 
-    With `plan`, every bind-mount source of each node's launch argv is asked about; with `profile`
-    too, the model dir, the Engram dirs and TensorFold's recipe dir, and argv parsing stops at the
-    image. Paths are absolute, normalised and listed once, storage dirs first. Every node's fabric
-    interfaces are asked about; with `root` (the ops dir) too, the lane's patch files are hashed.
+    With `plan`, every bind-mount source of each node's launch (its ContainerSpec) is asked about;
+    with `profile` too, the model dir, the Engram dirs and TensorFold's recipe dir. Paths are absolute,
+    normalised and listed once, storage dirs first. Every node's fabric interfaces are asked about;
+    with `root` (the ops dir) too, the lane's patch files are hashed.
     """
     paths: dict[str, list[str]] = {}
     for name in nodes:
@@ -125,7 +95,6 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
                             f"(nodes: {', '.join(inventory.nodes)})")
         paths.setdefault(name, storage_paths(inventory.nodes[name]))
     if plan is not None:
-        image = profile.image.pinned if profile is not None and profile.image is not None else None
         for rank in plan.ranks:
             node = rank.node
             mine = paths.setdefault(node.name, storage_paths(node))
@@ -134,8 +103,8 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
                 if profile.tensorfold is not None:
                     _add(mine, profile.tensorfold.recipe_dir)
             for launch in plan.launches:
-                if launch.node == node.name:
-                    for src in bind_sources(launch.argv, image):
+                if launch.node == node.name and launch.spec is not None:
+                    for src in launch.spec.bind_sources:
                         _add(mine, src)
     elif profile is not None:
         raise ValueError("facts_requests: a profile needs its plan (see plan_for)")

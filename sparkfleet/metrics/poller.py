@@ -37,7 +37,7 @@ from sparkfleet.spec.load import Spec
 def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
     """A lane's ranks and node-local Engram manifest paths (raises SpecError/UserError as `plan` would)."""
     from sparkfleet.engines.base import LaneContext
-    from sparkfleet.engines.docker import engram_host_dir
+    from sparkfleet.engines.registry import engine_for
     from sparkfleet.fleet.nodeside.engram_copy import MANIFEST
     from sparkfleet.placement import place
 
@@ -47,11 +47,11 @@ def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
     ranks = place(loaded, inventory)
     ctx = LaneContext(loaded.profile, inventory, ranks, spec.root / "templates")
     manifests: dict[int, str] = {}
-    if loaded.profile.engine != "tensorfold":  # only the docker engines mount a node-local Engram copy
-        for r in ranks:
-            d = engram_host_dir(ctx, r)
-            if d:
-                manifests[r.rank] = f"{d}/{MANIFEST}"
+    engine = engine_for(loaded.profile.engine)
+    for r in ranks:
+        d = engine.engram_copy_dir(ctx, r)
+        if d:
+            manifests[r.rank] = f"{d}/{MANIFEST}"
     return Lane(loaded.profile, {r.rank: r.node.name for r in ranks}, manifests)
 
 

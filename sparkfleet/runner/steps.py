@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from sparkfleet.engines.logs import LogFacts, feed
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.transport import Result
@@ -372,7 +373,9 @@ def launch(ctx: RunContext, st: Step) -> StepResult:
             return StepResult("fail", f"the lane needs an API key in ${ctx.profile.api_key_env} (profile api_key_env); "
                               "it is not set here")
         ctx.record.secret_values.add(key)
-        env = {"VLLM_API_KEY": key}
+        var = engine_for(ctx.profile.engine).api_key_var
+        assert var is not None  # a lane rule refuses api_key_env for an engine without one
+        env = {var: key}
     for wave in sorted({x.wave for x in chosen}):
         batch = [x for x in chosen if x.wave == wave]
         for x in batch:
@@ -444,6 +447,7 @@ def wait_ready(ctx: RunContext, st: Step) -> StepResult:
     budget = ctx.options.boot_budget_s or ctx.profile.expect.boot_budget_s or 900
     deadline = time.time() + budget
     signatures = ctx.profile.fatal_signatures
+    engine = engine_for(ctx.profile.engine)
     names = set(ctx.profile.served_names)
     base = ctx.endpoint()
     headers = {}
@@ -478,7 +482,7 @@ def wait_ready(ctx: RunContext, st: Step) -> StepResult:
                 tail = ctx.logs_tail.setdefault(rank, [])
                 tail.extend(lines)
                 del tail[:-LOG_TAIL]
-                feed(ctx.log_facts[rank], lines, signatures)
+                feed(ctx.log_facts[rank], lines, signatures, engine.log)
             ctx.events.ranks([{"node": s["node"], "rank": r, "state": s["state"],
                                "phase": ctx.log_facts.get(r, LogFacts()).phase,
                                "lines": ctx.log_facts.get(r, LogFacts()).lines_seen}
@@ -492,6 +496,8 @@ def wait_ready(ctx: RunContext, st: Step) -> StepResult:
                     return _fail_launch(ctx, f"rank {rank} on {s['node']} {s['state']}"
                                         + (f" with code {s['exit_code']}" if s["exit_code"] is not None else ""))
             ready, why = _api_ready(http, base, names)
+            if ready and engine.ready_from_log and not ctx.log_facts.get(0, LogFacts()).api_up:
+                ready, why = False, f"{why}, but the head has not logged that it serves"
             if ready:
                 ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
                 return StepResult("ok", f"serving at {base} ({why})")

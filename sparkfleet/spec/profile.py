@@ -144,7 +144,7 @@ class Profile(Strict):
     abstract: bool = False  # a base for other lanes; never launched itself
     description: str = ""
     examples: list[str] = Field(default_factory=list)  # dotted fields holding example values to set
-    engine: Literal["vllm", "tensorfold", "sglang"]
+    engine: str  # one of engines/registry.py's names
     image: Image | None = None
     model: ModelSpec | None = None
     group: str | None = None
@@ -173,6 +173,15 @@ class Profile(Strict):
     vision: bool = False
     tools: bool = False
     gates: GateSet = Field(default_factory=GateSet)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        from sparkfleet.engines.registry import NAMES  # names only: no adapter is imported
+
+        if v not in NAMES:
+            raise ValueError(f"Input should be {', '.join(repr(n) for n in NAMES[:-1])} or {NAMES[-1]!r}")
+        return v
 
     @field_validator("env", mode="before")
     @classmethod
