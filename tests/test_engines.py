@@ -32,7 +32,7 @@ def test_spec_renders_argv_and_shell_in_one_order() -> None:
     spec = ContainerSpec(name="sf-x-r0", image="img:1", command=["serve", "--port", "8"],
                          command_text="  serve --port 8\n", labels={"sparkfleet.profile": "x"},
                          options=[["--network", "host"], ["--device", "/dev/infiniband:/dev/infiniband"]],
-                         mounts=[Bind("/a b", "/a", True)], env={"K": "v w", "SECRET": None}, ports=[8])
+                         mounts=[Bind("/a b", "/a", True)], env={"K": "v w", "SECRET": None}, ports={8: "port"})
     assert docker_argv(spec) == ["docker", "run", "-d", "--name", "sf-x-r0", "--label", "sparkfleet.profile=x",
                                  "--network", "host", "--device", "/dev/infiniband:/dev/infiniband",
                                  "-v", "/a b:/a:ro", "-e", "K=v w", "-e", "SECRET", "img:1", "serve", "--port", "8"]
@@ -57,9 +57,9 @@ def test_plan_launches_keep_the_structure(repo_spec: Spec) -> None:
     assert to_argv(worker.script) == worker.argv
     assert worker.spec.source_of("/engram-local") == \
         "/nvme/engram-local/df42c109f1defefcbfcedbe7d905718a12266e40"
-    assert worker.spec.env["VLLM_HOST_IP"] == "192.168.192.12" and worker.spec.ports == []
+    assert worker.spec.env["VLLM_HOST_IP"] == "192.168.192.12" and worker.spec.ports == {}
     head = next(x for x in plan.launches if x.rank == 0)
-    assert head.spec is not None and head.spec.ports == [8410, 29551]
+    assert head.spec is not None and head.spec.ports == {8410: "port", 29551: "master port"}
     # facts are asked about exactly the specs' bind sources (no argv parsing)
     asked = facts_requests(repo_spec.inventory("lab"), plan)["asusi"].paths
     assert set(worker.spec.bind_sources) <= set(asked)

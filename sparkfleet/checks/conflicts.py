@@ -36,8 +36,12 @@ def check(ctx: CheckContext) -> list[Finding]:
         ports.setdefault(p.master_port, "master port")
     for r, f in ctx.ranks():
         node = r.node.name
-        # only the head serves the API and the rendezvous; every rank needs its GPU
-        watch = ports if r.rank == 0 else {}
+        launch = ctx.launch(node)
+        if launch is not None and launch.spec is not None:
+            watch = dict(launch.spec.ports)  # what this rank's container listens on (its adapter says)
+        else:
+            # only the head serves the API and the rendezvous; every rank needs its GPU
+            watch = ports if r.rank == 0 else {}
         held_what = ", ".join([f":{port}" for port in watch] + ["the GPU"])
         expected = f"nothing else holds {held_what}"
         mine: list[Finding] = []

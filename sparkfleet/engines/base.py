@@ -96,6 +96,7 @@ class Engine:
     """The base every adapter extends; class attributes are the engine's vocabulary."""
 
     name: ClassVar[str]
+    required: ClassVar[tuple[str, ...]] = ("image", "model", "group", "port")  # profile fields a lane must set
     reserved_flags: ClassVar[tuple[str, ...]] = ()  # set by sparkfleet from the profile and inventory
     reserved_env: ClassVar[tuple[str, ...]] = ()  # per node, from the inventory
     log: ClassVar[LogVocabulary] = LogVocabulary()

@@ -20,6 +20,7 @@ class Bind:
     source: str
     target: str
     readonly: bool = False
+    field: str | None = None  # the profile field that names the source, for findings about it
 
     @property
     def option(self) -> str:
@@ -39,8 +40,9 @@ class ContainerSpec:
 
     `env` values of None pass the variable from the launching shell's environment (`-e NAME`): how a
     secret reaches the container without being in argv or a record. `ports` are what the rank listens
-    on (host network: not published, but checked for conflicts and used for readiness). `command` is
-    the argv after the image; `command_text` is the same, as the engine's template printed it.
+    on (host network: not published, but checked for conflicts), port -> what it is, with the profile
+    field that sets it. `command` is the argv after the image; `command_text` is the same, as the
+    engine's template printed it. A bind's `field` names the profile field its source comes from.
     """
 
     name: str
@@ -51,7 +53,8 @@ class ContainerSpec:
     options: list[list[str]] = field(default_factory=list)  # the profile's `docker:` options, one per flag
     mounts: list[Bind] = field(default_factory=list)
     env: dict[str, str | None] = field(default_factory=dict)
-    ports: list[int] = field(default_factory=list)
+    ports: dict[int, str] = field(default_factory=dict)
+    entrypoint: str | None = None
 
     @property
     def devices(self) -> list[str]:
@@ -87,7 +90,8 @@ class ContainerSpec:
         return {"name": self.name, "image": self.image, "labels": dict(self.labels),
                 "options": [list(g) for g in self.options],
                 "mounts": [{"source": b.source, "target": b.target, "readonly": b.readonly} for b in self.mounts],
-                "env": self.env_items(), "ports": list(self.ports), "devices": self.devices,
+                "env": self.env_items(), "ports": {str(k): v for k, v in self.ports.items()},
+                "entrypoint": self.entrypoint, "devices": self.devices,
                 "command": list(self.command)}
 
 
@@ -96,6 +100,8 @@ def _lines(spec: ContainerSpec) -> list[tuple[str, list[str]]]:
     lines: list[tuple[str, list[str]]] = [("", ["docker", "run", "-d", "--name", spec.name])]
     lines += [("  ", ["--label", f"{k}={v}"]) for k, v in spec.labels.items()]
     lines += [(" ", list(g)) for g in spec.options]
+    if spec.entrypoint is not None:
+        lines.append(("  ", ["--entrypoint", spec.entrypoint]))
     lines += [("  ", ["-v", b.option]) for b in spec.mounts]
     lines += [("  ", ["-e", k if v is None else f"{k}={v}"]) for k, v in spec.env.items()]
     lines.append(("  ", [spec.image]))

@@ -36,13 +36,17 @@ def model_host_dir(ctx: LaneContext, r: Rank) -> str:
 
 
 def container_spec(ctx: LaneContext, r: Rank, command_text: str, command: list[str], *, binds: list[Bind],
-                   env: dict[str, str | None], ports: list[int]) -> ContainerSpec:
-    """A lane container: name, labels and the profile's docker options, then the engine's binds and env."""
+                   env: dict[str, str | None], ports: dict[int, str],
+                   entrypoint: str | None = None, image: str | None = None) -> ContainerSpec:
+    """A lane container: name, labels and the profile's docker options, then the engine's binds and env.
+    The image is the profile's unless the adapter gives one (a placeholder where the profile names none)."""
     p = ctx.profile
-    assert p.image is not None
-    return ContainerSpec(name=container_name(p, r.rank), image=p.image.pinned, command=command,
+    if image is None:
+        assert p.image is not None
+        image = p.image.pinned
+    return ContainerSpec(name=container_name(p, r.rank), image=image, command=command,
                          command_text=command_text, labels=labels(ctx, r.rank), options=groups(p.docker, "repeat"),
-                         mounts=binds, env=env, ports=ports)
+                         mounts=binds, env=env, ports=ports, entrypoint=entrypoint)
 
 
 def template_context(ctx: LaneContext, r: Rank) -> dict:

@@ -6,7 +6,7 @@ from sparkfleet.engines.base import Engine, LaneContext, Launch, render_command
 from sparkfleet.engines.base import reserved as reserved_rule
 from sparkfleet.engines.container import Bind
 from sparkfleet.engines.docker import container_spec, lane_binds, model_host_dir, need, template_context
-from sparkfleet.engines.vllm import eager, jit_guard
+from sparkfleet.engines.vllm import eager, head_ports, jit_guard
 
 RESERVED_FLAGS = ("--model-path", "--tp", "--nnodes", "--node-rank", "--dist-init-addr", "--host",
                   "--port", "--served-model-name")
@@ -37,6 +37,6 @@ class SGLang(Engine):
             spec = container_spec(ctx, r, text, command,
                                   binds=[Bind(model_host_dir(ctx, r), "/models/repo" if multi else "/model", True),
                                          *lane_binds(ctx, r)],
-                                  env=env, ports=[p.port] if r.rank == 0 and p.port else [])
+                                  env=env, ports=head_ports(p, r, multi))
             out.append(Launch.of(r, 2 if (r.rank == 0 and multi) else 1, spec))
         return sorted(out, key=lambda launch: (launch.wave, launch.rank))

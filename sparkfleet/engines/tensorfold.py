@@ -52,6 +52,7 @@ def flags_unused(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Ran
 
 class TensorFold(Engine):
     name = "tensorfold"
+    required = ("image", "model", "group", "port", "tensorfold")
     reserved_env = RESERVED_ENV
     log = LOG
     lane_rules = (flags_unused, reserved_rule)

@@ -213,11 +213,14 @@ def reasoning_medium(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list
                       where=at(loaded, "flags", "--default-chat-template-kwargs", "reasoning_effort"))
 
 
-def head_ports(p: Profile, r: Rank, multi: bool) -> list[int]:
+def head_ports(p: Profile, r: Rank, multi: bool) -> dict[int, str]:
     """What a rank listens on: the API and, across nodes, the rendezvous port, both on the head."""
-    if r.rank != 0:
-        return []
-    return [x for x in (p.port, p.master_port if multi else None) if x is not None]
+    out: dict[int, str] = {}
+    if r.rank == 0 and p.port is not None:
+        out[p.port] = "port"
+    if r.rank == 0 and multi and p.master_port is not None:
+        out.setdefault(p.master_port, "master port")
+    return out
 
 
 class Vllm(Engine):

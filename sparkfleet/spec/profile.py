@@ -223,9 +223,9 @@ class Profile(Strict):
     def _complete(self) -> Profile:
         if self.abstract:
             return self
-        missing = [f for f in ("image", "model", "group", "port") if getattr(self, f) is None]
-        if self.engine == "tensorfold" and self.tensorfold is None:
-            missing.append("tensorfold")
+        from sparkfleet.engines.registry import engine_for  # the adapter says what its lanes need
+
+        missing = [f for f in engine_for(self.engine).required if getattr(self, f) is None]
         if missing:
             raise FieldError(missing[0], f"a lane needs {', '.join(missing)} (set them here or in the profile "
                              "it extends, or mark this file abstract: true)")
