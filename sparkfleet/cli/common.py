@@ -34,6 +34,13 @@ class LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)
 
+    # Dunder methods bypass __getattr__; rich's Live and Progress enter the console as a context manager.
+    def __enter__(self) -> Console:
+        return self._get().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._get().__exit__(*exc)
+
 
 out: Console = LazyConsole(highlight=False, soft_wrap=True)  # type: ignore[assignment]
 err: Console = LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # type: ignore[assignment]
