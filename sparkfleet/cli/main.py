@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pkgutil
 import sys
 
 from sparkfleet import __version__
@@ -31,6 +30,8 @@ COLOR = ("auto", "always", "never")
 
 def command_modules(names: list[str] | None = None) -> list:
     """The modules in sparkfleet/cli that define register() (only `names` when given); ORDER sorts --help."""
+    import pkgutil
+
     import sparkfleet.cli
 
     if names is None:

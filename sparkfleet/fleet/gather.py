@@ -13,18 +13,20 @@ import json
 import posixpath
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.ship import run_helper
 from sparkfleet.fleet.transport import Result, Transport
-from sparkfleet.plan import Plan, make_plan
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.load import Loaded
-from sparkfleet.spec.playbook import Playbook, Step
-from sparkfleet.spec.profile import Profile
+
+if TYPE_CHECKING:  # the plan (and the engines it renders with) is loaded only for a lane's facts
+    from sparkfleet.plan import Plan
+    from sparkfleet.spec.load import Loaded
+    from sparkfleet.spec.profile import Profile
 
 HELPER = "facts.py"
 
@@ -57,6 +59,9 @@ def model_dir(profile: Profile, node: Node) -> str | None:
 
 def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
     """The lane's plan, rendered only for its launches (a one-step playbook: no playbook file read)."""
+    from sparkfleet.plan import make_plan
+    from sparkfleet.spec.playbook import Playbook, Step
+
     return make_plan(loaded, inventory, Playbook(name="facts", steps=[Step(step="facts")]), root)
 
 

@@ -46,9 +46,10 @@ def needs_config(inventory: Inventory) -> bool:
 def resolve(inventory: Inventory, marks: Marks, display: str) -> Inventory:
     """The inventory with each SSH node's host/user/port/key/jump filled from the SSH config."""
     path, source = config_path(inventory)
-    if path is None and not needs_config(inventory):
-        return inventory  # no file and nothing that needs one: paramiko is not even imported
-    config = _load(path, source, marks, display) if path is not None else None
+    text = _read(path, source, marks, display) if path is not None else ""
+    if not _meaningful(text) and not needs_config(inventory):
+        return inventory  # no file (or an empty one) and nothing that needs one: paramiko is not imported
+    config = _parse(text, path, marks, display) if path is not None else None
     for key, node in inventory.nodes.items():
         if node.transport != "ssh":
             continue
@@ -63,15 +64,22 @@ def _where(marks: Marks, display: str, loc: tuple) -> tuple[str, int | None]:
     return file or display, line
 
 
-def _load(path: Path, source: str, marks: Marks, display: str) -> Any:
-    from paramiko import SSHConfig
-    from paramiko.ssh_exception import ConfigParseError
-
+def _read(path: Path, source: str, marks: Marks, display: str) -> str:
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read the SSH config {path} (from {source}): {exc.strerror}",
                         *_where(marks, display, ("ssh_config",)), "ssh_config") from None
+
+
+def _meaningful(text: str) -> bool:
+    return any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines())
+
+
+def _parse(text: str, path: Path, marks: Marks, display: str) -> Any:
+    from paramiko import SSHConfig
+    from paramiko.ssh_exception import ConfigParseError
+
     try:
         return SSHConfig.from_text(text)
     except (ConfigParseError, ValueError) as exc:

@@ -60,7 +60,12 @@ class _Loader(yaml.SafeLoader):
     pass
 
 
-_Loader.add_constructor("!unset", lambda loader, node: UNSET)
+class _FastLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when present: ~10x faster
+    pass
+
+
+for _cls in (_Loader, _FastLoader):
+    _cls.add_constructor("!unset", lambda loader, node: UNSET)
 
 
 def load_yaml(path: Path, display: str | None = None) -> tuple[Any, Marks]:
@@ -72,7 +77,14 @@ def load_yaml(path: Path, display: str | None = None) -> tuple[Any, Marks]:
         raise SpecError("file not found", file) from None
     except OSError as exc:
         raise SpecError(f"cannot read: {exc.strerror}", file) from None
-    loader = _Loader(text)
+    try:
+        return _load(_FastLoader, text, file)
+    except yaml.YAMLError:
+        return _load(_Loader, text, file)  # the pure-Python parser words its errors as users know them
+
+
+def _load(cls: type, text: str, file: str) -> tuple[Any, Marks]:
+    loader = cls(text)
     marks: Marks = {}
     try:
         node = loader.get_single_node()
@@ -86,8 +98,12 @@ def load_yaml(path: Path, display: str | None = None) -> tuple[Any, Marks]:
         msg = f"malformed YAML: {exc.problem or exc.context}"
         if exc.context and exc.context_mark and exc.problem:
             msg += f" ({exc.context} started at line {exc.context_mark.line + 1})"
+        if cls is not _Loader:
+            raise
         raise SpecError(msg, file, line) from None
     except yaml.YAMLError as exc:
+        if cls is not _Loader:
+            raise
         raise SpecError(f"malformed YAML: {exc}", file) from None
     finally:
         loader.dispose()
