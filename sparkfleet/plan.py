@@ -25,7 +25,7 @@ class Plan:
     launches: list[Launch]
     steps: list[dict]
     findings: list[Finding] = field(default_factory=list)
-    overrides: list[dict] = field(default_factory=list)  # -o KEY=VALUE the profile was loaded with
+    overrides: dict = field(default_factory=dict)  # -o KEY=VALUE the profile was loaded with, {KEY: value}
 
     @property
     def refused(self) -> bool:
@@ -70,4 +70,4 @@ def make_plan(loaded: Loaded, inventory: Inventory, playbook: Playbook, root: Pa
             together = sum(1 for x in chosen if x.wave == launch.wave) > 1
             steps.append({"step": "launch", **launch.as_dict(), "parallel": together})
     return Plan(p.name, playbook.name, inventory.name, ranks, launches, steps, findings,
-                [o.as_dict() for o in loaded.overrides])
+                {o.key: o.shown for o in loaded.overrides})

@@ -176,9 +176,8 @@ def test_plan_overrides_are_applied_shown_and_in_json(capsys) -> None:
     assert "override env.NCCL_DEBUG = 'INFO' (from -o)" in text
     assert main([*args, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["overrides"] == [{"key": "flags.--gpu-memory-utilization", "value": 0.78},
-                                {"key": "env.NCCL_DEBUG", "value": "INFO"},
-                                {"key": "expect.kv_tokens", "value": 1888800}]
+    assert doc["overrides"] == {"flags.--gpu-memory-utilization": 0.78, "env.NCCL_DEBUG": "INFO",
+                                "expect.kv_tokens": 1888800}
     launches = [s for s in doc["steps"] if s["step"] == "launch"]
     assert launches and all("--gpu-memory-utilization 0.78" in s["script"] for s in launches)
     assert all("NCCL_DEBUG=INFO" in s["script"] for s in launches)
@@ -211,12 +210,13 @@ def test_bad_override_is_one_line_exit_2_nothing_contacted(command, override, me
 
 def test_overrides_kept_in_the_restore_point(tmp_path: Path) -> None:
     from sparkfleet.spec.load import Spec
-    from sparkfleet.spec.overrides import from_dicts, parse
+    from sparkfleet.spec.overrides import as_mapping, from_mapping, parse
 
     sp = Spec(REPO)
     loaded = sp.profile("dcp2", parse(["flags.--gpu-memory-utilization=0.78", "env.NCCL_DEBUG=!unset"]))
-    recorded = json.loads(json.dumps([o.as_dict() for o in loaded.overrides]))
-    again = sp.profile("dcp2", from_dicts(recorded))
+    recorded = json.loads(json.dumps(as_mapping(loaded.overrides)))
+    assert recorded == {"flags.--gpu-memory-utilization": 0.78, "env.NCCL_DEBUG": "!unset"}
+    again = sp.profile("dcp2", from_mapping(recorded))
     assert again.profile == loaded.profile and again.profile.flags["--gpu-memory-utilization"] == 0.78
 
 

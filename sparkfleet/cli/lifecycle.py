@@ -149,7 +149,7 @@ def run_restore(args: argparse.Namespace) -> int:
         profile = point["profile"]
         if args.inventory is None and point.get("inventory"):
             args.inventory = point["inventory"]
-    from sparkfleet.spec.overrides import from_dicts
+    from sparkfleet.spec.overrides import from_mapping
 
-    over = from_dicts(point.get("overrides")) if point else []  # restore brings back the -o it served with
+    over = from_mapping(point.get("overrides")) if point else []  # restore brings back the -o it served with
     return _execute(args, profile, "restore", _options(args, restore_point=point, force=args.force), over)

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"[bold]plan[/] {plan.profile} ({plan.playbook} on inventory {plan.inventory}): "
               + ", ".join(f"rank {r.rank} {r.node.name}" for r in plan.ranks))
     for o in loaded.overrides:
-        out.print(f"    override {o.key} = {o.as_dict()['value']!r} (from -o)", markup=False)
+        out.print(f"    override {o.key} = {o.shown!r} (from -o)", markup=False)
     for i, step in enumerate(plan.steps, 1):
         if step["step"] != "launch":
             out.print(f"{i:>2}. {step['step']:<12} {step['what']}", markup=False)

@@ -88,11 +88,13 @@ def _short(v: object) -> str:
 
 
 def save_point(ctx: RunContext, name: str) -> Path:
+    from sparkfleet.spec.overrides import as_mapping
+
     head_kv = ctx.log_facts.get(0).kv_tokens if ctx.log_facts.get(0) else None
     point = {"name": name, "profile": ctx.profile.name, "inventory": ctx.inventory.name,
              "run_id": ctx.record.run_id, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "kv_tokens": head_kv, "pins": current_pins(ctx),
-             "overrides": [o.as_dict() for o in ctx.loaded.overrides]}
+             "overrides": as_mapping(ctx.loaded.overrides)}
     d = points_dir(ctx.state_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.json"

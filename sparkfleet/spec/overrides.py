@@ -26,8 +26,10 @@ class Override:
     value: Any  # parsed YAML; UNSET removes the key
     text: str  # KEY=VALUE as typed
 
-    def as_dict(self) -> dict:
-        return {"key": self.key, "value": "!unset" if self.value is UNSET else self.value}
+    @property
+    def shown(self) -> Any:
+        """The value as recorded: `!unset` for a removal."""
+        return "!unset" if self.value is UNSET else self.value
 
     @property
     def source(self) -> str:
@@ -54,15 +56,23 @@ def parse(items: list[str] | None) -> list[Override]:
     return out
 
 
-def from_dicts(items: list[dict] | None) -> list[Override]:
-    """Overrides as recorded ({key, value}) back into Overrides (a restore point's, a run record's)."""
-    out = []
-    for d in items or []:
-        value = UNSET if d.get("value") == "!unset" else d.get("value")
-        path = tuple(int(p) if p.isdigit() else p for p in d["key"].split("."))
-        import json
+def as_mapping(overrides: list[Override]) -> dict[str, Any]:
+    """Overrides as recorded (run record, restore point, plan JSON): {KEY: value}, in the order given.
 
-        out.append(Override(d["key"], path, value, f"{d['key']}={json.dumps(d.get('value'))}"))
+    A mapping, so a key named like a secret (env.HF_TOKEN) has its value redacted like any env var.
+    """
+    return {o.key: o.shown for o in overrides}
+
+
+def from_mapping(recorded: dict[str, Any] | None) -> list[Override]:
+    """Recorded overrides ({KEY: value}) back into Overrides."""
+    import json
+
+    out = []
+    for key, shown in (recorded or {}).items():
+        value = UNSET if shown == "!unset" else shown
+        path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+        out.append(Override(key, path, value, f"{key}={json.dumps(shown)}"))
     return out
 
 
