@@ -297,12 +297,12 @@ def fake_ctx(url: str, stop_on_gate_failure: bool):
 
 @pytest.mark.parametrize("stop", [False, True])
 def test_up_gates_step_fails_the_run_and_stops_the_lane_only_when_asked(engine_for, monkeypatch, stop):
-    from sparkfleet.gates.run import gates_step
+    from sparkfleet.runner.gates_step import gates_step
     from sparkfleet.spec.playbook import Step
 
     monkeypatch.setenv(KEY_ENV, KEY)
     stopped: list[object] = []
-    monkeypatch.setattr("sparkfleet.runner.steps.stop_launch", stopped.append)
+    monkeypatch.setattr("sparkfleet.runner.gates_step.stop_launch", stopped.append)
     engine = engine_for("needle-blind")
     ctx = fake_ctx(engine.url, stop)
     result = gates_step(ctx, Step(step="gates", args={"only": ["models", "needle"], "needle_tokens": 1500}))
@@ -321,7 +321,7 @@ def test_up_gates_step_fails_the_run_and_stops_the_lane_only_when_asked(engine_f
 
 
 def test_up_gates_step_passes_on_a_healthy_engine(engine_for, monkeypatch):
-    from sparkfleet.gates.run import gates_step
+    from sparkfleet.runner.gates_step import gates_step
     from sparkfleet.spec.playbook import Step
 
     monkeypatch.setenv(KEY_ENV, KEY)

@@ -8,21 +8,20 @@ FM-01). A container of another sparkfleet lane holding the port or GPU refuses t
 
 from __future__ import annotations
 
-from sparkfleet.engines.base import LABEL_PREFIX
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import Container
+from sparkfleet.naming import LABEL_PREFIX, PROFILE_LABEL, RUN_LABEL
 
 from .context import CheckContext
 
 CHECK = "conflicts"
 LIVE = ("running", "restarting", "paused")  # states that keep their ports and GPU
 OWN = f"{LABEL_PREFIX}."
-PROFILE_LABEL = f"{LABEL_PREFIX}.profile"
 FOREIGN_REMEDY = "sparkfleet never stops what it did not start: stop it yourself or pick another lane (CATALOG FM-48)"
 
 
 def describe(c: Container) -> str:
-    run = c.labels.get(f"{LABEL_PREFIX}.run")
+    run = c.labels.get(RUN_LABEL)
     return f"{c.name} ({c.image}, {c.state}" + (f", run {run}" if run else "") + ")"
 
 

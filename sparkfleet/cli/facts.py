@@ -10,6 +10,7 @@ from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, a
 from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import facts_requests, gather, model_dir, plan_for, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result
+from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
 from sparkfleet.spec.errors import UserError
 
 ORDER = 20
@@ -141,8 +142,8 @@ def _print_node(f: NodeFacts, mdir: str | None, gid: int | None) -> None:
                 extra.append(f"net {c.network_mode}")
             if c.gpus:
                 extra.append("gpus")
-            if "sparkfleet.profile" in c.labels:
-                extra.append(f"lane {c.labels['sparkfleet.profile']} rank {c.labels.get('sparkfleet.rank', '?')}")
+            if PROFILE_LABEL in c.labels:
+                extra.append(f"lane {c.labels[PROFILE_LABEL]} rank {c.labels.get(RANK_LABEL, '?')}")
             _line("", f"  {c.name}: {c.image} ({', '.join(extra)})")
     if f.listening:
         _line("listening", ", ".join(f"{x.port}" + (f" ({x.process})" if x.process else "") for x in f.listening))

@@ -8,10 +8,11 @@ import shlex
 import time
 
 from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, add_wide, out, print_json, spec
+from sparkfleet.naming import PROFILE_LABEL as LABEL
+from sparkfleet.naming import RANK_LABEL, RUN_LABEL
 from sparkfleet.spec.errors import UserError
 
 ORDER = 14
-LABEL = "sparkfleet.profile"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,8 +73,8 @@ def _ours(facts) -> list[dict]:
             continue
         for c in (f.docker.containers if f.docker else []):
             if LABEL in c.labels:
-                rows.append({"node": node, "profile": c.labels[LABEL], "rank": int(c.labels.get("sparkfleet.rank", -1)),
-                             "run": c.labels.get("sparkfleet.run"), "container": c.name, "id": c.id,
+                rows.append({"node": node, "profile": c.labels[LABEL], "rank": int(c.labels.get(RANK_LABEL, -1)),
+                             "run": c.labels.get(RUN_LABEL), "container": c.name, "id": c.id,
                              "state": c.state, "started_at": c.started_at, "simulated": f.simulated})
     return rows
 

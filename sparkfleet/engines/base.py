@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sparkfleet import naming
 from sparkfleet.engines.container import ContainerSpec, checked, docker_argv, docker_script
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
@@ -23,8 +24,6 @@ from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.load import Loaded
 from sparkfleet.spec.profile import Profile
 from sparkfleet.spec.yamlsrc import locate
-
-LABEL_PREFIX = "sparkfleet"
 
 
 @dataclass
@@ -146,13 +145,12 @@ def hardware(ranks: list[Rank]) -> set[str]:
 
 
 def container_name(profile: Profile, rank: int) -> str:
-    return f"sf-{profile.name}-r{rank}"
+    return naming.container_name(profile.name, rank)
 
 
 def labels(ctx: LaneContext, rank: int) -> dict[str, str]:
     """Labels mark sparkfleet's containers: `stop` only ever touches containers carrying them."""
-    return {f"{LABEL_PREFIX}.profile": ctx.profile.name, f"{LABEL_PREFIX}.rank": str(rank),
-            f"{LABEL_PREFIX}.run": ctx.run_id}
+    return naming.labels(ctx.profile.name, rank, ctx.run_id)
 
 
 def gid_for(ctx: LaneContext, node: Node) -> str:

@@ -6,6 +6,7 @@ import posixpath
 
 from sparkfleet.engines.base import LaneContext, container_name, gid_for, groups, labels
 from sparkfleet.engines.container import Bind, ContainerSpec
+from sparkfleet.naming import engram_copy_dir
 from sparkfleet.placement import Rank
 
 
@@ -17,8 +18,7 @@ def engram_host_dir(ctx: LaneContext, r: Rank) -> str | None:
         return None
     name = ctx.profile.engram_copy_name()
     assert name is not None
-    # copies are per checkpoint (CATALOG ENG-26): one directory per revision under the node's root
-    return posixpath.join(root, name)
+    return engram_copy_dir(root, name)
 
 
 def lane_binds(ctx: LaneContext, r: Rank) -> list[Bind]:

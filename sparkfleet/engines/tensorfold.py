@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 from collections.abc import Iterator
@@ -11,6 +10,7 @@ from sparkfleet.engines.base import Engine, LaneContext, Launch, at, container_n
 from sparkfleet.engines.base import reserved as reserved_rule
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
+from sparkfleet.naming import tensorfold_config_path
 from sparkfleet.placement import Rank
 from sparkfleet.render.shell import render
 from sparkfleet.spec.inventory import Inventory
@@ -86,7 +86,7 @@ class TensorFold(Engine):
                 "env": p.env,
             }
             config = render(ctx.template_dir, "tensorfold-config.env.j2", context)
-            config_path = posixpath.join(tf.recipe_dir, "config.env")
+            config_path = tensorfold_config_path(tf.recipe_dir)
             script, argv = render_command(ctx, "tensorfold-start.sh.j2",
                                           {"recipe_dir": tf.recipe_dir, "config_path": config_path})
             out.append(Launch(node.name, r.rank, r.role, wave, container_name(p, r.rank), argv,

@@ -1,9 +1,40 @@
-"""Plain node commands the controller runs, in one place (the sim's shims answer the same commands)."""
+"""Node operations: each is a command the controller runs on a node plus a pure parser of its output.
+
+The shape is pyinfra's facts (`pyinfra/facts/server.py`: `Sysctl.command()` builds the shell line,
+`Sysctl.process(output)` turns the output into data): here `*_command(...)` returns the exact shell line
+and `parse_*(result)` reads a `Result` (stdout, stderr, exit code) into data or a `NodeError`. Nothing
+here does I/O; the runner runs the commands (or prints them under --dry-run) and hands back results.
+
+Output formats follow the real tools (the sim's shims answer in the same formats):
+- `docker ps -q --no-trunc`: one full 64-hex container id per line
+  (https://docs.docker.com/reference/cli/docker/container/ls/, `--quiet`, `--no-trunc`).
+- `docker inspect ID...`: a JSON array of the objects found; for an id it cannot find it writes
+  `Error: No such object: ID` to stderr and exits 1, still printing the others
+  (https://docs.docker.com/reference/cli/docker/inspect/). `State.Status` is one of created, running,
+  paused, restarting, removing, exited, dead; `State.ExitCode` the exit code
+  (https://docs.docker.com/reference/api/engine/, ContainerState).
+- `docker logs ID`: the container's stdout on stdout and its stderr on stderr
+  (https://docs.docker.com/reference/cli/docker/container/logs/); for an unknown container the CLI
+  writes `Error response from daemon: No such container: ID` and exits 1.
+- A docker CLI without its daemon: `Cannot connect to the Docker daemon at unix:///var/run/docker.sock.
+  Is the docker daemon running?`; without access to the socket: `permission denied while trying to
+  connect to the Docker daemon socket at unix:///var/run/docker.sock ...`
+  (https://docs.docker.com/engine/install/linux-postinstall/).
+- A missing binary: the shell's `docker: command not found` (bash) or `docker: not found` (dash), exit 127
+  (POSIX: "If a command is not found, the exit status shall be 127").
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+from dataclasses import dataclass
 from typing import Any
 
+from sparkfleet.findings import Finding
+from sparkfleet.fleet.transport import Result
+from sparkfleet.naming import PROFILE_LABEL
 from sparkfleet.spec.inventory import Node
 
 # `sysctl -w` rather than a redirect into /proc: it is an ordinary command, so the simulated lab's shim
@@ -12,17 +43,177 @@ DROP_CACHES = "sync && sysctl -q -w vm.drop_caches=3"
 DROP_TIMEOUT_S = 120.0  # sync flushes dirty pages first, which can take a while on a busy node
 
 
-def drop_caches(transport: Any, nodes: list[Node]) -> dict[str, bool | str]:
-    """Drop the page cache everywhere at once: True per node that did, the reason where the command failed.
+# -- what went wrong on a node -----------------------------------------------------------------------
 
-    A node that cannot be reached is left out: gathering facts reports it as unreachable.
-    """
+@dataclass(frozen=True)
+class NodeError:
+    """A command that did not do its job on a node, classified so the finding names the real cause."""
+
+    node: str
+    kind: str  # reach | docker-down | permission | missing-binary | no-such-container | failed
+    message: str
+    remedy: str
+
+    def finding(self) -> Finding:
+        return Finding(self.kind, "fail", self.message, self.remedy, node=self.node)
+
+
+DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running\?")
+DOCKER_PERMISSION = re.compile(r"permission denied while trying to connect to the Docker daemon", re.I)
+PERMISSION = re.compile(r"permission denied|operation not permitted", re.I)
+NOT_FOUND = re.compile(r"(?:^|\s)(\S+): (?:command )?not found\s*$", re.M)
+NO_SUCH_CONTAINER = re.compile(r"No such (?:container|object): (\S+)")
+REMEDIES = {
+    "reach": "bring the node back (or fix its SSH), then run again",
+    "docker-down": "start docker on the node (sudo systemctl start docker), then run again",
+    "permission": "connect as a user allowed to do this (root, or a member of the docker group for docker)",
+    "missing-binary": "install it on the node (or put it on the SSH user's PATH), then run again",
+}
+
+
+def classify(result: Result) -> NodeError | None:
+    """None when the command worked; else what failed: the node not answering is not the same as a
+    command that ran there and failed (docker down, permission, a missing binary)."""
+    if result.ok:
+        return None
+    node = result.node
+    if result.error not in ("exit", None):  # unreachable, auth, host key, timeout: the transport's verdict
+        return NodeError(node, "reach", result.message or result.error or "did not answer", REMEDIES["reach"])
+    text = (result.stderr or "").strip() or (result.stdout or "").strip() or result.message
+    last = text.splitlines()[-1] if text else f"exit {result.exit_code}"
+    if DAEMON_DOWN.search(text):
+        return NodeError(node, "docker-down", f"the docker daemon is not running: {last}", REMEDIES["docker-down"])
+    if DOCKER_PERMISSION.search(text):
+        return NodeError(node, "permission", f"no access to the docker socket: {last}", REMEDIES["permission"])
+    missing = NOT_FOUND.search(text)
+    if result.exit_code == 127 or missing:
+        what = missing.group(1) if missing else "a command"
+        return NodeError(node, "missing-binary", f"{what} is not installed on the node: {last}",
+                         REMEDIES["missing-binary"])
+    if PERMISSION.search(text):
+        return NodeError(node, "permission", f"permission denied: {last}", REMEDIES["permission"])
+    return NodeError(node, "failed", f"exit {result.exit_code}: {last}", "")
+
+
+def failures(results: dict[str, Result]) -> list[Finding]:
+    """One finding per node whose command failed, saying what failed."""
+    return [e.finding() for e in (classify(r) for r in results.values()) if e is not None]
+
+
+# -- docker: the lane's containers, their state, their logs, stopping them ---------------------------
+
+def lane_containers_command(profile: str, running_only: bool = False) -> str:
+    """Ids of one lane's containers, by label only: another lane's or a foreign container never matches."""
+    flag = "" if running_only else " -a"
+    return f"docker ps{flag} -q --no-trunc --filter {shlex.quote(f'label={PROFILE_LABEL}={profile}')}"
+
+
+def parse_container_ids(result: Result) -> list[str] | NodeError:
+    err = classify(result)
+    if err:
+        return err
+    return result.stdout.split()
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    status: str  # docker's State.Status, or "missing" when docker no longer knows the container
+    exit_code: int | None = None
+    error: str = ""  # State.Error (e.g. an OCI runtime error) when docker gives one
+
+
+def inspect_command(ids: list[str]) -> str:
+    return "docker inspect " + " ".join(shlex.quote(i) for i in ids)
+
+
+def parse_inspect(result: Result, refs: list[tuple[str, str]]) -> dict[str, ContainerState] | NodeError:
+    """State per requested (id, name); an id docker says it has no such object of is "missing" (it vanished).
+
+    `docker inspect` exits 1 when any id is unknown but still prints the others, so a non-zero exit
+    whose stderr only names unknown ids is an answer, not a failure."""
+    unknown = set(NO_SUCH_CONTAINER.findall(result.stderr or ""))
+    other = [line for line in (result.stderr or "").splitlines() if line.strip() and not NO_SUCH_CONTAINER.search(line)]
+    if not result.ok and (result.error != "exit" or other or not unknown):
+        err = classify(result)
+        if err:
+            return err
+    try:
+        docs = json.loads(result.stdout) if result.stdout.strip() else []
+    except ValueError:
+        return NodeError(result.node, "failed", "docker inspect printed something that is not JSON", "")
+    by_id = {d.get("Id"): d for d in docs if isinstance(d, dict)}
+    by_name = {str(d.get("Name", "")).lstrip("/"): d for d in docs if isinstance(d, dict)}
+    out: dict[str, ContainerState] = {}
+    for cid, name in refs:
+        d = by_id.get(cid) or by_name.get(name) or next(
+            (v for k, v in by_id.items() if k and cid and k.startswith(cid)), None)
+        if d is None:
+            out[cid] = ContainerState("missing")
+            continue
+        state = d.get("State") or {}
+        out[cid] = ContainerState(str(state.get("Status", "unknown")), state.get("ExitCode"),
+                                  str(state.get("Error") or ""))
+    return out
+
+
+def logs_command(container: str, seen: int) -> str:
+    """The log lines after the first `seen` (stdout and stderr merged, as the engine wrote them).
+
+    The log is read whole on the node and only the new lines travel; when `docker logs` itself fails its
+    message goes to stderr with its exit code, so a failure is never taken for the engine's log lines."""
+    c = shlex.quote(container)
+    return (f"if out=$(docker logs {c} 2>&1); then [ -z \"$out\" ] || printf '%s\\n' \"$out\" | tail -n +{seen + 1}; "
+            f"else rc=$?; printf '%s\\n' \"$out\" >&2; exit $rc; fi")
+
+
+def parse_logs(result: Result) -> list[str] | NodeError:
+    err = classify(result)
+    if err is None:
+        return result.stdout.splitlines()
+    text = (result.stderr or "").strip()
+    gone = NO_SUCH_CONTAINER.search(text)
+    if gone and err.kind == "failed":
+        return NodeError(result.node, "no-such-container", f"docker logs: no such container {gone.group(1)}", "")
+    return NodeError(err.node, err.kind, "docker logs failed: " + err.message, err.remedy)
+
+
+def stop_command(ids: list[str], remove: bool = True) -> str:
+    """Remove (or only stop, to keep them) containers: removing leaves no old head's rendezvous (FM-01)."""
+    verb = "docker rm -f" if remove else "docker stop"
+    return f"{verb} {' '.join(map(shlex.quote, ids))}"
+
+
+# -- rail-2 aliases ---------------------------------------------------------------------------------
+
+def rail2_alias_command(alias: str, iface: str, add: bool) -> str:
+    """Runtime only: `ip addr` never writes persistent network config (CATALOG LCH-T4)."""
+    a, d = shlex.quote(alias), shlex.quote(iface)
+    return (f"ip addr del {a} dev {d} 2>/dev/null; ip addr add {a} dev {d}" if add
+            else f"ip addr del {a} dev {d} 2>/dev/null || true")
+
+
+# -- drop caches ------------------------------------------------------------------------------------
+
+def parse_drop_caches(result: Result) -> bool | str | None:
+    """True when dropped; why not when the command ran and failed; None when the node did not answer
+    (gathering facts reports it as unreachable)."""
+    if result.ok:
+        return True
+    if result.error in ("exit", "timeout"):
+        lines = (result.stderr or result.message or "").strip().splitlines()
+        return lines[-1] if lines else f"exit {result.exit_code}"
+    return None
+
+
+def drop_caches(transport: Any, nodes: list[Node]) -> dict[str, bool | str]:
+    """Drop the page cache everywhere at once (for `check --drop-caches`; `up` runs the same command)."""
     results = transport.run(nodes, DROP_CACHES, timeout_s=DROP_TIMEOUT_S)
-    done: dict[str, bool | str] = {}
-    for name, r in results.items():
-        if r.ok:
-            done[name] = True
-        elif r.error in ("exit", "timeout"):
-            lines = (r.stderr or r.message or "").strip().splitlines()
-            done[name] = lines[-1] if lines else f"exit {r.exit_code}"
-    return done
+    done = {name: parse_drop_caches(r) for name, r in results.items()}
+    return {k: v for k, v in done.items() if v is not None}
+
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+def read_file_command(path: str) -> str:
+    return f"cat {shlex.quote(path)}"

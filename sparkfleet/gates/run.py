@@ -10,19 +10,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkfleet.gates import auth, count, determinism, image, models, needle, reasoning, soak, streaming, tools
 from sparkfleet.gates.client import ApiClient, RequestFailed
 from sparkfleet.gates.env import NEEDLE_LONG, GateEnv, GateOptions
 from sparkfleet.gates.result import Check, GateResult
-from sparkfleet.runner.record import redact
+from sparkfleet.redact import redact
 from sparkfleet.spec.profile import Profile
-
-if TYPE_CHECKING:
-    from sparkfleet.runner.context import RunContext
-    from sparkfleet.runner.steps import StepResult
-    from sparkfleet.spec.playbook import Step
 
 # In the order they run: cheap and decisive first, the soak last.
 GATES: dict[str, Callable[[GateEnv], GateResult]] = {
@@ -155,7 +150,7 @@ def summary(results: list[GateResult]) -> str:
     return text + (f" ({', '.join(failed)})" if failed else "")
 
 
-# -- the `gates` step of `up` -------------------------------------------------------------------------
+# -- gate options from a playbook step's args -------------------------------------------------------------------------
 
 STEP_ARGS = {"only", "soak_minutes", "soak_streams", "needle_tokens", "long"}
 
@@ -187,54 +182,5 @@ def options_from_args(args: dict[str, Any]) -> tuple[list[str] | None, GateOptio
     return parse_only(args.get("only")), opts
 
 
-def gates_step(ctx: RunContext, st: Step) -> StepResult:
-    """Run the profile's gates against the lane just started; a failure fails the `up`.
-
-    The lane is left running for inspection unless --stop-on-gate-failure was given.
-    """
-    from sparkfleet.runner.steps import StepResult, stop_launch
-
-    profile = ctx.profile
-    base = ctx.endpoint()
-    try:
-        only, options = options_from_args({**profile_args(profile), **st.args})
-        key = api_key_for(profile)
-    except GateSetupError as exc:
-        return StepResult("fail", str(exc))
-    if key:
-        ctx.record.secret_values.add(key)
-    names = only or default_gates(profile)
-    if ctx.options.dry_run:
-        return StepResult("ok", f"would run gates {', '.join(names)} against {base}")
-    roles = [(r.node, r.role if r.role == "head" else "workers") for r in ctx.plan.ranks]
-    options.api_key = key
-    options.mem_sampler = soak.fleet_sampler(ctx.transport, roles, profile.expect.mem_available_floor_gb)
-
-    def started(name: str) -> None:
-        ctx.events.emit("message", text=f"gate {name} ...")
-
-    def finished(r: GateResult) -> None:
-        ctx.events.emit("message", text=f"gate {r.name}: {r.status} ({r.elapsed_s:.1f} s) {r.summary}")
-
-    results = run_gates(base, profile, only, options, on_result=finished, on_start=started)
-    ctx.record.data["gates"] = {"endpoint": base, "results": [r.as_dict() for r in results]}
-    failed = [r for r in results if r.status == "fail"]
-    data = {"results": {r.name: r.status for r in results}}
-    if not failed:
-        return StepResult("ok", summary(results), data=data)
-    from sparkfleet.findings import Finding
-
-    findings = [Finding(f"gate {r.name}", "fail", r.summary, node=ctx.head.name,
-                        observed="; ".join(f"{c.name}: {c.got}" for c in r.failures())[:500] or None)
-                for r in failed]
-    text = summary(results)
-    if ctx.options.stop_on_gate_failure:
-        stop_launch(ctx)
-        text += "; every rank of this launch was stopped (--stop-on-gate-failure)"
-    else:
-        text += f"; the lane is left running at {base} for inspection (sparkfleet down --profile {profile.name})"
-    return StepResult("fail", text, findings, data)
-
-
-__all__ = ["GATES", "GateSetupError", "default_gates", "left_out", "gates_step", "options_from_args", "parse_only",
+__all__ = ["GATES", "GateSetupError", "default_gates", "left_out", "options_from_args", "parse_only",
            "run_gates", "summary"]

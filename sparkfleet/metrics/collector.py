@@ -30,10 +30,10 @@ from sparkfleet.engram.manifest import check_rank
 from sparkfleet.fleet.facts import Container, NodeFacts
 from sparkfleet.metrics import names as n
 from sparkfleet.metrics.records import RunSummary
+from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
 from sparkfleet.spec.inventory import HardwareClass, Inventory, Node
 from sparkfleet.spec.profile import Profile
 
-PROFILE_LABEL, RANK_LABEL = "sparkfleet.profile", "sparkfleet.rank"
 ENGRAM_SOURCES = ("node-local", "nfs")
 
 

@@ -38,7 +38,7 @@ def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
     """A lane's ranks and node-local Engram manifest paths (raises SpecError/UserError as `plan` would)."""
     from sparkfleet.engines.base import LaneContext
     from sparkfleet.engines.registry import engine_for
-    from sparkfleet.fleet.nodeside.engram_copy import MANIFEST
+    from sparkfleet.naming import engram_manifest_path
     from sparkfleet.placement import place
 
     loaded = spec.profile(name)
@@ -51,7 +51,7 @@ def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
     for r in ranks:
         d = engine.engram_copy_dir(ctx, r)
         if d:
-            manifests[r.rank] = f"{d}/{MANIFEST}"
+            manifests[r.rank] = engram_manifest_path(d)
     return Lane(loaded.profile, {r.rank: r.node.name for r in ranks}, manifests)
 
 

@@ -84,6 +84,26 @@ class RunContext:
 
         return endpoint(self.head, self.profile.port)
 
+    def engram_dirs(self) -> dict[str, tuple[int, str]]:
+        """node -> (rank, node-local Engram copy dir) for the ranks that read a node-local copy."""
+        from sparkfleet.engines.base import LaneContext
+        from sparkfleet.engines.registry import engine_for
+
+        lane = LaneContext(self.profile, self.inventory, self.plan.ranks, self.spec.root / "templates")
+        engine = engine_for(self.profile.engine)
+        dirs = {r.node.name: (r.rank, engine.engram_copy_dir(lane, r)) for r in self.plan.ranks}
+        return {n: (rank, d) for n, (rank, d) in dirs.items() if d}
+
+    def patch_manifest_sha256(self) -> str | None:
+        """sha256 of the lane's patch-set manifest file (a restore pin), None without one."""
+        import hashlib
+
+        from sparkfleet.patches import manifest as pm
+
+        name = self.profile.patches
+        path = pm.set_dir(self.spec.root, name) / pm.MANIFEST if name else None
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
+
     def run_each(self, commands: dict[str, str], timeout_s: float = 120.0,
                  stdin: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict[str, Result]:
         """A different command per node, all at once (one thread per node)."""

@@ -72,6 +72,13 @@ class HumanEvents(Events):
                                    + (f" ({where})" if where else "") + f": {f['message']}", highlight=False)
                 if f.get("remedy"):
                     self.console.print(f"            -> {f['remedy']}", markup=False)
+        elif event == "would":  # --dry-run: exactly what would run where
+            if "write" in data:
+                self.console.print(f"       would write {data['write']} on {data['node']}:", markup=False)
+                self.console.print(_indent(data.get("content", "")), markup=False)
+            else:
+                self.console.print(f"       would run on {data['node']}:", markup=False)
+                self.console.print(_indent(data.get("command", "")), markup=False)
         elif event == "message":
             self.console.print("       " + data.get("text", ""), markup=False)
         elif event == "run":
@@ -97,3 +104,7 @@ class HumanEvents(Events):
 
     def close(self) -> None:
         self._stop_live()
+
+
+def _indent(text: str) -> str:
+    return "\n".join("         " + line for line in text.splitlines())

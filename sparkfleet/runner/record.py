@@ -8,35 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
-REDACTED = "***"
+from sparkfleet.redact import REDACTED, SECRET_NAME, redact
+
+__all__ = ["REDACTED", "SECRET_NAME", "Record", "list_runs", "new_run_id", "redact"]
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def redact(value: Any, secret_values: set[str]) -> Any:
-    """Deep copy with secret values replaced wherever they appear (also inside strings)."""
-    if isinstance(value, dict):
-        return {k: (REDACTED if isinstance(k, str) and SECRET_NAME.search(k) and isinstance(v, str) and v
-                    else redact(v, secret_values)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v, secret_values) for v in value]
-    if isinstance(value, str):
-        for s in secret_values:
-            if s and len(s) >= 4:
-                value = value.replace(s, REDACTED)
-        # KEY=value forms inside argv strings
-        return re.sub(r"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD)[A-Z0-9_]*)=([^\s'\"]+)", rf"\1={REDACTED}", value)
-    return value
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,26 +39,22 @@ def image_pins(ctx: RunContext) -> dict[str, str | None]:
 
 
 def engram_pins(ctx: RunContext) -> dict[str, str | None]:
-    from sparkfleet.engines.docker import engram_host_dir
-    from sparkfleet.runner.steps import ENGRAM_MANIFEST, engram_host_dir_for
+    from sparkfleet.fleet.commands import read_file_command
+    from sparkfleet.naming import engram_manifest_path
 
     e = ctx.profile.engram
     if e is None or not e.node_local:
         return {}
-    cmds, ranks = {}, {}
-    for r in ctx.plan.ranks:
-        d = engram_host_dir_for(ctx, r, engram_host_dir)
-        if d:
-            cmds[r.node.name] = f"cat {shlex.quote(d + '/' + ENGRAM_MANIFEST)}"
-            ranks[r.node.name] = str(r.rank)
+    dirs = ctx.engram_dirs()
+    cmds = {n: read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}
+    ranks = {n: str(rank) for n, (rank, _) in dirs.items()}
     res = ctx.run_each(cmds, timeout_s=30)
     return {ranks[n]: (hashlib.sha256(x.stdout.encode()).hexdigest() if x.ok else None) for n, x in res.items()}
 
 
 def current_pins(ctx: RunContext) -> dict:
-    from sparkfleet.runner.steps import manifest_hash
-
-    return {"profile_sha256": profile_hash(ctx), "images": image_pins(ctx), "patch_manifest_sha256": manifest_hash(ctx),
+    return {"profile_sha256": profile_hash(ctx), "images": image_pins(ctx),
+            "patch_manifest_sha256": ctx.patch_manifest_sha256(),
             "engram_manifests": engram_pins(ctx), "ranks": {str(r.rank): r.node.name for r in ctx.plan.ranks}}
 
 

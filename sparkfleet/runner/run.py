@@ -10,8 +10,10 @@ from sparkfleet.root import state_dir
 from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock
+from sparkfleet.runner.ops import StepResult, drive
+from sparkfleet.runner.ranks import stop_launch
 from sparkfleet.runner.record import Record, new_run_id
-from sparkfleet.runner.steps import STEPS, StepResult, stop_launch
+from sparkfleet.runner.steps import DRY, STEPS
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Loaded, Spec
 from sparkfleet.spec.playbook import Playbook
@@ -62,7 +64,10 @@ def _steps(ctx: RunContext) -> None:
         name = st.step + (f":{st.role}" if st.role else "")
         events.step(name, "start")
         t0 = time.time()
-        result: StepResult = STEPS[st.step](ctx, st)
+        if ctx.options.dry_run and st.step in DRY:  # a step that needs the live lane: say what it would do
+            result = StepResult("ok", DRY[st.step](ctx, st))
+        else:
+            result = drive(ctx, STEPS[st.step](ctx, st))
         elapsed = round(time.time() - t0, 3)
         record.steps.append({"step": name, "status": result.status, "summary": result.summary,
                              "elapsed_s": elapsed, "findings": [f.as_dict() for f in result.findings],

@@ -1,0 +1,87 @@
+"""The ranks this run started: following them (state and new log lines, one poll), deciding whether the
+launch has failed and which rank failed it, and stopping them."""
+
+from __future__ import annotations
+
+from sparkfleet.engines.logs import LogFacts, feed
+from sparkfleet.engines.registry import engine_for
+from sparkfleet.fleet import commands as nodeops
+from sparkfleet.runner.context import RunContext, Started
+from sparkfleet.runner.ops import NodeCommands, StepGen, query, run_now
+
+LOG_TAIL = 60  # lines of each rank's log kept in the record when a launch fails
+
+
+def _by_node(ctx: RunContext) -> dict[str, list[Started]]:
+    by_node: dict[str, list[Started]] = {}
+    for s in ctx.started:
+        by_node.setdefault(s.node, []).append(s)
+    return by_node
+
+
+def follow(ctx: RunContext) -> StepGen:
+    """One poll of every rank this run started: its state and its new log lines.
+
+    Returns ({rank: (node, ContainerState)}, [(rank, node, NodeError)]): a node whose docker could not
+    answer is an error of its own (never an "unknown" state or log lines)."""
+    by_node = _by_node(ctx)
+    results = yield query("inspect the ranks", {n: nodeops.inspect_command([s.id for s in ss])
+                                                for n, ss in by_node.items()}, 30)
+    states, errors = {}, []
+    for n, ss in by_node.items():
+        parsed = nodeops.parse_inspect(results[n], [(s.id, s.container) for s in ss])
+        for s in ss:
+            if isinstance(parsed, nodeops.NodeError):
+                errors.append((s.rank, n, parsed))
+            else:
+                states[s.rank] = (n, parsed[s.id])
+    wanted = [s for s in ctx.started if s.rank in states and states[s.rank][1].status != "missing"]
+    cmds, rank_of = {}, {}
+    for s in wanted:  # one log command per node (one rank per node in every lane sparkfleet runs)
+        seen = ctx.log_facts.setdefault(s.rank, LogFacts()).lines_seen
+        cmds[s.node] = nodeops.logs_command(s.id, seen)
+        rank_of[s.node] = s.rank
+    logs = yield query("read the ranks' new log lines", cmds, 30)
+    for n, res in logs.items():
+        rank = rank_of[n]
+        lines = nodeops.parse_logs(res)
+        if isinstance(lines, nodeops.NodeError):
+            if lines.kind == "no-such-container":  # gone between the two commands
+                states[rank] = (n, nodeops.ContainerState("missing"))
+            else:
+                errors.append((rank, n, lines))
+            continue
+        tail = ctx.logs_tail.setdefault(rank, [])
+        tail.extend(lines)
+        del tail[:-LOG_TAIL]
+        feed(ctx.log_facts[rank], lines, ctx.profile.fatal_signatures, engine_for(ctx.profile.engine).log)
+    return states, errors
+
+
+def launch_failure(ctx: RunContext, states: dict) -> str | None:
+    """Why the launch has failed, naming the rank that failed (not a peer that noticed later): ranks that
+    are gone (vanished, exited, dead) come first, with their own fatal line when they logged one."""
+    gone = sorted(r for r, (_, s) in states.items() if s.status in ("exited", "dead", "missing"))
+    fatal = sorted(r for r, lf in ctx.log_facts.items() if lf.fatal)
+    for rank in gone + [r for r in fatal if r not in gone]:
+        node = states[rank][0] if rank in states else next(s.node for s in ctx.started if s.rank == rank)
+        lf = ctx.log_facts.get(rank)
+        if lf and lf.fatal:
+            detail = f" ... {lf.fatal_detail}" if lf.fatal_detail else ""
+            return f"rank {rank} logged a fatal line: {lf.fatal}{detail} (on {node})"
+        s = states[rank][1]
+        if s.status == "missing":
+            return f"rank {rank} on {node} vanished (docker no longer knows its container)"
+        return f"rank {rank} on {node} {s.status}" + (f" with code {s.exit_code}" if s.exit_code is not None else "")
+    return None
+
+
+def stop_launch_commands(ctx: RunContext) -> NodeCommands:
+    """Stop every rank this run started (they stay, stopped, for inspection)."""
+    return NodeCommands("stop every rank of this launch",
+                        {n: nodeops.stop_command([s.id for s in ss], remove=False) for n, ss in _by_node(ctx).items()},
+                        timeout_s=120)
+
+
+def stop_launch(ctx: RunContext) -> None:
+    run_now(ctx, stop_launch_commands(ctx))

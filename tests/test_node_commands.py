@@ -1,0 +1,174 @@
+"""Node operations (sparkfleet/fleet/commands.py): exact commands, and parsers fed the real tools' output.
+
+The outputs below are in the formats the real tools print (sources in the module's docstring): docker
+CLI 27's `ps -q --no-trunc`, `inspect` (a JSON array; `Error: No such object: ID` on stderr, exit 1),
+`logs`, the daemon-down and socket-permission messages, and bash's `command not found` (exit 127).
+The shell parts of the log command run in a real bash against a `docker` on PATH that answers as the
+real CLI does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from sparkfleet.fleet import commands as c
+from sparkfleet.fleet.nodeside.engram_copy import MANIFEST
+from sparkfleet.fleet.transport import Result
+from sparkfleet.naming import ENGRAM_MANIFEST
+from sparkfleet.runner.ops import NodeCommands, StepResult, drive
+
+ID1 = "4f66ad9a0b2e1b6d8a8c3c7f1f0b8a1e5d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a"
+ID2 = "9c1b7e4d2a3f5e6d7c8b9a0f1e2d3c4b5a69788796a5b4c3d2e1f0a9b8c7d6e5"
+DAEMON_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+SOCKET_DENIED = ("permission denied while trying to connect to the Docker daemon socket at "
+                 "unix:///var/run/docker.sock: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/containers/json\": "
+                 "dial unix /var/run/docker.sock: connect: permission denied")
+
+
+def inspect_doc(cid: str, name: str, status: str, code: int = 0, error: str = "") -> dict:
+    """A container as `docker inspect` prints it (the fields read here and some neighbours)."""
+    return {"Id": cid, "Created": "2026-12-01T09:30:01.123456789Z", "Path": "vllm", "Args": ["serve"],
+            "State": {"Status": status, "Running": status == "running", "Paused": False, "Restarting": False,
+                      "OOMKilled": False, "Dead": status == "dead", "Pid": 4242 if status == "running" else 0,
+                      "ExitCode": code, "Error": error, "StartedAt": "2026-12-01T09:30:01.5Z",
+                      "FinishedAt": "0001-01-01T00:00:00Z"},
+            "Name": f"/{name}", "RestartCount": 0, "Config": {"Labels": {"sparkfleet.profile": "dcp2"}}}
+
+
+def test_lane_containers_by_label_only() -> None:
+    assert c.lane_containers_command("dcp2") == "docker ps -a -q --no-trunc --filter label=sparkfleet.profile=dcp2"
+    assert c.lane_containers_command("dcp2", running_only=True) == (
+        "docker ps -q --no-trunc --filter label=sparkfleet.profile=dcp2")
+    assert c.lane_containers_command("x y") == "docker ps -a -q --no-trunc --filter 'label=sparkfleet.profile=x y'"
+    assert c.parse_container_ids(Result("n", True, stdout=f"{ID1}\n{ID2}\n", exit_code=0)) == [ID1, ID2]
+    assert c.parse_container_ids(Result("n", True, stdout="", exit_code=0)) == []
+
+
+def test_inspect_states_and_a_vanished_container() -> None:
+    out = json.dumps([inspect_doc(ID1, "sf-dcp2-r1", "running"), inspect_doc(ID2, "sf-dcp2-r2", "exited", 137)],
+                     indent=4)
+    got = c.parse_inspect(Result("n", True, stdout=out, exit_code=0), [(ID1, "sf-dcp2-r1"), (ID2, "sf-dcp2-r2")])
+    assert got == {ID1: c.ContainerState("running", 0), ID2: c.ContainerState("exited", 137)}
+    # one of two gone: exit 1, the found one still printed, the other named on stderr
+    res = Result("n", False, stdout=json.dumps([inspect_doc(ID1, "sf-dcp2-r1", "running")]),
+                 stderr=f"Error: No such object: {ID2}\n", exit_code=1, error="exit")
+    assert c.parse_inspect(res, [(ID1, "sf-dcp2-r1"), (ID2, "sf-dcp2-r2")]) == {
+        ID1: c.ContainerState("running", 0), ID2: c.ContainerState("missing")}
+    # the only one gone: `[]` on stdout
+    res = Result("n", False, stdout="[]\n", stderr=f"Error: No such object: {ID2}\n", exit_code=1, error="exit")
+    assert c.parse_inspect(res, [(ID2, "sf-dcp2-r2")]) == {ID2: c.ContainerState("missing")}
+    # a short id the launch printed matches the full id docker reports
+    res = Result("n", True, stdout=json.dumps([inspect_doc(ID1, "x", "created")]), exit_code=0)
+    assert c.parse_inspect(res, [(ID1[:12], "sf-dcp2-r1")]) == {ID1[:12]: c.ContainerState("created", 0)}
+
+
+@pytest.mark.parametrize("stderr, code, kind, says", [
+    (DAEMON_DOWN, 1, "docker-down", "the docker daemon is not running"),
+    (SOCKET_DENIED, 1, "permission", "no access to the docker socket"),
+    ("bash: line 1: docker: command not found", 127, "missing-binary", "docker is not installed on the node"),
+    ("sh: 1: docker: not found", 127, "missing-binary", "docker is not installed on the node"),
+])
+def test_a_command_that_ran_and_failed_is_not_reach(stderr: str, code: int, kind: str, says: str) -> None:
+    res = Result("bluey", False, stdout="[]\n" if "docker" in stderr else "", stderr=stderr + "\n", exit_code=code,
+                 error="exit")
+    for err in (c.classify(res), c.parse_inspect(res, [(ID1, "a")]), c.parse_container_ids(res)):
+        assert isinstance(err, c.NodeError)
+        assert (err.node, err.kind) == ("bluey", kind) and err.message.startswith(says)
+        assert err.remedy == c.REMEDIES[kind]
+    (f,) = c.failures({"bluey": res})
+    assert (f.check, f.status, f.node) == (kind, "fail", "bluey")
+
+
+def test_an_unanswering_node_is_reach() -> None:
+    res = Result("bluey", False, error="unreachable", message="bluey (10.0.0.3:22): connection refused")
+    err = c.classify(res)
+    assert err == c.NodeError("bluey", "reach", "bluey (10.0.0.3:22): connection refused", c.REMEDIES["reach"])
+
+
+def run_bash(tmp_path, docker_script: str, command: str) -> subprocess.CompletedProcess:
+    (tmp_path / "docker").write_text("#!/bin/sh\n" + docker_script)
+    (tmp_path / "docker").chmod(0o755)
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+
+
+def as_result(p: subprocess.CompletedProcess) -> Result:
+    return Result("n", p.returncode == 0, p.stdout, p.stderr, p.returncode, None if p.returncode == 0 else "exit")
+
+
+def test_logs_since_keeps_stderr_lines_and_counts_from_the_last_seen(tmp_path) -> None:
+    # the engine writes to both streams; `docker logs` passes them on as two streams
+    script = 'echo "INFO started"; echo "WARNING odd" >&2; echo "INFO loaded"; exit 0\n'
+    assert c.parse_logs(as_result(run_bash(tmp_path, script, c.logs_command(ID1, 0)))) == [
+        "INFO started", "WARNING odd", "INFO loaded"]
+    assert c.parse_logs(as_result(run_bash(tmp_path, script, c.logs_command(ID1, 2)))) == ["INFO loaded"]
+    assert c.parse_logs(as_result(run_bash(tmp_path, script, c.logs_command(ID1, 3)))) == []
+    assert c.parse_logs(as_result(run_bash(tmp_path, "exit 0\n", c.logs_command(ID1, 0)))) == []
+
+
+def test_logs_errors_are_errors_never_log_lines(tmp_path) -> None:
+    gone = f'echo "Error response from daemon: No such container: {ID1}" >&2; exit 1\n'
+    err = c.parse_logs(as_result(run_bash(tmp_path, gone, c.logs_command(ID1, 40))))
+    assert err == c.NodeError("n", "no-such-container", f"docker logs: no such container {ID1}", "")
+    down = f'echo "{DAEMON_DOWN}" >&2; exit 1\n'
+    err = c.parse_logs(as_result(run_bash(tmp_path, down, c.logs_command(ID1, 0))))
+    assert isinstance(err, c.NodeError) and err.kind == "docker-down"
+    assert err.message == f"docker logs failed: the docker daemon is not running: {DAEMON_DOWN}"
+
+
+def test_stop_rail2_and_drop_caches() -> None:
+    assert c.stop_command([ID1, ID2]) == f"docker rm -f {ID1} {ID2}"
+    assert c.stop_command([ID1], remove=False) == f"docker stop {ID1}"
+    assert c.rail2_alias_command("192.168.193.11/24", "enP2p1s0f0np0", add=True) == (
+        "ip addr del 192.168.193.11/24 dev enP2p1s0f0np0 2>/dev/null; ip addr add 192.168.193.11/24 dev enP2p1s0f0np0")
+    assert c.rail2_alias_command("192.168.193.11/24", "enP2p1s0f0np0", add=False) == (
+        "ip addr del 192.168.193.11/24 dev enP2p1s0f0np0 2>/dev/null || true")
+    assert c.parse_drop_caches(Result("n", True, exit_code=0)) is True
+    denied = "sysctl: permission denied on key \"vm.drop_caches\""
+    assert c.parse_drop_caches(Result("n", False, stderr=denied + "\n", exit_code=255, error="exit")) == denied
+    assert c.parse_drop_caches(Result("n", False, error="unreachable")) is None
+
+
+def test_the_one_name_of_the_engram_manifest() -> None:
+    assert MANIFEST == ENGRAM_MANIFEST  # the node-side copier is stdlib-only and spells it itself
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict]] = []
+
+    def emit(self, event: str, **data) -> None:
+        self.seen.append((event, data))
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def run(self, nodes, command, **kw):
+        self.ran.append(command)
+        return {n.name: Result(n.name, True, stdout="", exit_code=0) for n in nodes}
+
+
+def test_dry_run_prints_exactly_what_changes_nodes_and_runs_only_queries() -> None:
+    def a_step(ctx, st):
+        listed = yield NodeCommands("list", {"a": "docker ps -q", "b": "docker ps -q"}, changes=False)
+        done = yield NodeCommands("stop", {"a": "docker rm -f x", "b": "docker rm -f 'y z'"})
+        return StepResult("ok", f"listed {sorted(listed)}, stopped {done}")
+
+    nodes = {n: SimpleNamespace(name=n) for n in "ab"}
+    ctx = SimpleNamespace(options=SimpleNamespace(dry_run=True), events=Events(), transport=Transport(),
+                          node=nodes.__getitem__,
+                          run_each=lambda cmds, **kw: {n: Result(n, True, exit_code=0, stdout=cmds[n]) for n in cmds})
+    result = drive(ctx, a_step(ctx, None))
+    assert result.summary == "listed ['a', 'b'], stopped None"
+    assert ctx.events.seen == [("would", {"what": "stop", "node": "a", "command": "docker rm -f x"}),
+                               ("would", {"what": "stop", "node": "b", "command": "docker rm -f 'y z'"})]
+    ctx.options.dry_run = False
+    ctx.events = Events()
+    result = drive(ctx, a_step(ctx, None))
+    assert result.summary.startswith("listed ['a', 'b'], stopped {'a': Result(") and ctx.events.seen == []
