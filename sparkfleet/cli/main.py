@@ -22,7 +22,7 @@ COMMANDS: dict[str, str] = {
     "status": "observe", "logs": "observe", "runs": "observe", "facts": "facts", "check": "check",
     "patches": "patches", "gates": "gates", "engram-local": "engram", "exporter": "exporter",
     "dashboards": "exporter", "bench": "bench", "bracket": "bench", "trust": "trust", "sim": "sim",
-    "config": "config", "support-bundle": "bundle",
+    "config": "config", "support-bundle": "bundle", "completion": "completion",
 }
 EXIT_USAGE = 2
 COLOR = ("auto", "always", "never")
