@@ -28,7 +28,6 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
 from sparkfleet.cli.common import (
     EXIT_FAIL,
@@ -382,14 +381,13 @@ def run_harvest(args: argparse.Namespace) -> int:
         _line({"event": "harvest", **harvest.as_dict(), "stored": str(stored) if stored else None,
                "findings": [f.as_dict() for f in findings]})
         return EXIT_OK if stored else EXIT_FAIL
-    table = Table(title=f"Engram rows of {profile.name} (TP{profile.tp})", title_justify="left")
-    for col in ("rank", "node", "layer", "rows", "count", "from"):
-        table.add_column(col)
-    for rank in sorted(per_rank):
-        for layer, (start, end) in sorted(per_rank[rank].items()):
-            table.add_row(str(rank), nodes.get(rank, "?"), str(layer), f"[{start:,}, {end:,})", f"{end - start:,}",
-                          sources.get(rank, ""))
-    out.print(table)
+    from sparkfleet.cli.tables import Column, render
+
+    rows = [[str(rank), nodes.get(rank, "?"), str(layer), f"[{start:,}, {end:,})", f"{end - start:,}",
+             sources.get(rank, "")]
+            for rank in sorted(per_rank) for layer, (start, end) in sorted(per_rank[rank].items())]
+    render([Column(c) for c in ("rank", "node", "layer", "rows", "count")] + [Column("from", wrap=True)], rows,
+           title=f"Engram rows of {profile.name} (TP{profile.tp})")
     print_findings(findings)
     if stored:
         out.print(f"stored {stored}", markup=False)
@@ -445,16 +443,19 @@ def run_fleet(args: argparse.Namespace) -> int:
         _line({"event": "summary", "profile": profile.name, "copies": copies,
                "findings": [f.as_dict() for f in findings], "nfs_ranks": nfs})
         return EXIT_FAIL if failed(findings) else EXIT_OK
-    table = Table(title=f"engram-local {profile.name}", title_justify="left")
-    for col in ("rank", "node", "outcome", "copied", "rate", "dest"):
-        table.add_column(col, overflow="fold")
+    from rich.text import Text
+
+    from sparkfleet.cli.tables import Column, render
+
+    rows = []
     for c in copies:
         ev = c["result"] or {}
-        outcome = ("[red]failed[/]" if not c["ok"] else "already complete" if ev.get("already_complete")
+        outcome = (Text("failed", style="red") if not c["ok"] else "already complete" if ev.get("already_complete")
                    else "resumed" if ev.get("chunks_skipped") else "copied")
         rate = f"{ev['rate_mb_s']} MiB/s" if ev.get("rate_mb_s") else ""
-        table.add_row(str(c["rank"]), c["node"], outcome, _mib(ev.get("bytes_copied")) if ev else "-", rate, c["dest"])
-    out.print(table)
+        rows.append([str(c["rank"]), c["node"], outcome, _mib(ev.get("bytes_copied")) if ev else "-", rate, c["dest"]])
+    render([Column(c) for c in ("rank", "node", "outcome", "copied", "rate")] + [Column("dest", wrap=True)], rows,
+           title=f"engram-local {profile.name}")
     print_findings(findings)
     if nfs:
         out.print(f"[yellow]ranks reading Engram rows over NFS at launch:[/] {', '.join(map(str, nfs))}")

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.markup import escape
-from rich.table import Table
-
 from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, out, print_json
 from sparkfleet.sim import faults, lab
 
@@ -126,10 +123,11 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"exists": True, **status})
         return EXIT_OK
-    table = Table(title=escape(f"{TAG} SIMULATION: simulated lab, transport {status['transport']} "
-                               f"({status['dir']})"), title_justify="left")
-    for col in ("node", "hardware", "reachable", "faults", "sshd"):
-        table.add_column(col, overflow="fold")
+    from rich.text import Text
+
+    from sparkfleet.cli.tables import Column, render
+
+    rows = []
     for name, node in status["nodes"].items():
         sshd = ""
         if "sshd" in node:
@@ -138,9 +136,10 @@ def run_status(args: argparse.Namespace) -> int:
         fl = ", ".join(k + "".join(f" {p}={v}" for p, v in params.items() if p in faults.KINDS[k].params
                                    or p == "what")
                        for k, params in node["faults"].items())
-        table.add_row(escape(f"{TAG} {name}"), node["hardware"], "yes" if node["reachable"] else "[red]no[/]",
-                      escape(fl) or "-", sshd)
-    out.print(table)
+        rows.append([f"{TAG} {name}", node["hardware"], "yes" if node["reachable"] else Text("no", style="red"),
+                     sshd, fl or "-"])
+    render([Column(c) for c in ("node", "hardware", "reachable", "sshd")] + [Column("faults", wrap=True)], rows,
+           title=f"{TAG} SIMULATION: simulated lab, transport {status['transport']} ({status['dir']})")
     say(f"inventory: {status['inventory']}")
     return EXIT_OK
 

@@ -192,7 +192,8 @@ def render(columns: list[Column], rows: list[list[Cell]], *, wide: bool = False,
     if console is None:
         from sparkfleet.cli.common import out as console
     if title:
-        console.print(title, markup=False, highlight=False)
+        for i, part in enumerate(wrap_words(title, max(20, console.width - 4) if not wide else 10**6)):
+            console.print(("    " if i else "") + part, markup=False, highlight=False, soft_wrap=True)
     for line in lines(columns, rows, console.width, wide):
         console.print(line, highlight=False, soft_wrap=True)
 
