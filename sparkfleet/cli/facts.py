@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.markup import escape
-
 from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
 from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import facts_requests, gather, model_dir, plan_for, resolve_gid_indexes
@@ -87,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     out.print(summary)
     return EXIT_OK
+
+
+def escape(text: str) -> str:
+    """rich's markup escape, imported only when a table is printed (--json needs no rich)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def _error_dict(r: Result) -> dict:
