@@ -154,15 +154,17 @@ def test_colour_only_when_asked(repo_spec, fake_fleet, capsys, monkeypatch) -> N
     facts = healthy(profile, inv, plan)
     facts["asusi"].earlyoom = EarlyOom(running=False)
     fake_fleet["facts"] = facts
+    # main() sets FORCE_COLOR for --color always: setenv first so teardown restores the variables as they were
+    for name in ("FORCE_COLOR", "NO_COLOR"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(common.out, "_console", None)
-    monkeypatch.delenv("FORCE_COLOR", raising=False)
-    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setattr(common.err, "_console", None)  # teardown puts the earlier consoles back
     assert main(["check", "--root", str(REPO), "--profile", "dcp2"]) == 1
     assert "\x1b[" not in capsys.readouterr().out
     monkeypatch.setattr(common.out, "_console", None)
     assert main(["--color", "always", "check", "--root", str(REPO), "--profile", "dcp2"]) == 1
     assert "\x1b[1;31mFAIL" in capsys.readouterr().out
-    monkeypatch.setattr(common.out, "_console", None)
 
 
 # -- -o / --set -----------------------------------------------------------------------------------------
