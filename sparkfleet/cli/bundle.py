@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 # -- redaction (pure) -----------------------------------------------------------------------------------
 def secret_values(*envs: dict[str, Any]) -> set[str]:
     """Values of env entries whose names look secret (4+ characters: shorter ones are not worth a match)."""
-    from sparkfleet.runner.record import SECRET_NAME
+    from sparkfleet.redact import SECRET_NAME
 
     found = set()
     for env in envs:
@@ -77,7 +77,7 @@ def secret_values(*envs: dict[str, Any]) -> set[str]:
 
 def scrub(value: Any, secrets: set[str]) -> Any:
     """runner.record.redact (secret names and values) plus token-shaped strings, deeply."""
-    from sparkfleet.runner.record import REDACTED, redact
+    from sparkfleet.redact import REDACTED, redact
 
     value = redact(value, secrets)
     if isinstance(value, dict):
