@@ -305,3 +305,68 @@ def test_an_api_key_reaches_the_engine_and_never_a_record(sim, capsys, tmp_path,
         main(["down", "--profile", "dcp2-auth", "--inventory", "sim", "--root", str(ops), "--json"])
     finally:
         own.down()
+
+
+def up_streaming(*argv: str):
+    """`sparkfleet up ... --json` as its own process, its events read as they come."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "from sparkfleet.cli.main import main; raise SystemExit(main())",
+                             "up", *argv, "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=REPO)
+
+
+def test_a_rank_that_vanishes_during_boot_fails_up_within_one_poll(sim, capsys) -> None:
+    """Its container is removed behind sparkfleet's back while the lane boots: `up` names that rank (not the
+    head that would notice a missing peer later), stops every other rank and keeps the rank's last lines."""
+    import time
+
+    from sparkfleet.fleet.connect import transport_for
+
+    sim.fault("reddie", "slow-boot")  # the head boots for long enough that nothing is ready before the vanish
+    bluey = sim.inventory().nodes["bluey"]
+    transport = transport_for([bluey])
+    proc = up_streaming("--profile", "dcp2", "--inventory", "sim", *FAST)
+    events, removed_at = [], None
+    try:
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            e = json.loads(line)
+            events.append(e)
+            if removed_at is None and e["event"] == "ranks" and any(
+                    r["rank"] == 2 and r["state"] == "running" and r["lines"] > 0 for r in e["ranks"]):
+                res = transport.run([bluey], "docker rm -f sf-dcp2-r2")["bluey"]
+                assert res.ok, res
+                removed_at = time.time()
+        assert proc.wait(timeout=60) == 1
+    finally:
+        transport.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert removed_at is not None
+    res = result(events)
+    assert res["reason"] == ("wait_ready: rank 2 on bluey vanished (docker no longer knows its container); "
+                             "every rank of this launch was stopped")
+    states = {n: [c["State"]["Status"] for c in cs] for n, cs in containers(sim).items()}
+    assert states == {"reddie": ["exited"], "asusi": ["exited"], "bluey": [], "spark4": ["exited"]}
+    rec = record_of(events)
+    watch = rec["data"]["wait_ready"]
+    assert (watch["failed_rank"], watch["failed_node"]) == (2, "bluey")
+    # caught by the first poll that began after the removal (or by the one running across it)
+    assert len([t for t in watch["poll_started"] if t > removed_at]) <= 1
+    assert rec["data"]["last_log_lines"]["2"], "the vanished rank's last log lines are kept"
+
+
+def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> None:
+    sim.fault("spark4", "docker-down")
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 1
+    assert result(events)["reason"] == "stop: cannot list containers on every node"
+    fs = next(e for e in events if e["event"] == "findings")["findings"]
+    assert [(f["node"], f["check"], f["status"], f["remedy"]) for f in fs] == [
+        ("spark4", "docker-down", "fail", "start docker on the node (sudo systemctl start docker), then run again")]
+    assert fs[0]["message"] == ("the docker daemon is not running: Cannot connect to the Docker daemon at "
+                                "unix:///var/run/docker.sock. Is the docker daemon running?")
+    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started

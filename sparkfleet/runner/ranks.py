@@ -58,9 +58,9 @@ def follow(ctx: RunContext) -> StepGen:
     return states, errors
 
 
-def launch_failure(ctx: RunContext, states: dict) -> str | None:
-    """Why the launch has failed, naming the rank that failed (not a peer that noticed later): ranks that
-    are gone (vanished, exited, dead) come first, with their own fatal line when they logged one."""
+def launch_failure(ctx: RunContext, states: dict) -> tuple[int, str, str] | None:
+    """(rank, node, why) when the launch has failed, naming the rank that failed (not a peer that noticed
+    later): ranks that are gone (vanished, exited, dead) first, with their own fatal line when they logged one."""
     gone = sorted(r for r, (_, s) in states.items() if s.status in ("exited", "dead", "missing"))
     fatal = sorted(r for r, lf in ctx.log_facts.items() if lf.fatal)
     for rank in gone + [r for r in fatal if r not in gone]:
@@ -68,11 +68,12 @@ def launch_failure(ctx: RunContext, states: dict) -> str | None:
         lf = ctx.log_facts.get(rank)
         if lf and lf.fatal:
             detail = f" ... {lf.fatal_detail}" if lf.fatal_detail else ""
-            return f"rank {rank} logged a fatal line: {lf.fatal}{detail} (on {node})"
+            return rank, node, f"rank {rank} logged a fatal line: {lf.fatal}{detail} (on {node})"
         s = states[rank][1]
         if s.status == "missing":
-            return f"rank {rank} on {node} vanished (docker no longer knows its container)"
-        return f"rank {rank} on {node} {s.status}" + (f" with code {s.exit_code}" if s.exit_code is not None else "")
+            return rank, node, f"rank {rank} on {node} vanished (docker no longer knows its container)"
+        code = f" with code {s.exit_code}" if s.exit_code is not None else ""
+        return rank, node, f"rank {rank} on {node} {s.status}{code}"
     return None
 
 

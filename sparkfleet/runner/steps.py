@@ -391,7 +391,11 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
                             "seeding the autotune cache cannot help; the first boot retunes (75-90 min, LCH-G3)")
             ctx.record.data["autotune_shape_changes"] = changed
     with httpx.Client(timeout=5.0, headers=headers) as http:
+        polls: list[float] = []  # when each poll began (the last few go into the record)
+        ctx.record.data["wait_ready"] = watch = {"poll_s": ctx.options.poll_s, "polls": 0, "poll_started": []}
         while True:
+            polls.append(time.time())
+            watch.update(polls=len(polls), poll_started=[round(t, 3) for t in polls[-20:]])
             if station:  # seed new autotune hash dirs before the tuner reads them (LCH-G2)
                 seeded = yield NodeCommands("seed the autotune cache", {
                     n.name: autotune.seed_command(n.storage.cache_dir, started_at) for n in station}, timeout_s=30)
@@ -404,11 +408,14 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
                                "phase": ctx.log_facts.get(r, LogFacts()).phase,
                                "lines": ctx.log_facts.get(r, LogFacts()).lines_seen}
                               for r, (n, s) in sorted(states.items())])
-            why = launch_failure(ctx, states)
-            if why:
+            failure = launch_failure(ctx, states)
+            if failure:
+                rank, node, why = failure
+                watch.update(failed_rank=rank, failed_node=node, detected_at=round(time.time(), 3))
                 return (yield from _fail_launch(ctx, why))
             if errors:
                 rank, node, err = errors[0]
+                watch.update(failed_rank=rank, failed_node=node, detected_at=round(time.time(), 3))
                 return (yield from _fail_launch(ctx, f"cannot follow rank {rank} on {node}: {err.message}",
                                                 [e.finding() for _, _, e in errors]))
             ready, why = _api_ready(http, base, names)
@@ -438,6 +445,7 @@ def _api_ready(http: httpx.Client, base: str, names: set[str]) -> tuple[bool, st
 
 
 def _fail_launch(ctx: RunContext, why: str, findings: list[Finding] | None = None) -> StepGen:
+    ctx.events.emit("message", text=f"{why}: stopping every rank of this launch")
     yield stop_launch_commands(ctx)
     ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
     ctx.record.data["last_log_lines"] = {str(r): lines for r, lines in ctx.logs_tail.items()}
