@@ -23,9 +23,11 @@ from sparkfleet.fleet.facts import (
     Listener,
     MemInfo,
     Mount,
+    NetLink,
     NodeFacts,
     PathInfo,
     RdmaPort,
+    Versions,
 )
 from sparkfleet.fleet.gather import facts_requests
 from sparkfleet.fleet.transport import Result
@@ -110,7 +112,11 @@ def healthy(profile: Profile, inventory: Inventory, plan: Plan) -> dict[str, Nod
             docker=Docker(available=True, images=[
                 Image(ref=image.ref, id="sha256:" + "1" * 64, digests=[f"{repo}@{image.digest or DIGEST_A}"])]),
             listening=[Listener(port=22, address="0.0.0.0", pid=1034, process="sshd")],
-            rdma=rdma, mounts=[m for m in mounts if m.fstype != "ext4"], paths=paths)
+            rdma=rdma, mounts=[m for m in mounts if m.fstype != "ext4"], paths=paths,
+            links={i: NetLink(name=i, exists=True, operstate="up", carrier=1, speed_mbps=200_000, mtu=9000)
+                   for i in requests[node.name].interfaces},
+            versions=Versions(kernel="6.11.0-1016-nvidia", driver="580.95.05", cuda="13.0", docker="28.3.3"),
+            received_at=1.8e9)
     return out
 
 

@@ -1,8 +1,9 @@
 """Preflight checks: pure functions from (plan, profile, inventory, gathered facts) to findings.
 
 A check never opens a socket; it reads the facts gathered once per node (DESIGN rule 1). One module
-per check: memory, earlyoom, clock (and slow state), rdma, storage, image, mounts, conflicts. Every
-finding names its node and check, with what was observed, what was expected and what to do.
+per check: memory, earlyoom, clock (and slow state), rdma, fabric, storage, image, drift, mounts,
+conflicts. Every finding names its node and check, with what was observed, what was expected and what
+to do.
 
 The check modules are imported inside `run_checks`, not here: this package must stay importable
 with the standard library alone, so `python3 -m sparkfleet.checks.probe` runs on a GPU machine that
@@ -24,10 +25,10 @@ if TYPE_CHECKING:
     from sparkfleet.spec.profile import Profile
 
 # The modules, in the order their findings are listed for each node.
-MODULES = ("memory", "earlyoom", "clock", "rdma", "storage", "image", "mounts", "conflicts")
+MODULES = ("memory", "earlyoom", "clock", "rdma", "fabric", "storage", "image", "drift", "mounts", "conflicts")
 # Check names in display order (a module may emit more than one: clock also emits slow-state).
-ORDER = ("reach", "facts", "drop-caches", "memory", "earlyoom", "clock", "slow-state", "rdma", "storage",
-         "image", "mounts", "conflicts")
+ORDER = ("reach", "facts", "drop-caches", "memory", "earlyoom", "clock", "slow-state", "rdma", "fabric",
+         "fabric-probe", "storage", "image", "drift", "mounts", "conflicts")
 
 
 def run_checks(plan: Plan, inventory: Inventory, facts: dict[str, NodeFacts | Result], *,

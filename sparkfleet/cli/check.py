@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     transport = transport_for(nodes)
     try:
         dropped = drop_caches(transport, nodes) if args.drop_caches else {}
-        facts = gather(transport, nodes, facts_requests(inventory, plan, profile), timeout_s=args.timeout)
+        facts = gather(transport, nodes, facts_requests(inventory, plan, profile, root=sp.root),
+                       timeout_s=args.timeout)
         probes: dict[str, dict[str, Any]] = {}
         if args.probe or args.probe_command:
             probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)

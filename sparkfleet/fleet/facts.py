@@ -160,6 +160,8 @@ class NodeFacts(_Facts):
     versions: Versions | None = None
     hashes: dict[str, str | None] = Field(default_factory=dict)  # sha256 of each asked file, None if unreadable
     errors: list[str] = Field(default_factory=list)  # what could not be read, and why
+    # set by the controller, not the helper: its own clock when this document arrived (clock skew)
+    received_at: float | None = None
 
 
 class FactsRequest(_Facts):

@@ -145,6 +145,8 @@ def parse_facts(node: str, r: Result) -> NodeFacts | Result:
                        f"{where}: {e['msg']} ({exc.error_count()} error(s)); a helper from another version?", r)
     if facts.node != node:
         return _failed(node, f"{HELPER} on {node} answered for node {facts.node!r}", r)
+    if isinstance(r.extra.get("ended_at"), float):
+        facts.received_at = r.extra["ended_at"]
     return facts
 
 

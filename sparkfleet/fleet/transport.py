@@ -53,6 +53,7 @@ def fan_out(nodes: list[Node], one: Callable[[Node], Result], max_parallel: int 
         start = time.monotonic()
         result = one(node)
         result.elapsed_s = time.monotonic() - start
+        result.extra["ended_at"] = time.time()  # when the answer arrived here (facts: clock skew)
         return result
 
     with ThreadPoolExecutor(max_workers=min(len(unique), max_parallel)) as pool:

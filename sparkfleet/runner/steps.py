@@ -48,7 +48,7 @@ def step(name: str, dry: Callable[[RunContext, Step], str] | None = None) -> Cal
 def gather_facts(ctx: RunContext, with_lane: bool = True) -> dict:
     from sparkfleet.fleet.gather import facts_requests, gather
 
-    requests = facts_requests(ctx.inventory, ctx.plan, ctx.profile) if with_lane else {}
+    requests = facts_requests(ctx.inventory, ctx.plan, ctx.profile, root=ctx.spec.root) if with_lane else {}
     return gather(ctx.transport, ctx.nodes, requests)
 
 

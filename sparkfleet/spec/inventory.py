@@ -24,6 +24,8 @@ class HardwareClass(Strict):
     clock_latch_fraction: float | None = None  # below this fraction of max SM clock under load = latched
     slow_state_ratio: float | None = None  # after-idle / back-to-back step time above this = warn
     host_floor_gib: float | None = None  # pin-hot hook floor at re-home time
+    fabric_speed_gbps: float | None = None  # expected fabric link rate; below it warns (None: not judged)
+    fabric_probe_ratio: float | None = None  # a probed link this many times off the median fails (default 2)
 
 
 # From the seeds (CATALOG INV-10/12/13/15, INV-50, HLT-03/13) and DESIGN.md OQ-11.
@@ -31,6 +33,7 @@ DEFAULT_HARDWARE: dict[str, HardwareClass] = {
     "gb10": HardwareClass(
         gpu_memory_gib=121, sms=48, earlyoom_percent=2, min_mem_available_gib=100,
         clock_latch_mhz=(630, 950), clock_latch_fraction=0.5, slow_state_ratio=1.25,
+        fabric_speed_gbps=200,  # ConnectX-7 on GB10: NVIDIA's multi-Spark playbooks validate 200G (issue 15)
     ),
     "gb300": HardwareClass(gpu_memory_gib=250.7, host_memory_gib=494, host_floor_gib=10),
 }
@@ -133,6 +136,9 @@ class Inventory(Strict):
     example: bool = False  # True when addresses/HCAs/interfaces are examples the user must set
     fabric_subnet: str | None = None
     ssh_config: str | None = None  # OpenSSH client config (default: $SPARKFLEET_SSH_CONFIG, ~/.ssh/config)
+    # nodes whose clocks differ by more than this warn: vLLM stamps its log lines to the second, so a
+    # larger skew puts the ranks' lines (and the run record's events) out of order
+    max_clock_skew_s: float = Field(1.0, gt=0)
     hardware_classes: dict[str, HardwareClass] = Field(default_factory=dict)
     nodes: dict[str, Node]
     groups: dict[str, list[str]]
