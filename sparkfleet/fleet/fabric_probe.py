@@ -1,0 +1,198 @@
+"""The measured fabric probe: every pair of a lane's ranks, over their fabric IPs, with a stdlib helper.
+
+Each node runs `nodeside/fabric_probe.py` (nothing installed there): first a server on its own fabric
+IP on every node, then rounds of disjoint pairs (a round-robin schedule, so no node is in two
+measurements at once), where the lower rank of each pair drives: round-trip time at the decode
+message sizes, then one-way bandwidth each way. The only addresses in any request are the lane's
+fabric IPs, and the helper refuses any other peer; servers listen on the fabric IP only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sparkfleet.fleet.ship import ensure_helper, run_helper
+from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.placement import Rank
+from sparkfleet.spec.inventory import Node
+
+HELPER = "fabric_probe.py"
+PORT = 29570  # the probe's TCP port on each fabric IP (not one of the lanes' 8410/29551 ...)
+RTT_SIZES = (48 * 1024, 400 * 1024)  # a TP decode step's all-reduces are 48-400 KB (CATALOG INV-28)
+BULK_BYTES = 64 * 1024 * 1024
+RTT_COUNT = 10
+CONNECT_WAIT_S = 5.0
+
+
+@dataclass
+class Link:
+    """One pair of ranks: `a` (the lower rank, which drove) and `b`, with what was measured."""
+
+    a: str
+    b: str
+    a_ip: str
+    b_ip: str
+    port: int
+    rtt_s: dict[str, float] = field(default_factory=dict)  # message size in bytes -> least round trip
+    rtt_median_s: dict[str, float] = field(default_factory=dict)  # ... and the median of the samples
+    a_to_b_bps: float | None = None
+    b_to_a_bps: float | None = None
+    error: str | None = None
+    elapsed_s: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.a} <-> {self.b}"
+
+    @property
+    def bps(self) -> float | None:
+        """The link's bandwidth: its slower direction (a link is as fast as its slow side)."""
+        both = [x for x in (self.a_to_b_bps, self.b_to_a_bps) if x is not None]
+        return min(both) if both else None
+
+
+@dataclass
+class ProbeRun:
+    links: list[Link]
+    port: int
+    bulk_bytes: int
+    rtt_sizes: tuple[int, ...]
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (node, why) outside any one link
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"port": self.port, "bulk_bytes": self.bulk_bytes, "rtt_sizes": list(self.rtt_sizes),
+                "links": [{**asdict(x), "name": x.name} for x in self.links],
+                "problems": [{"node": n, "why": w} for n, w in self.problems]}
+
+
+def rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Every pair of n ranks exactly once, in rounds of disjoint pairs (the circle method); (i, j) with i < j."""
+    ids: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
+    m = len(ids)
+    out = []
+    for _ in range(m - 1):
+        pairs = []
+        for k in range(m // 2):
+            x, y = ids[k], ids[m - 1 - k]
+            if x is not None and y is not None:
+                pairs.append((min(x, y), max(x, y)))
+        out.append(sorted(pairs))
+        ids = [ids[0], ids[-1], *ids[1:-1]]
+    return [r for r in out if r]
+
+
+def endpoints(ranks: list[Rank]) -> tuple[list[Node], list[tuple[str, str]]]:
+    """The ranks' nodes that have a fabric IP (in rank order), and (node, why) for those that do not."""
+    nodes, missing = [], []
+    for r in ranks:
+        if r.node.fabric_ip:
+            nodes.append(r.node)
+        else:
+            missing.append((r.node.name, "no fabric_ip in the inventory: its links cannot be probed"))
+    return nodes, missing
+
+
+def plan_links(nodes: list[Node], port: int = PORT) -> list[list[Link]]:
+    """The links to measure, round by round."""
+    return [[Link(nodes[i].name, nodes[j].name, str(nodes[i].fabric_ip), str(nodes[j].fabric_ip), port)
+             for i, j in rnd] for rnd in rounds(len(nodes))]
+
+
+def drive_request(link: Link, allow: list[str], bulk_bytes: int, rtt_sizes: tuple[int, ...],
+                  rtt_count: int = RTT_COUNT, connect_wait_s: float = CONNECT_WAIT_S) -> dict[str, Any]:
+    return {"mode": "drive", "source": link.a_ip, "peer": link.b_ip, "port": link.port, "allow": allow,
+            "rtt_sizes": list(rtt_sizes), "rtt_count": rtt_count, "bulk_bytes": bulk_bytes,
+            "connect_wait_s": connect_wait_s}
+
+
+def serve_request(node: Node, allow: list[str], sessions: int, port: int, timeout_s: float) -> dict[str, Any]:
+    return {"mode": "serve", "bind": node.fabric_ip, "port": port, "allow": allow, "sessions": sessions,
+            "timeout_s": timeout_s}
+
+
+def _doc(r: Result) -> dict[str, Any] | None:
+    if not r.ok:
+        return None
+    try:
+        doc = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _why(r: Result) -> str:
+    return r.message or (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
+
+
+def probe(transport: Transport, ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYTES,
+          rtt_sizes: tuple[int, ...] = RTT_SIZES, rtt_count: int = RTT_COUNT,
+          connect_wait_s: float = CONNECT_WAIT_S) -> ProbeRun:
+    """Measure every pair of the ranks' fabric IPs; a link that could not be measured carries its error."""
+    nodes, problems = endpoints(ranks)
+    schedule = plan_links(nodes, port)
+    run = ProbeRun([x for rnd in schedule for x in rnd], port, bulk_bytes, tuple(rtt_sizes), problems=problems)
+    if not run.links:
+        return run
+    allow = [str(n.fabric_ip) for n in nodes]
+    shipped = ensure_helper(transport, nodes, HELPER)
+    bad = {n: r for n, r in shipped.items() if not r.ok}
+    for n, r in bad.items():
+        run.problems.append((n, f"could not ship {HELPER}: {_why(r)}"))
+    if bad:
+        for x in run.links:
+            x.error = "not measured: " + ", ".join(sorted(bad)) + " cannot run the probe"
+        return run
+    sessions = {n.name: sum(1 for x in run.links if x.b == n.name) for n in nodes}
+    # a generous bound for the servers; they stop as soon as their sessions ended (or on `quit`)
+    timeout_s = 60.0 + 30.0 * len(run.links)
+    servers: dict[str, Result] = {}
+    serving = [n for n in nodes if sessions[n.name]]
+    stdin = {n.name: json.dumps(serve_request(n, allow, sessions[n.name], port, timeout_s)) for n in serving}
+
+    def serve(node: Node) -> None:
+        servers.update(run_helper(transport, [node], HELPER, stdin, timeout_s=timeout_s + 30))
+
+    threads = {n.name: threading.Thread(target=serve, args=(n,), daemon=True) for n in serving}
+    for t in threads.values():
+        t.start()
+    by_name = {n.name: n for n in nodes}
+    for rnd in schedule:
+        drivers = [by_name[x.a] for x in rnd]
+        reqs = {x.a: json.dumps(drive_request(x, allow, bulk_bytes, tuple(rtt_sizes), rtt_count, connect_wait_s))
+                for x in rnd}
+        got = run_helper(transport, drivers, HELPER, reqs, timeout_s=120.0 + bulk_bytes * 16 / 1e7)
+        for x in rnd:
+            r = got[x.a]
+            doc = _doc(r)
+            if doc is None:
+                x.error = f"the probe on {x.a} failed: {_why(r)}"
+                continue
+            x.elapsed_s = doc.get("elapsed_s")
+            x.rtt_s = {k: float(v) for k, v in (doc.get("rtt_s") or {}).items()}
+            x.rtt_median_s = {k: float(v) for k, v in (doc.get("rtt_median_s") or {}).items()}
+            x.a_to_b_bps, x.b_to_a_bps = doc.get("out_bps"), doc.get("in_bps")
+            x.error = doc.get("error")
+    for t in threads.values():  # a server whose drivers all came stops within a fraction of a second
+        t.join(timeout=2.0)
+    waiting = [n for n in serving if threads[n.name].is_alive()]
+    if waiting:  # a driver never came: stop the servers still waiting for it
+        quit_stdin = {n.name: json.dumps({"mode": "quit", "bind": n.fabric_ip, "port": port}) for n in waiting}
+        run_helper(transport, waiting, HELPER, quit_stdin, timeout_s=30.0)
+        for n in waiting:
+            threads[n.name].join(timeout=30.0)
+    for n in serving:
+        r = servers.get(n.name)
+        doc = _doc(r) if r is not None else None
+        run.servers[n.name] = doc or {"error": _why(r) if r is not None else "no answer"}
+        if doc is not None and doc.get("error"):
+            run.problems.append((n.name, str(doc["error"])))
+            for x in run.links:
+                if x.b == n.name and x.error:
+                    x.error += f" ({n.name}: {doc['error']})"
+        elif doc is None:
+            run.problems.append((n.name, f"the probe's server did not report: {run.servers[n.name]['error']}"))
+    return run
