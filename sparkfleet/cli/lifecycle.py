@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
     up.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
     up.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
+    up.add_argument("--no-fabric-probe", dest="fabric_probe", action="store_false",
+                    help="skip the measured fabric probe between the ranks (on by default for multi-node lanes)")
     up.set_defaults(func=run_playbook, playbook="up")
 
     down = sub.add_parser("down", help="stop a lane (head first), remove rail-2 aliases, verify it is gone",
@@ -90,7 +92,8 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
     return RunOptions(gate_args=gate_args, dry_run=args.dry_run, save_as=getattr(args, "save_as", None),
                       keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
-                      boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint, **extra)
+                      boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
+                      fabric_probe=getattr(args, "fabric_probe", True), **extra)
 
 
 def _execute(args: argparse.Namespace, profile: str, playbook: str, options: RunOptions,

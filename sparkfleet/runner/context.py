@@ -29,6 +29,7 @@ class RunOptions:
     restore_point: dict | None = None  # restore: the recorded pins
     stop_timeout_s: float = 60.0
     gate_args: dict = field(default_factory=dict)  # overrides the playbook's gates step args (only, soak_minutes)
+    fabric_probe: bool = True  # up --no-fabric-probe: skip the measured fabric probe
 
 
 @dataclass

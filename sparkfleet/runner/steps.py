@@ -482,3 +482,6 @@ def gates(ctx: RunContext, st: Step) -> StepResult:
 @step("record")
 def record(ctx: RunContext, st: Step) -> StepResult:
     return StepResult("ok", f"run {ctx.record.run_id} recorded")
+
+
+from sparkfleet.runner import fabric_steps  # noqa: E402,F401  (registers fabric_probe and nccl)

@@ -13,6 +13,8 @@ STEPS: dict[str, str] = {
     "stop": "stop every container sparkfleet launched on the lane's nodes and wait until they are gone",
     "facts": "gather node facts, one round trip per node",
     "check": "preflight checks over the facts; any fail stops the run",
+    "fabric_probe": "measure every pair of ranks over their fabric IPs (RTT, bandwidth); a link far off fails",
+    "nccl": "an all-reduce across the ranks in the lane's image; fail when NCCL falls back to sockets",
     "patches": "verify the patch set on every rank; a missing file or wrong hash aborts",
     "drop_caches": "drop the page cache on every node",
     "engram": "verify node-local Engram copies; report node-local or NFS per rank",
