@@ -39,6 +39,8 @@ EPILOG = """examples:
   sparkfleet check --profile dcp1 --drop-caches     # drop the page cache first (the 100 GiB floor is after it)
   sparkfleet check --profile dcp2 --probe           # also load each GB10 GPU and judge its clock under load
   sparkfleet check --profile dcp2 --probe-command 'python3 my_load.py'
+  sparkfleet check --profile dcp2 --fabric          # also measure every pair of ranks over the fabric
+  sparkfleet check --profile dcp2 --nccl --dry-run  # the all-reduce each rank would run in the lane's image
   sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'
 exit status: 0 nothing failed, 1 a check failed or a node did not answer, 2 bad input or a refused lane."""
 
@@ -64,11 +66,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "the SM clock under it; default load: the matmul in the lane's image (the sim's load on "
                    "simulated nodes)")
     p.add_argument("--probe-command", metavar="CMD", help="the load to run instead (implies --probe)")
+    p.add_argument("--fabric", action="store_true",
+                   help="measure every pair of the lane's ranks over their fabric IPs: round trip at 48 KB and "
+                   "400 KB, bandwidth each way; a link far off the others' median fails")
+    p.add_argument("--fabric-bytes", type=int, metavar="N", help="bytes sent each way per link (default: 64 MiB)")
+    p.add_argument("--nccl", action="store_true",
+                   help="run an NCCL all-reduce across the ranks in the lane's image with the lane's NCCL env and "
+                   "each node's HCA and GID; fail when a rank of an RDMA lane falls back to NET/Socket")
+    p.add_argument("--dry-run", action="store_true", help="with --nccl: print each rank's command, run none")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="facts timeout per node (default: 30)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fabric_bytes is not None and args.fabric_bytes < 1:
+        raise UserError(f"--fabric-bytes must be a positive number of bytes, not {args.fabric_bytes}")
+    if args.dry_run and not args.nccl:
+        raise UserError("--dry-run goes with --nccl (the other checks only read facts)")
     sp = spec(args)
     loaded = sp.profile(args.profile, overrides(args))
     if loaded.profile.abstract:
@@ -99,13 +113,28 @@ def run(args: argparse.Namespace) -> int:
         probes: dict[str, dict[str, Any]] = {}
         if args.probe or args.probe_command:
             probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)
+        fabric = run_fabric(transport, plan, inventory, args) if args.fabric else None
+        nccl = run_nccl(transport, plan, profile, facts, args) if args.nccl else None
     finally:
         transport.close()
     findings = run_checks(plan, inventory, facts, profile=profile, probes=probes, caches_dropped=dropped)
+    if fabric is not None or nccl is not None:
+        from sparkfleet.checks import ordered
+
+        findings = ordered(plan, findings + (fabric[1] if fabric else []) + (nccl[1] if nccl else []))
     simulated = {n: bool(getattr(f, "simulated", False)) for n, f in facts.items()}
     if args.json:
-        print_json(report(plan, inventory, findings, facts, simulated, dropped, probes))
+        doc = report(plan, inventory, findings, facts, simulated, dropped, probes)
+        if fabric is not None:
+            doc["fabric_probe"] = fabric[0]
+        if nccl is not None:
+            doc["nccl"] = nccl[0]
+        print_json(doc)
     else:
+        if nccl is not None and args.dry_run:
+            out.print("[bold]nccl[/] (--dry-run: not run) each rank's command:")
+            for c in nccl[0]["commands"]:
+                out.print(f"rank {c['rank']} on {c['node']}:\n  {c['command']}", markup=False, soft_wrap=True)
         print_table(plan, findings, simulated, wide=args.wide)
         lane = [f for f in plan.findings if f.status != "ok"]
         if lane:
@@ -144,6 +173,54 @@ def run_probes(transport: Any, nodes: list[Node], facts: dict[str, Any], profile
                     tail = (r.stderr or "").strip().splitlines()
                     parsed[name] = {"error": r.message or (tail[-1] if tail else f"exit {r.exit_code}")}
     return parsed
+
+
+def run_fabric(transport: Any, plan: Plan, inventory: Inventory, args: argparse.Namespace
+               ) -> tuple[dict[str, Any], list[Finding]]:
+    """The measured fabric probe between every pair of the lane's ranks, and its findings."""
+    from sparkfleet.checks.fabric_probe import verdict
+    from sparkfleet.fleet import fabric_probe as fp
+
+    if len(plan.ranks) < 2:
+        return {"links": []}, [Finding("fabric-probe", "ok", "one rank: nothing crosses the fabric (not probed)",
+                                       node=plan.ranks[0].node.name)]
+    if not args.json:
+        err.print(f"probing {len(plan.ranks) * (len(plan.ranks) - 1) // 2} fabric link(s) ...", markup=False)
+    run = fp.probe(transport, plan.ranks, bulk_bytes=args.fabric_bytes or fp.BULK_BYTES)
+    return run.as_dict(), verdict(run, lambda x: inventory.hardware(inventory.nodes[x.a]).fabric_probe_ratio)
+
+
+def run_nccl(transport: Any, plan: Plan, profile: Profile, facts: dict[str, Any], args: argparse.Namespace
+             ) -> tuple[dict[str, Any], list[Finding]]:
+    """The NCCL all-reduce across the ranks (or, with --dry-run, the commands it would run)."""
+    from sparkfleet.checks import nccl as judge
+    from sparkfleet.fleet import nccl
+    from sparkfleet.fleet.gather import resolve_gid_indexes
+
+    if profile.image is None:
+        raise UserError(f"lane {profile.name!r} has no image: --nccl runs the all-reduce in the lane's image")
+    nodes = [r.node for r in plan.ranks]
+    runs = nccl.commands(profile, plan.ranks, plan.launches, resolve_gid_indexes(nodes, facts))
+    doc: dict[str, Any] = {"commands": [{"rank": x.rank, "node": x.node, "command": x.command} for x in runs]}
+    if args.dry_run:
+        return doc, []
+    if not args.json:
+        err.print(f"running the NCCL all-reduce on {len(runs)} rank(s) ...", markup=False)
+    nccl.run(transport, plan.ranks, runs)
+    expects_rdma = len(plan.ranks) > 1 and all(r.node.rdma is not None for r in plan.ranks)
+    findings, ranks = [], []
+    for x in runs:
+        res = x.result
+        text = (res.stdout + "\n" + res.stderr) if res is not None else ""
+        t = judge.parse(text)
+        findings.append(judge.verdict(x.node, x.rank, t, expects_rdma=expects_rdma,
+                                      exit_code=res.exit_code if res is not None else None,
+                                      error=None if res is None or res.ok or res.exit_code is not None
+                                      else (res.message or res.error)))
+        ranks.append({"rank": x.rank, "node": x.node, "network": t.network, "via": dict(t.via),
+                      "result": t.result, "exit_code": res.exit_code if res is not None else None})
+    doc["ranks"] = ranks
+    return doc, findings
 
 
 def report(plan: Plan, inventory: Inventory, findings: list[Finding], facts: dict[str, Any],

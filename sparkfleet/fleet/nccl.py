@@ -1,0 +1,101 @@
+"""`check --nccl`: an NCCL all-reduce across the lane's ranks, inside the lane's own image.
+
+Each rank's node runs one `docker run --rm` of the profile's image with the profile's container
+options (host network, GPUs, /dev/infiniband, memlock ...), the NCCL variables of that rank's own
+launch (NCCL_IB_HCA, NCCL_SOCKET_IFNAME and the lane's NCCL set) with the node's resolved GID index,
+NCCL_DEBUG=INFO, and `nodeside/nccl_allreduce.py` mounted read-only. Rank 0's fabric IP is the
+rendezvous. What each rank printed is judged by checks/nccl.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from sparkfleet.engines.base import Launch, groups
+from sparkfleet.fleet.ship import ensure_helper, remote_path
+from sparkfleet.fleet.transport import Result, Transport, fan_out
+from sparkfleet.placement import Rank
+from sparkfleet.spec.profile import Profile
+
+HELPER = "nccl_allreduce.py"
+IN_CONTAINER = "/opt/sparkfleet/nccl_allreduce.py"
+PORT = 29571  # the test's rendezvous (not the lane's master port, which a stale head may still hold)
+SIZES = (48 * 1024, 400 * 1024)  # CATALOG INV-28
+# container options of the lane's that make no sense for a one-shot test container
+DROP = {"--restart", "--memory", "--memory-swap", "--oom-score-adj", "--name", "-d", "--detach", "--rm",
+        "--label", "-p", "--publish"}
+ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
+
+
+@dataclass
+class RankRun:
+    rank: int
+    node: str
+    command: str
+    result: Result | None = None
+
+
+def container_options(profile: Profile) -> list[str]:
+    out: list[str] = []
+    for g in groups(profile.docker, "repeat"):
+        if g and g[0].split("=", 1)[0] not in DROP:
+            out += g
+    return out
+
+
+def nccl_env(launch: Launch | None, profile: Profile, gid_index: int | None) -> dict[str, str]:
+    """The rank's NCCL variables as its launch has them, with the node's GID index, and INFO logging."""
+    env = {k: str(v) for k, v in profile.env.items() if k.startswith(ENV_PREFIXES)}
+    if launch is not None:
+        env.update({k: v for k, v in launch.env.items() if k.startswith(ENV_PREFIXES)})
+    if gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(gid_index)
+    env["NCCL_DEBUG"] = "INFO"
+    env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    return env
+
+
+def commands(profile: Profile, ranks: list[Rank], launches: list[Launch], gid_index: dict[str, int],
+             run_id: str = "check") -> list[RankRun]:
+    """Each rank's shell command (pure: shown by --dry-run, run by `run`)."""
+    if profile.image is None:
+        raise ValueError("the lane has no image to run NCCL in")
+    head = ranks[0].node
+    master = head.fabric_ip or head.ssh.host
+    out = []
+    for r in ranks:
+        launch = next((x for x in launches if x.rank == r.rank), None)
+        env = nccl_env(launch, profile, gid_index.get(r.node.name))
+        argv = ["docker", "run", "--rm", "--name", f"sf-nccl-{profile.name}-r{r.rank}-{run_id}",
+                "--label", f"sparkfleet.nccl={profile.name}", *container_options(profile)]
+        for k, v in env.items():
+            argv += ["-e", f"{k}={v}"]
+        argv += [profile.image.pinned, "python3", IN_CONTAINER, "--rank", str(r.rank), "--world-size",
+                 str(len(ranks)), "--master-addr", str(master), "--master-port", str(PORT),
+                 "--sizes", ",".join(map(str, SIZES))]
+        # the helper's path under the node's home: "$HOME" expands there, the rest is quoted
+        mount = '-v "$HOME"/' + shlex.quote(remote_path(HELPER).removeprefix("~/") + f":{IN_CONTAINER}:ro")
+        at = argv.index(profile.image.pinned)
+        cmd = " ".join(shlex.quote(a) for a in argv[:at]) + " " + mount + " " + \
+            " ".join(shlex.quote(a) for a in argv[at:])
+        out.append(RankRun(r.rank, r.node.name, cmd + " 2>&1"))
+    return out
+
+
+def run(transport: Transport, ranks: list[Rank], runs: list[RankRun], timeout_s: float = 300.0) -> list[RankRun]:
+    """Ship the script, then start every rank at once (they meet at rank 0) and wait for all."""
+    nodes = {r.node.name: r.node for r in ranks}
+    shipped = ensure_helper(transport, list(nodes.values()), HELPER)
+    by_node = {x.node: x for x in runs}
+    for name, res in shipped.items():
+        if not res.ok:
+            by_node[name].result = res
+    todo = [nodes[n] for n, x in by_node.items() if x.result is None]
+
+    def one(node):
+        return transport.run([node], by_node[node.name].command, timeout_s=timeout_s)[node.name]
+
+    for name, res in fan_out(todo, one).items():
+        by_node[name].result = res
+    return runs
