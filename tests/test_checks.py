@@ -75,7 +75,7 @@ def _mount_of(path: str, mounts: list[Mount]) -> Mount:
 
 def healthy(profile: Profile, inventory: Inventory, plan: Plan) -> dict[str, NodeFacts]:
     """What a healthy, idle, prepared node reports for this lane: every asked path present."""
-    requests = facts_requests(inventory, plan, profile)
+    requests = facts_requests(inventory, plan, profile, root=REPO)
     out: dict[str, NodeFacts] = {}
     for r in plan.ranks:
         node = r.node
@@ -116,7 +116,7 @@ def healthy(profile: Profile, inventory: Inventory, plan: Plan) -> dict[str, Nod
             links={i: NetLink(name=i, exists=True, operstate="up", carrier=1, speed_mbps=200_000, mtu=9000)
                    for i in requests[node.name].interfaces},
             versions=Versions(kernel="6.11.0-1016-nvidia", driver="580.95.05", cuda="13.0", docker="28.3.3"),
-            received_at=1.8e9)
+            hashes={p: "5" * 64 for p in requests[node.name].hash_paths}, received_at=1.8e9)
     return out
 
 
