@@ -104,8 +104,8 @@ def check(ctx: CheckContext) -> list[Finding]:
         values = seen[what]
         known = {n: v for n, v in values.items() if v is not None}
         for n, v in values.items():
-            if v is None and not (what == "patch set" and not ctx.profile.patches) and \
-                    not (what == "image id" and ctx.profile.image is None):
+            # no patch hashes: a set without files (or no set); the patches step verifies presence
+            if v is None and what != "patch set" and not (what == "image id" and ctx.profile.image is None):
                 unknown[n].append(what)
         shown = {n: _short(v) for n, v in values.items()}
         for n in sorted(odd_ones(known), key=list(values).index):
