@@ -136,3 +136,25 @@ def verdict(node: str, rank: int, t: Transport, *, expects_rdma: bool, exit_code
     how = ("RDMA with GPUDirect" if t.gdrdma else "RDMA") if t.on_rdma else f"network {t.network or '?'}"
     return Finding(CHECK, "ok", f"rank {rank}: NCCL over {how}" + (f", all-reduce {latency(t)}" if latency(t) else ""),
                    node=node, observed=seen, expected=expected)
+
+
+def expects_rdma(ranks: list) -> bool:
+    """A lane of several ranks whose nodes all have RDMA must all-reduce over it."""
+    return len(ranks) > 1 and all(r.node.rdma is not None for r in ranks)
+
+
+def judge(runs: list, rdma: bool) -> tuple[list[Finding], list[dict]]:
+    """Findings and a summary per rank from the ranks' runs (fleet/nccl.RankRun: rank, node, result)."""
+    findings: list[Finding] = []
+    seen: list[dict] = []
+    for x in runs:
+        res = x.result
+        t = parse((res.stdout + "\n" + res.stderr) if res is not None else "")
+        unreachable = res is not None and not res.ok and res.exit_code is None
+        findings.append(verdict(x.node, x.rank, t, expects_rdma=rdma,
+                                exit_code=res.exit_code if res is not None else None,
+                                error=(res.message or res.error) if unreachable else
+                                ("no result" if res is None else None)))
+        seen.append({"rank": x.rank, "node": x.node, "network": t.network, "via": dict(t.via), "result": t.result,
+                     "exit_code": res.exit_code if res is not None else None})
+    return findings, seen

@@ -207,18 +207,7 @@ def run_nccl(transport: Any, plan: Plan, profile: Profile, facts: dict[str, Any]
     if not args.json:
         err.print(f"running the NCCL all-reduce on {len(runs)} rank(s) ...", markup=False)
     nccl.run(transport, plan.ranks, runs)
-    expects_rdma = len(plan.ranks) > 1 and all(r.node.rdma is not None for r in plan.ranks)
-    findings, ranks = [], []
-    for x in runs:
-        res = x.result
-        text = (res.stdout + "\n" + res.stderr) if res is not None else ""
-        t = judge.parse(text)
-        findings.append(judge.verdict(x.node, x.rank, t, expects_rdma=expects_rdma,
-                                      exit_code=res.exit_code if res is not None else None,
-                                      error=None if res is None or res.ok or res.exit_code is not None
-                                      else (res.message or res.error)))
-        ranks.append({"rank": x.rank, "node": x.node, "network": t.network, "via": dict(t.via),
-                      "result": t.result, "exit_code": res.exit_code if res is not None else None})
+    findings, ranks = judge.judge(runs, judge.expects_rdma(plan.ranks))
     doc["ranks"] = ranks
     return doc, findings
 

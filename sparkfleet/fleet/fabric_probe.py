@@ -14,7 +14,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkfleet.fleet.ship import ensure_helper, run_helper
+from sparkfleet.fleet.ship import ensure_helper, guard_command, run_helper
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import Rank
 from sparkfleet.spec.inventory import Node
@@ -112,6 +112,25 @@ def drive_request(link: Link, allow: list[str], bulk_bytes: int, rtt_sizes: tupl
 def serve_request(node: Node, allow: list[str], sessions: int, port: int, timeout_s: float) -> dict[str, Any]:
     return {"mode": "serve", "bind": node.fabric_ip, "port": port, "allow": allow, "sessions": sessions,
             "timeout_s": timeout_s}
+
+
+def command() -> str:
+    """The command each node runs (the helper, verified by sha256); the request goes on its stdin."""
+    return guard_command(HELPER)
+
+
+def requests(nodes: list[Node], bulk_bytes: int = BULK_BYTES, port: int = PORT) -> list[tuple[str, str, str]]:
+    """(what, node, stdin) for every helper run of a probe, in order: the servers, then each round's drivers."""
+    allow = [str(n.fabric_ip) for n in nodes]
+    schedule = plan_links(nodes, port)
+    links = [x for rnd in schedule for x in rnd]
+    out = [("fabric probe server", n.name, json.dumps(serve_request(n, allow, sum(1 for x in links if x.b == n.name),
+                                                                     port, 60.0 + 30.0 * len(links))))
+           for n in nodes if any(x.b == n.name for x in links)]
+    for i, rnd in enumerate(schedule, 1):
+        out += [(f"fabric probe round {i}: {x.name}", x.a,
+                 json.dumps(drive_request(x, allow, bulk_bytes, RTT_SIZES))) for x in rnd]
+    return out
 
 
 def _doc(r: Result) -> dict[str, Any] | None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from sparkfleet.findings import failed
 from sparkfleet.runner.context import RunContext
-from sparkfleet.runner.steps import StepResult, step
+from sparkfleet.runner.ops import StepResult
+from sparkfleet.runner.steps import step
 from sparkfleet.spec.playbook import Step
 
 
@@ -37,6 +38,8 @@ def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
     nodes, missing = fp.endpoints(ranks)
     links = [x for rnd in fp.plan_links(nodes) for x in rnd]
     if ctx.options.dry_run:
+        for what, node, request in fp.requests(nodes, bulk):
+            ctx.events.emit("would", what=what, node=node, command=fp.command(), stdin=request)
         return StepResult("ok", f"would measure {len(links)} link(s) over the fabric IPs on port {fp.PORT} "
                           f"({fp.HELPER} on each rank; RTT at "
                           + ", ".join(f"{s // 1024} KB" for s in fp.RTT_SIZES)
@@ -53,3 +56,25 @@ def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
     return StepResult("ok", f"{len(run.links)} link(s) measured"
                       + (f"; slowest {slowest.name} {slowest.bps / 1e9:.3g} Gb/s" if slowest and slowest.bps else ""),
                       findings)
+
+
+@step("nccl")
+def nccl(ctx: RunContext, st: Step) -> StepResult:
+    """Optional (add `- nccl` after `check`): the NCCL all-reduce in the lane's image; sockets on an RDMA lane fail."""
+    from sparkfleet.checks import nccl as judge
+    from sparkfleet.fleet import nccl as allreduce
+
+    ranks = ctx.plan.ranks
+    if ctx.profile.image is None:
+        return StepResult("skip", "the lane has no image to run NCCL in")
+    runs = allreduce.commands(ctx.profile, ranks, ctx.plan.launches, ctx.gid_index, run_id=ctx.record.run_id)
+    if ctx.options.dry_run:
+        for x in runs:
+            ctx.events.emit("would", what="NCCL all-reduce in the lane's image", node=x.node, command=x.command)
+        return StepResult("ok", f"would run the NCCL all-reduce on {len(runs)} rank(s)")
+    allreduce.run(ctx.transport, ranks, runs)
+    findings, seen = judge.judge(runs, judge.expects_rdma(ranks))
+    ctx.record.data["nccl"] = {"ranks": seen, "findings": [f.as_dict() for f in findings]}
+    if failed(findings):
+        return StepResult("fail", "NCCL's all-reduce failed or fell back to sockets: nothing was started", findings)
+    return StepResult("ok", f"NCCL all-reduce on {len(runs)} rank(s)", findings)
