@@ -60,10 +60,10 @@ class NetnsLab:
     def host_end(self, name: str) -> str:
         return f"sfv{self.tag}{self.names.index(name)}"[:15]
 
-    def shape(self, name: str, rate: str) -> None:
+    def shape(self, name: str, rate: str, burst: str = "256kbit") -> None:
         """tc tbf on the node's fabric interface (its egress), as the sim's slow-link fault does."""
         subprocess.run(["ip", "netns", "exec", self.ns[name], "tc", "qdisc", "replace", "dev", self.iface, "root",
-                        "tbf", "rate", rate, "burst", "256kbit", "latency", "400ms"], check=True,
+                        "tbf", "rate", rate, "burst", burst, "latency", "400ms"], check=True,
                        capture_output=True, timeout=30)
 
     def destroy(self) -> None:

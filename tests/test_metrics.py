@@ -497,10 +497,10 @@ def test_fleet_clock_panel_shades_the_inventorys_latch_band() -> None:
 
 
 def test_names_follow_prometheus_conventions() -> None:
-    units = ("_bytes", "_seconds", "_mhz", "_watts", "_total", "_info")
+    units = ("_bytes", "_seconds", "_mhz", "_watts", "_total", "_info", "_bytes_per_second")
     flags = {n.NODE_UP, n.EARLYOOM_RUNNING, n.EARLYOOM_JOURNAL, n.GPU_LATCHED, n.GPU_UNDER_LOAD, n.GPU_REASON,
              n.GPU_REASONS, n.LANE_CONTAINER_STATE, n.ENGRAM_SOURCE, n.ENGRAM_COPY_VALID, n.PATCHES_VERIFIED,
-             n.CHECK_PASSED, n.GATE_PASSED, n.LAST_RUN_OK}
+             n.CHECK_PASSED, n.GATE_PASSED, n.LAST_RUN_OK, n.FABRIC_LINK_UP, n.RDMA_PORT_ACTIVE, n.PROBE_LINK_OK}
     for m in n.ALL:
         assert m.name.startswith("sparkfleet_")
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name

@@ -157,6 +157,23 @@ def _node_families(view: FleetView, out: dict[str, Metric]) -> None:
                 out[n.EARLYOOM_SIGTERM.name].add_metric([node.name], float(f.earlyoom.sigterm_threshold_bytes))
         _gpu_families(node, hw, judged, f, out)
         _container_families(node, f, view.profile, out)
+        _fabric_node_families(node, f, out)
+
+
+def _fabric_node_families(node: Node, f: NodeFacts, out: dict[str, Metric]) -> None:
+    """The node's fabric links (the interfaces its facts were asked about), RDMA ports and clock offset."""
+    for iface, link in sorted(f.links.items()):
+        up = link.exists and link.operstate == "up" and link.carrier != 0
+        out[n.FABRIC_LINK_UP.name].add_metric([node.name, iface], 1.0 if up else 0.0)
+        if link.mtu is not None:
+            out[n.FABRIC_LINK_MTU.name].add_metric([node.name, iface], float(link.mtu))
+        if link.speed_mbps is not None:
+            out[n.FABRIC_LINK_SPEED.name].add_metric([node.name, iface], link.speed_mbps * 1e6 / 8)
+    for p in f.rdma:
+        out[n.RDMA_PORT_ACTIVE.name].add_metric([node.name, p.hca, str(p.port)],
+                                                1.0 if (p.state or "").upper() == "ACTIVE" else 0.0)
+    if f.received_at is not None:
+        out[n.NODE_CLOCK_OFFSET.name].add_metric([node.name], f.collected_at - f.received_at)
 
 
 def _gpu_families(node: Node, hw: HardwareClass, judged: bool, f: NodeFacts, out: dict[str, Metric]) -> None:
@@ -274,6 +291,17 @@ def _record_families(view: FleetView, out: dict[str, Metric]) -> None:
             node = r.rank_nodes.get(rank) or (lane.ranks.get(rank) if lane else None) or ""
             for s in ENGRAM_SOURCES:
                 out[n.ENGRAM_SOURCE.name].add_metric([profile, str(rank), node, s], 1.0 if source == s else 0.0)
+    for profile, r in sorted(_newest(runs, lambda r: r.fabric).items()):
+        assert r.fabric is not None
+        for x in r.fabric:
+            for src, dst, bps in ((x["a"], x["b"], x["a_to_b_bps"]), (x["b"], x["a"], x["b_to_a_bps"])):
+                if isinstance(bps, int | float):
+                    out[n.PROBE_LINK_BANDWIDTH.name].add_metric([profile, x["name"], src, dst], float(bps) / 8)
+            for size, t in sorted(x["rtt_s"].items()):
+                out[n.PROBE_LINK_RTT.name].add_metric([profile, x["name"], str(size)], float(t))
+            out[n.PROBE_LINK_OK.name].add_metric([profile, x["name"]], 1.0 if x["ok"] else 0.0)
+        if r.fabric_at is not None:
+            out[n.PROBE_TIME.name].add_metric([profile], r.fabric_at)
     for profile, r in sorted(_newest(runs, lambda r: r.patches).items()):
         assert r.patches is not None
         for node, ok in sorted(r.patches["nodes"].items()):

@@ -194,6 +194,18 @@ def fleet(latch_band: tuple[int, int] | None = (630, 950)) -> dict[str, Any]:
               kind="state-timeline"),
         panel("GPU power", "Power draw per GPU (nvidia-smi power.draw).",
               [target(f"{n.GPU_POWER}{NODE_SEL}", "{{node}} GPU {{gpu}}")], unit="watt"),
+        row("Fabric"),
+        panel("Fabric links up", "1 when the node's fabric interface is up with carrier and 0 when down or "
+              "missing; the RDMA port's state beside it (ACTIVE = 1).",
+              [target(f"{n.FABRIC_LINK_UP}{NODE_SEL}", "{{node}} {{iface}}"),
+               target(f"{n.RDMA_PORT_ACTIVE}{NODE_SEL}", "{{node}} {{hca}}/{{port}} active")],
+              kind="state-timeline", thresholds=RED_GREEN, mappings=UP_MAPPING),
+        panel("Fabric MTU", "MTU of each node's fabric interface: every rank of a lane needs the same one (a "
+              "smaller MTU on one rank slows or breaks RoCE for the whole lane).",
+              [target(f"{n.FABRIC_LINK_MTU}{NODE_SEL}", "{{node}} {{iface}}")]),
+        panel("Clock offset", "Each node's clock minus the exporter's when its facts arrived: nodes far apart "
+              "put the ranks' log lines and records out of order.",
+              [target(f"{n.NODE_CLOCK_OFFSET}{NODE_SEL}", "{{node}}")], unit="s"),
         row("Lanes"),
         panel("Lanes", "What each lane is: engine, image, model and checkpoint revision, so the lane name does "
               "not hide which checkpoint serves.",

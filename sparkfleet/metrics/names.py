@@ -116,6 +116,37 @@ PATCHES_VERIFIED = _m("sparkfleet_patches_verified", "gauge",
                       "1 when the newest run of the lane verified every file of its patch set on the node "
                       "(the patches step), else 0.", ("profile", "node", "patch_set"), "records")
 
+# -- fabric (issue 15) ------------------------------------------------------------------------------------
+LINK = ("node", "iface")
+FABRIC_LINK_UP = _m("sparkfleet_fabric_link_up", "gauge",
+                    "1 when the node's fabric interface is up with carrier (/sys/class/net operstate, carrier), "
+                    "0 when down or missing; per inventory rdma interface.", LINK)
+FABRIC_LINK_MTU = _m("sparkfleet_fabric_link_mtu_bytes", "gauge",
+                     "MTU of the node's fabric interface; every rank of a lane must have the same.", LINK)
+FABRIC_LINK_SPEED = _m("sparkfleet_fabric_link_speed_bytes", "gauge",
+                       "Negotiated rate of the node's fabric interface in bytes per second (/sys/class/net speed, "
+                       "as node_exporter's node_network_speed_bytes); absent when the kernel does not say.", LINK)
+RDMA_PORT_ACTIVE = _m("sparkfleet_rdma_port_active", "gauge",
+                      "1 when the RDMA port (/sys/class/infiniband HCA/ports/N/state) is ACTIVE, else 0.",
+                      ("node", "hca", "port"))
+NODE_CLOCK_OFFSET = _m("sparkfleet_node_clock_offset_seconds", "gauge",
+                       "The node's clock minus the exporter's when its facts arrived (one round trip: a little "
+                       "low by the transit time); nodes far apart put logs and records out of order.", NODE)
+PROBE_LINK_BANDWIDTH = _m("sparkfleet_fabric_probe_bytes_per_second", "gauge",
+                          "One-way TCP bandwidth (bytes/s) the lane's newest fabric probe measured between two "
+                          "ranks over their fabric IPs (64 MB each way), per direction (src -> dst).",
+                          ("profile", "link", "src", "dst"), "records")
+PROBE_LINK_RTT = _m("sparkfleet_fabric_probe_rtt_seconds", "gauge",
+                    "Round trip of a message of size_bytes between two ranks over their fabric IPs (the least "
+                    "of the probe's echoes), from the lane's newest fabric probe.",
+                    ("profile", "link", "size_bytes"), "records")
+PROBE_LINK_OK = _m("sparkfleet_fabric_probe_link_ok", "gauge",
+                   "1 when the link passed the lane's newest fabric probe (within the class's ratio of the other "
+                   "links' median, and reachable), 0 when it failed.", ("profile", "link"), "records")
+PROBE_TIME = _m("sparkfleet_fabric_probe_timestamp_seconds", "gauge",
+                "When the lane's newest fabric probe ran (unix time, end of the fabric_probe step).",
+                ("profile",), "records")
+
 # -- run records -----------------------------------------------------------------------------------------
 CHECK_PASSED = _m("sparkfleet_check_passed", "gauge",
                   "Preflight check results of the lane's newest run that ran checks: 1 pass (ok or warn), "

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
-from sparkfleet.fleet.gather import gather
+from sparkfleet.fleet.gather import fabric_ifaces, gather
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras
 from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
@@ -172,7 +172,7 @@ class Poller:
             return self._publish()
 
     def _facts(self) -> dict[str, NodeFacts | Result]:
-        requests = {node.name: FactsRequest(node=node.name) for node in self.nodes}
+        requests = {node.name: FactsRequest(node=node.name, interfaces=fabric_ifaces(node)) for node in self.nodes}
         try:
             return gather(self.transport, self.nodes, requests, timeout_s=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - a transport that raises fails this poll's nodes, not the exporter

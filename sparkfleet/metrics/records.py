@@ -34,6 +34,8 @@ class RunSummary:
     engram: dict[int, str] | None = None  # rank -> node-local | nfs (the engram step's verdict)
     rank_nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, from the launches
     patches: dict[str, Any] | None = None  # {"set": name, "nodes": {node: ok}}
+    fabric: list[dict[str, Any]] | None = None  # the fabric probe's links, each with "ok" from its verdict
+    fabric_at: float | None = None
 
 
 def _step_ends(rec: dict[str, Any]) -> dict[str, float]:
@@ -71,6 +73,7 @@ def summarise(rec: dict[str, Any]) -> RunSummary:
     if isinstance(p, dict) and isinstance(p.get("nodes"), dict):
         patches = {"set": str(p.get("set") or ""),
                    "nodes": {str(n): bool(v.get("ok")) for n, v in p["nodes"].items() if isinstance(v, dict)}}
+    fabric = fabric_links(data.get("fabric_probe"))
     finished = rec.get("finished")
     return RunSummary(
         run_id=str(rec["run_id"]), playbook=str(rec.get("playbook") or ""), profile=str(rec.get("profile") or ""),
@@ -79,7 +82,22 @@ def summarise(rec: dict[str, Any]) -> RunSummary:
         duration_s=float(rec["duration_s"]) if rec.get("duration_s") is not None else None,
         checks=checks, checks_at=ends.get("check") if checks is not None else None,
         gates=gates, gates_at=ends.get("gates") if gates is not None else None,
-        engram=engram, rank_nodes=rank_nodes, patches=patches)
+        engram=engram, rank_nodes=rank_nodes, patches=patches,
+        fabric=fabric, fabric_at=ends.get("fabric_probe") if fabric is not None else None)
+
+
+def fabric_links(probe: Any) -> list[dict[str, Any]] | None:
+    """The fabric probe's links from a record, each marked ok unless a failed finding names it."""
+    if not isinstance(probe, dict) or not isinstance(probe.get("links"), list):
+        return None
+    failed = [str(f.get("message", "")) for f in probe.get("findings") or [] if f.get("status") == "fail"]
+    out = []
+    for x in probe["links"]:
+        name = str(x["name"])
+        out.append({"name": name, "a": str(x["a"]), "b": str(x["b"]), "a_to_b_bps": x.get("a_to_b_bps"),
+                    "b_to_a_bps": x.get("b_to_a_bps"), "rtt_s": dict(x.get("rtt_s") or {}),
+                    "ok": not any(m.startswith(name + ":") for m in failed)})
+    return out
 
 
 class RunIndex:
