@@ -26,7 +26,8 @@ def kib(size: str) -> str:
 def figures(x: Link) -> str:
     rtt = ", ".join(f"RTT {kib(k)} {v * 1e3:.3g} ms" for k, v in x.rtt_s.items())
     bw = (f"{x.a}->{x.b} {gbps(x.a_to_b_bps)}, {x.b}->{x.a} {gbps(x.b_to_a_bps)}")
-    return f"{rtt}; {bw}" if rtt else bw
+    again = " (measured twice, the better figures)" if x.remeasured else ""
+    return (f"{rtt}; {bw}" if rtt else bw) + again
 
 
 def gbps(bps: float | None) -> str:
@@ -73,3 +74,11 @@ def verdict(run: ProbeRun, ratio_of: Callable[[Link], float | None]) -> list[Fin
             out.append(Finding(CHECK, "ok", f"{x.name}: {gbps(x.bps)}, in line with the other links",
                                observed=figures(x), expected=expected))
     return out
+
+
+def suspects(ratio_of: Callable[[Link], float | None]) -> Callable[[ProbeRun], list[Link]]:
+    """For probe(confirm=...): the measured links the verdict would fail now (to be measured once more)."""
+    def pick(run: ProbeRun) -> list[Link]:
+        bad = {f.message.split(":", 1)[0] for f in verdict(run, ratio_of) if f.status == "fail"}
+        return [x for x in run.links if x.name in bad and x.error is None]
+    return pick

@@ -178,7 +178,7 @@ def run_probes(transport: Any, nodes: list[Node], facts: dict[str, Any], profile
 def run_fabric(transport: Any, plan: Plan, inventory: Inventory, args: argparse.Namespace
                ) -> tuple[dict[str, Any], list[Finding]]:
     """The measured fabric probe between every pair of the lane's ranks, and its findings."""
-    from sparkfleet.checks.fabric_probe import verdict
+    from sparkfleet.checks.fabric_probe import suspects, verdict
     from sparkfleet.fleet import fabric_probe as fp
 
     if len(plan.ranks) < 2:
@@ -186,8 +186,11 @@ def run_fabric(transport: Any, plan: Plan, inventory: Inventory, args: argparse.
                                        node=plan.ranks[0].node.name)]
     if not args.json:
         err.print(f"probing {len(plan.ranks) * (len(plan.ranks) - 1) // 2} fabric link(s) ...", markup=False)
-    run = fp.probe(transport, plan.ranks, bulk_bytes=args.fabric_bytes or fp.BULK_BYTES)
-    return run.as_dict(), verdict(run, lambda x: inventory.hardware(inventory.nodes[x.a]).fabric_probe_ratio)
+    def ratio(x: fp.Link) -> float | None:
+        return inventory.hardware(inventory.nodes[x.a]).fabric_probe_ratio
+
+    run = fp.probe(transport, plan.ranks, bulk_bytes=args.fabric_bytes or fp.BULK_BYTES, confirm=suspects(ratio))
+    return run.as_dict(), verdict(run, ratio)
 
 
 def run_nccl(transport: Any, plan: Plan, profile: Profile, facts: dict[str, Any], args: argparse.Namespace

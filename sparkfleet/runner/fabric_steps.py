@@ -22,7 +22,7 @@ def probe_ratio(ctx: RunContext):
 @step("fabric_probe")
 def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
     """Measure every pair of the lane's ranks over their fabric IPs; a link far off the others fails."""
-    from sparkfleet.checks.fabric_probe import verdict
+    from sparkfleet.checks.fabric_probe import suspects, verdict
     from sparkfleet.fleet import fabric_probe as fp
 
     ranks = ctx.plan.ranks
@@ -46,7 +46,7 @@ def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
                           + f", {bulk // 2**20} MB each way): " + "; ".join(
                               f"{x.a} {x.a_ip} <-> {x.b} {x.b_ip}" for x in links),
                           data={"links": [x.name for x in links]})
-    run = fp.probe(ctx.transport, ranks, bulk_bytes=bulk)
+    run = fp.probe(ctx.transport, ranks, bulk_bytes=bulk, confirm=suspects(probe_ratio(ctx)))
     findings = verdict(run, probe_ratio(ctx))
     ctx.record.data["fabric_probe"] = {**run.as_dict(), "findings": [f.as_dict() for f in findings]}
     if failed(findings):
