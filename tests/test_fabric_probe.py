@@ -179,3 +179,30 @@ def test_a_second_measurement_keeps_the_better_figures_and_only_suspects_are_mea
     fp._best(x, {"out_bps": 0.95e9, "in_bps": 0.2e9, "rtt_s": {"49152": 1e-3, "409600": 9e-3}})
     assert (x.a_to_b_bps, x.b_to_a_bps, x.remeasured) == (0.95e9, 0.3e9, True)
     assert x.rtt_s == {"49152": 1e-3, "409600": 9e-3} and "measured twice" in verdict(run, lambda y: None)[1].observed
+
+
+def test_dry_run_requests_are_the_ones_the_probe_sends(monkeypatch) -> None:
+    nodes = [Node(name=n, ssh=Ssh(host="10.10.0.9"), fabric_ip=f"192.168.192.{11 + i}", hardware="gb10",
+                  storage=Storage(model_root="/m", cache_dir="/c")) for i, n in enumerate(["n0", "n1", "n2", "n3"])]
+    sent: list[tuple[str, str]] = []
+
+    def fake_run_helper(transport, ns, helper, stdin, timeout_s=0):
+        from sparkfleet.fleet.transport import Result
+
+        out = {}
+        for n in ns:
+            req = json.loads(stdin[n.name])
+            if req["mode"] != "quit":
+                sent.append((n.name, stdin[n.name]))
+            doc = {"mode": req["mode"], "bind": req.get("bind"), "refused": [], "errors": []}
+            if req["mode"] == "drive":
+                doc = {"rtt_s": {"49152": 1e-4}, "out_bps": 1e9, "in_bps": 1e9}
+            out[n.name] = Result(n.name, True, json.dumps(doc))
+        return out
+
+    monkeypatch.setattr(fp, "run_helper", fake_run_helper)
+    monkeypatch.setattr(fp, "ensure_helper", lambda t, ns, h: {n.name: fp.Result(n.name, True) for n in ns})
+    from sparkfleet.placement import Rank
+
+    fp.probe(object(), [Rank(i, n) for i, n in enumerate(nodes)], bulk_bytes=BULK)
+    assert sorted(sent) == sorted((node, req) for _, node, req in fp.requests(nodes, BULK))

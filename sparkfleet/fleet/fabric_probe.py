@@ -121,13 +121,17 @@ def command() -> str:
     return guard_command(HELPER)
 
 
+def server_life(links: list[Link]) -> float:
+    """Servers answer any number of sessions until `quit`; this bounds their life should the quit be lost."""
+    return 60.0 + 60.0 * len(links)
+
+
 def requests(nodes: list[Node], bulk_bytes: int = BULK_BYTES, port: int = PORT) -> list[tuple[str, str, str]]:
     """(what, node, stdin) for every helper run of a probe, in order: the servers, then each round's drivers."""
     allow = [str(n.fabric_ip) for n in nodes]
     schedule = plan_links(nodes, port)
     links = [x for rnd in schedule for x in rnd]
-    out = [("fabric probe server", n.name, json.dumps(serve_request(n, allow, sum(1 for x in links if x.b == n.name),
-                                                                     port, 60.0 + 30.0 * len(links))))
+    out = [("fabric probe server", n.name, json.dumps(serve_request(n, allow, 0, port, server_life(links))))
            for n in nodes if any(x.b == n.name for x in links)]
     for i, rnd in enumerate(schedule, 1):
         out += [(f"fabric probe round {i}: {x.name}", x.a,
@@ -199,8 +203,7 @@ def probe(transport: Transport, ranks: list[Rank], *, port: int = PORT, bulk_byt
         for x in run.links:
             x.error = "not measured: " + ", ".join(sorted(bad)) + " cannot run the probe"
         return run
-    # servers answer any number of sessions until `quit` (a bound on their life, should the quit be lost)
-    timeout_s = 60.0 + 60.0 * len(run.links)
+    timeout_s = server_life(run.links)
     servers: dict[str, Result] = {}
     serving = [n for n in nodes if any(x.b == n.name for x in run.links)]
     stdin = {n.name: json.dumps(serve_request(n, allow, 0, port, timeout_s)) for n in serving}
