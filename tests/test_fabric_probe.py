@@ -206,3 +206,34 @@ def test_dry_run_requests_are_the_ones_the_probe_sends(monkeypatch) -> None:
 
     fp.probe(object(), [Rank(i, n) for i, n in enumerate(nodes)], bulk_bytes=BULK)
     assert sorted(sent) == sorted((node, req) for _, node, req in fp.requests(nodes, BULK))
+
+
+@needs_netns
+def test_check_fabric_names_the_slow_nodes_links_through_the_command(lab, tmp_path, monkeypatch, capsys) -> None:
+    """`sparkfleet check --fabric` on an inventory of the lab's namespaces (the transport enters them)."""
+    from sparkfleet.cli.main import main
+
+    inv = tmp_path / "netns.yaml"
+    nodes = "".join(f"  {n}:\n    ssh: {{host: 127.0.0.1}}\n    fabric_ip: {lab.ips[n]}\n    hardware: gb10\n"
+                    f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
+                    "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
+    inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
+    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
+    import sparkfleet.checks as checks
+
+    if "fabric" not in checks.MODULES:  # until the simulated lab has fabric interfaces (issue 11)
+        monkeypatch.setattr(checks, "MODULES", checks.MODULES + ("fabric",))
+    lab.shape("n1", "50mbit")
+    code = main(["check", "--profile", "dcp2", "--inventory", str(inv), "--fabric", "--fabric-bytes", str(BULK),
+                 "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    probe_fails = sorted(f["message"].split(":")[0] for f in doc["findings"]
+                         if f["check"] == "fabric-probe" and f["status"] == "fail")
+    assert code == 1 and probe_fails == ["n0 <-> n1", "n1 <-> n2", "n1 <-> n3"]
+    assert {x["a_ip"] for x in doc["fabric_probe"]["links"]} <= set(lab.ips.values())
+    # the link facts came from each namespace's own /sys: fab0 is there and up, a veth's 10 Gb/s and MTU
+    # 1500 everywhere; this machine has no RDMA port, which the check says for each node
+    fabric = [f for f in doc["findings"] if f["check"] == "fabric"]
+    assert [(f["node"], f["status"], f["message"]) for f in fabric] == [
+        (n, "fail", f"no RDMA port is bound to {lab.iface}") for n in lab.names]
+    assert all(f["observed"].startswith(f"{lab.iface} up, carrier 1, 10 Gb/s, MTU 1500;") for f in fabric)
