@@ -78,9 +78,17 @@ def test_completion_in_the_real_shell(shell: str, env: dict, capsys, tmp_path: P
 
 
 def test_every_command_is_in_the_script(capsys) -> None:
+    import argparse
+
+    from sparkfleet.cli.main import build_parser
+
     script = _script("bash", capsys)
     top = next(line for line in script.splitlines() if line.strip().startswith("subs="))
-    assert sorted(top.split("=", 1)[1].strip("'").split()) == sorted(COMMANDS)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(top.split("=", 1)[1].strip("'").split()) == sorted(sub.choices)
+    assert {"plan", "trust", "support-bundle", "completion"} <= set(sub.choices) <= set(COMMANDS)
+    assert main(["completion", "--values", "commands"]) == 0
+    assert capsys.readouterr().out.split() == sorted(sub.choices)
 
 
 def test_values_for_an_unknown_inventory_print_nothing(capsys, env, monkeypatch) -> None:

@@ -183,9 +183,9 @@ if (( $+functions[compdef] )); then compdef _sparkfleet sparkfleet; fi
 def values(kind: str, inventory: str | None, root: str | None) -> list[str]:
     """The current names of one kind (cheap: file names and plain YAML, no model validation)."""
     if kind == "commands":
-        from sparkfleet.cli.main import COMMANDS
+        from sparkfleet.cli.main import build_parser
 
-        return sorted(COMMANDS)
+        return sorted(describe(build_parser())["sub"])
     from sparkfleet.root import find_root, state_dir
 
     if kind in ("runs", "restore-points"):

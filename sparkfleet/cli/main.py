@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "patches": "patches", "gates": "gates", "engram-local": "engram", "exporter": "exporter",
     "dashboards": "exporter", "bench": "bench", "bracket": "bench", "trust": "trust", "sim": "sim",
     "config": "config", "support-bundle": "bundle", "completion": "completion",
+    "diff": "diff", "watch": "watch",  # landing from the restore and watch work; absent modules fall back
 }
 EXIT_USAGE = 2
 COLOR = ("auto", "always", "never")
@@ -115,7 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _color(argv)
     command = _command(argv)
-    parser = build_parser([COMMANDS[command]] if command in COMMANDS else None)
+    module = COMMANDS.get(command or "")
+    if module is not None:
+        import importlib.util
+
+        if importlib.util.find_spec(f"sparkfleet.cli.{module}") is None:
+            module = None
+    parser = build_parser([module] if module else None)
     args = parser.parse_args(argv)
 
     from sparkfleet.spec.errors import SpecError, UserError

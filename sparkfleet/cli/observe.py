@@ -206,11 +206,14 @@ def run_runs(args: argparse.Namespace) -> int:
         if args.json:
             print_json(data)
             return EXIT_OK
-        out.print(f"run {data['run_id']}: {data['playbook']} {data['profile']} on {data['inventory']}: "
-                  f"{data['outcome']}" + (f" ({data['reason']})" if data.get("reason") else "")
-                  + f", {data.get('duration_s')} s", markup=False)
-        for st in data["steps"]:
-            out.print(f"  {st['status']:>4} {st['step']:<14} {st['elapsed_s']:>7.2f}s  {st['summary']}", markup=False)
+        from sparkfleet.cli.tables import Column, render, say
+
+        say(f"run {data['run_id']}: {data['playbook']} {data['profile']} on {data['inventory']}: "
+            f"{data['outcome']}" + (f" ({data['reason']})" if data.get("reason") else "")
+            + f", {data.get('duration_s')} s")
+        render([Column("status"), Column("step"), Column("seconds"), Column("summary", wrap=True)],
+               [[st["status"], st["step"], f"{st['elapsed_s']:.2f}", st.get("summary") or ""]
+                for st in data["steps"]], wide=args.wide)
         for rank, lines in (data.get("data", {}).get("last_log_lines") or {}).items():
             out.print(f"  last lines of rank {rank}:", markup=False)
             for line in lines[-10:]:
