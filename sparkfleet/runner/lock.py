@@ -46,6 +46,11 @@ class FleetLock:
             self.path.unlink(missing_ok=True)
             self.held = False
 
+    def live_holder(self) -> dict | None:
+        """Who holds the lock now (pid, host, user, command, since), or None when nobody alive does."""
+        holder = self._holder()
+        return holder if holder is not None and self._alive(holder) else None
+
     def _holder(self) -> dict | None:
         try:
             return json.loads(self.path.read_text())

@@ -1,0 +1,196 @@
+"""`sparkfleet watch`: keep a lane serving in the foreground, restarting the whole group within a budget."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from sparkfleet.cli.common import EXIT_OK, EXIT_USAGE, add_inventory, add_root, err, out, print_findings, spec
+from sparkfleet.runner.events import HumanEvents
+from sparkfleet.spec.errors import UserError
+
+ORDER = 13
+
+EPILOG = """\
+examples:
+  sparkfleet watch --profile dcp2                     # probe every 30 s, 3 restarts per 30 min
+  sparkfleet watch --profile dcp2 --interval 10 --failures 3 --json
+  sparkfleet watch --restore boot10                   # restarts relaunch the restore point
+  sparkfleet watch --profile dcp2 --dry-run           # say what it would do at each failure
+  sparkfleet watch --profile dcp2 --unit > /etc/systemd/system/sparkfleet-watch-dcp2.service
+
+exit codes: 0 stood down (an operator ran up/down/restore of the lane) or ended by SIGTERM/Ctrl-C;
+1 the lane was left stopped (restart budget spent, or a restart's preflight failed); 2 bad input.
+SIGTERM/Ctrl-C between actions ends watch at once and leaves the lane as it is; during a group
+stop or restart watch finishes it first (a second signal interrupts it, stopping that launch).
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("watch", help="keep a lane serving: probe by generation, restart the group within a budget",
+                       description="Probe the lane every interval (a tiny checked answer, /health, every rank's "
+                       "container and MemAvailable); after K failed probes, or at once when a rank exited or "
+                       "vanished, restart the whole group through the up (or restore) playbook; within a "
+                       "restart budget, else leave the lane stopped and exit 1.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_root(p)
+    add_inventory(p)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--profile", "-p", help="the lane to keep serving")
+    which.add_argument("--restore", metavar="NAME", help="a restore point: restarts relaunch it (restore playbook)")
+    p.add_argument("--interval", type=float, default=30.0, metavar="SECONDS", help="probe period (default 30)")
+    p.add_argument("--failures", type=int, default=2, metavar="K",
+                   help="consecutive failed probes that make a failure (default 2)")
+    p.add_argument("--max-restarts", type=int, default=3, metavar="N", help="restarts per window (default 3)")
+    p.add_argument("--window", type=float, default=1800.0, metavar="SECONDS", help="budget window (default 1800)")
+    p.add_argument("--backoff", type=float, metavar="SECONDS",
+                   help="wait before the 2nd restart in a window, doubling after (default: the interval)")
+    p.add_argument("--probe-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long the probe's request may take (default 10; at most the interval)")
+    p.add_argument("--memory-grace", type=float, metavar="SECONDS",
+                   help="how long MemAvailable may stay under its line before the lane is stopped "
+                   "(default: two intervals)")
+    p.add_argument("--gates", default="models,count100", metavar="LIST",
+                   help="gates a restart must pass (default models,count100)")
+    p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
+    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while a restart waits")
+    p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
+    p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
+    p.add_argument("--dry-run", action="store_true", help="probe, and report what it would do at each failure")
+    p.add_argument("--unit", action="store_true", help="print a systemd unit that runs this watch, and exit")
+    p.set_defaults(func=run)
+
+
+def _settings(args: argparse.Namespace):
+    from sparkfleet.watch.policy import Settings
+
+    return Settings(interval_s=args.interval, failures=args.failures, max_restarts=args.max_restarts,
+                    window_s=args.window, backoff_s=args.interval if args.backoff is None else args.backoff,
+                    probe_timeout_s=args.probe_timeout,
+                    memory_grace_s=2 * args.interval if args.memory_grace is None else args.memory_grace)
+
+
+def _resolve(args: argparse.Namespace, sp) -> tuple[str, str, dict | None]:
+    """(profile, playbook, restore point) — an unknown restore point is bad input."""
+    from sparkfleet.root import state_dir
+    from sparkfleet.runner.restore import list_points, load_point
+
+    if args.restore is None:
+        return args.profile, "up", None
+    point = load_point(state_dir(), args.restore)
+    if point is None:
+        known = ", ".join(p["name"] for p in list_points(state_dir())) or "none recorded"
+        raise UserError(f"no restore point named {args.restore!r} in {state_dir() / 'restore'} (known: {known}); "
+                        "record one with `sparkfleet up --profile NAME --save-as NAME`")
+    if args.inventory == "lab" and point.get("inventory"):
+        args.inventory = point["inventory"]
+    return point["profile"], "restore", point
+
+
+def run(args: argparse.Namespace) -> int:
+    from sparkfleet.gates.run import GateSetupError, api_key_for, parse_only
+    from sparkfleet.plan import make_plan
+    from sparkfleet.root import state_dir
+    from sparkfleet.runner.events import JsonEvents
+
+    settings = _settings(args)
+    problems = settings.problems()
+    if problems:
+        raise UserError("watch: " + "; ".join(problems))
+    sp = spec(args)
+    profile, playbook, point = _resolve(args, sp)
+    loaded = sp.profile(profile)
+    if loaded.profile.abstract:
+        raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
+    inventory = sp.inventory(args.inventory)
+    plan = make_plan(loaded, inventory, sp.playbook(playbook), sp.root)
+    if plan.refused:
+        print_findings([f for f in plan.findings if f.status == "fail"], err)
+        err.print(f"sparkfleet: watch: lane {profile!r} is refused by its rules; nothing was started", markup=False)
+        return EXIT_USAGE
+    try:
+        parse_only(args.gates)
+        key = api_key_for(loaded.profile)
+    except GateSetupError as exc:
+        raise UserError(f"watch: {exc}") from None
+    if args.unit:
+        return _unit(args, sp, loaded.profile)
+    _refuse_second_watch(state_dir(), profile)
+    from sparkfleet.watch.supervisor import Watcher
+
+    events = JsonEvents() if args.json else WatchHumanEvents()
+    watcher = Watcher(sp, loaded, inventory, settings, events, state_dir(), playbook=playbook, restore_point=point,
+                      gates=args.gates, dry_run=args.dry_run, api_key=key, endpoint_url=args.endpoint,
+                      boot_budget_s=args.boot_budget, poll_s=args.poll,
+                      command=" ".join(["sparkfleet", "watch", *(sys.argv[2:] if sys.argv[1:2] == ["watch"] else
+                                                                  ["--profile", profile])]))
+    try:
+        outcome = watcher.run()
+    finally:
+        events.close()
+    if args.json:
+        events.emit("result", outcome=outcome.state, reason=outcome.why, code=outcome.code)
+    elif outcome.code not in (EXIT_OK,):
+        err.print(f"sparkfleet: watch {profile}: {outcome.state}: {outcome.why}", markup=False)
+    return outcome.code
+
+
+def _refuse_second_watch(state: Path, profile: str) -> None:
+    """One watch per lane per state dir: two would restart the lane around each other."""
+    import json
+    import socket
+
+    from sparkfleet.watch import status as st
+
+    path = st.path_for(state, profile)
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if d.get("state") in ("stopped", "stood-down", "ended") or d.get("host") != socket.gethostname():
+        return
+    try:
+        os.kill(int(d.get("pid", 0)), 0)
+    except (ProcessLookupError, ValueError):
+        return
+    except PermissionError:
+        pass
+    raise UserError(f"another watch of {profile} runs (pid {d.get('pid')}, state {d.get('state')}, {path}); "
+                    "stop it first")
+
+
+def _unit(args: argparse.Namespace, sp, profile) -> int:
+    from sparkfleet.root import state_dir
+    from sparkfleet.runner.context import RunOptions
+    from sparkfleet.watch import unit
+
+    me = Path(sys.argv[0])
+    exe = str(me.absolute()) if me.name == "sparkfleet" and me.is_file() else shutil.which("sparkfleet")
+    argv = [exe] if exe else [sys.executable, "-m", "sparkfleet.cli.main"]
+    raw = sys.argv[1:] if sys.argv[1:2] == ["watch"] else ["watch"]
+    argv += [a for a in raw if a != "--unit"] + ([] if "--root" in raw else ["--root", str(sp.root)])
+    environment = {"SPARKFLEET_STATE": str(state_dir())}
+    budget = args.boot_budget or profile.expect.boot_budget_s or 900
+    text = unit.render(sp.root / "templates", profile.name, argv, environment, budget + RunOptions().stop_timeout_s,
+                       sp.root / "docs" / "watch.md", profile.api_key_env)
+    sys.stdout.write(text)
+    return EXIT_OK
+
+
+class WatchHumanEvents(HumanEvents):
+    """Watch's own events as timestamped lines; the runner's (steps, findings) as `up` shows them."""
+
+    def __init__(self) -> None:
+        super().__init__(out)
+
+    def emit(self, event: str, **data) -> None:
+        if not event.startswith("watch."):
+            super().emit(event, **data)
+            return
+        self._stop_live()
+        self.console.print(f"{time.strftime('%H:%M:%S')} {data.get('text', '')}", markup=False, highlight=False,
+                           emoji=False)

@@ -1,0 +1,166 @@
+"""One liveness probe of a lane: does it generate the right answer, and what do its ranks look like?
+
+vLLM's /health answers 200 while the engine is hung or a worker is dead (vLLM #11996, #39863), so the
+verdict comes from generation: a tiny count at temperature 0 with thinking off and a bounded
+max_tokens, whose answer is checked exactly (the count100 gate's judge, on 1..5). /health is kept as
+evidence. Every rank's container (by label) and MemAvailable come from the node facts, one round
+trip per node in parallel with the request, so a probe takes about as long as its slowest part.
+
+`judge` and `rank_states` are pure; `run_probe` is the I/O (the gates' client and `gather`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from sparkfleet.checks.context import role_value
+from sparkfleet.checks.seeds import EARLYOOM_MARGIN_BYTES, GB
+from sparkfleet.fleet.facts import Container, NodeFacts
+from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.gates.client import ApiClient, Reply, RequestFailed, clip
+from sparkfleet.gates.env import user
+from sparkfleet.gates.text import judge_count
+from sparkfleet.placement import Rank
+from sparkfleet.runner.steps import LABEL as PROFILE_LABEL
+from sparkfleet.spec.profile import Profile
+
+RANK_LABEL, RUN_LABEL = "sparkfleet.rank", "sparkfleet.run"
+TOP = 5
+PROMPT = f"Count from 1 to {TOP}. Write every number, separated by commas, and nothing else."
+MAX_TOKENS = 48  # "1, 2, 3, 4, 5" is about 10 tokens; room for a short preamble, never a long answer
+FACTS_TIMEOUT_S = 10.0  # a busy node's facts can take seconds; a silent node is reported, not fatal
+GONE = ("exited", "dead")  # docker states of a rank that stopped by itself
+
+
+def request_body(model: str) -> dict:
+    """The probe's chat body: deterministic (temperature 0), thinking off, bounded."""
+    return {"model": model, "messages": user(PROMPT), "max_tokens": MAX_TOKENS, "temperature": 0,
+            "chat_template_kwargs": {"thinking": False}}
+
+
+def judge(reply: Reply) -> tuple[bool, str]:
+    """The answer lists exactly 1..TOP; why not otherwise (the count100 gate's rule)."""
+    ok, why = judge_count(reply.content, 1, TOP)
+    if not ok and reply.finish_reason == "length":
+        why += f" (finish_reason length at max_tokens {MAX_TOKENS})"
+    return ok, ("answered 1..5" if ok else why)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank as the probe saw it."""
+
+    rank: int
+    node: str
+    state: str  # docker's (running, exited, ...), or vanished (no container), or unknown (node silent)
+    container: str | None = None
+    run_id: str | None = None  # the container's sparkfleet.run label
+    exit_code: int | None = None
+    mem_available: int | None = None  # bytes
+    mem_guard: int | None = None  # bytes: MemAvailable below this is inside the floor or earlyoom's margin
+    guard_why: str = ""
+    error: str | None = None  # why the node could not be read
+
+
+@dataclass(frozen=True)
+class Probe:
+    at: float  # unix time the probe started
+    ok: bool  # the generation answered right
+    why: str
+    latency_s: float | None  # the generation request, None when it did not answer
+    health: int | None  # /health status code, None when it did not answer
+    answer: str = ""
+    ranks: tuple[RankState, ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def mem_guard(profile: Profile, r: Rank, f: NodeFacts) -> tuple[int | None, str]:
+    """The MemAvailable line a serving rank must stay above: the lane's floor for its role, or earlyoom's
+    SIGTERM line plus the seeds' margin (checks/earlyoom.py), whichever is higher."""
+    lines: list[tuple[int, str]] = []
+    floor = role_value(profile.expect.mem_available_floor_gb, r)
+    if floor is not None:
+        lines.append((int(floor[1] * GB), f"expect.mem_available_floor_gb.{floor[0]} {floor[1]:g} GB"))
+    eo = f.earlyoom
+    if eo is not None and eo.running and eo.sigterm_threshold_bytes is not None:
+        lines.append((eo.sigterm_threshold_bytes + EARLYOOM_MARGIN_BYTES,
+                      f"earlyoom SIGTERM line {eo.sigterm_threshold_bytes / GB:.1f} GB + "
+                      f"{EARLYOOM_MARGIN_BYTES / GB:.1f} GB margin"))
+    if not lines:
+        return None, "no floor and no earlyoom line"
+    return max(lines)
+
+
+def _pick(found: list[Container]) -> Container:
+    """Of several containers for one rank, the running one (else the newest listed)."""
+    running = [c for c in found if c.state == "running"]
+    return (running or found)[0]
+
+
+def rank_states(facts: dict[str, NodeFacts | Result], ranks: list[Rank], profile: Profile) -> list[RankState]:
+    """Each rank's container (by this lane's labels, never by name) and memory, from one facts answer per node."""
+    out = []
+    for r in ranks:
+        f = facts.get(r.node.name)
+        if not isinstance(f, NodeFacts):
+            why = (f.message or f.error or "no answer") if isinstance(f, Result) else "not asked"
+            out.append(RankState(r.rank, r.node.name, "unknown", error=why))
+            continue
+        avail = f.meminfo.mem_available_bytes if f.meminfo else None
+        guard, guard_why = mem_guard(profile, r, f)
+        if f.docker is None or not f.docker.available:
+            why = (f.docker.error if f.docker else None) or "docker state not reported"
+            out.append(RankState(r.rank, r.node.name, "unknown", mem_available=avail, mem_guard=guard,
+                                 guard_why=guard_why, error=why))
+            continue
+        found = [c for c in f.docker.containers if c.labels.get(PROFILE_LABEL) == profile.name
+                 and c.labels.get(RANK_LABEL) == str(r.rank)]
+        if not found:
+            out.append(RankState(r.rank, r.node.name, "vanished", mem_available=avail, mem_guard=guard,
+                                 guard_why=guard_why))
+            continue
+        c = _pick(found)
+        out.append(RankState(r.rank, r.node.name, c.state, c.name, c.labels.get(RUN_LABEL), None, avail, guard,
+                             guard_why))
+    return out
+
+
+def _ask(client: ApiClient, model: str, timeout_s: float) -> tuple[bool, str, float | None, str]:
+    t0 = time.monotonic()
+    try:
+        reply = client.chat(request_body(model), timeout_s=timeout_s)
+    except RequestFailed as exc:
+        return False, f"no answer within {timeout_s:g} s: {exc}" if "Timeout" in str(exc) else str(exc), None, ""
+    ok, why = judge(reply)
+    return ok, why, time.monotonic() - t0, clip(reply.content, 120)
+
+
+def _health(client: ApiClient, timeout_s: float) -> int | None:
+    try:
+        return client.request("GET", "/health", timeout_s=timeout_s).status_code
+    except RequestFailed:
+        return None
+
+
+def run_probe(client: ApiClient, model: str, transport: Transport, ranks: list[Rank], profile: Profile,
+              timeout_s: float) -> tuple[Probe, dict[str, NodeFacts | Result]]:
+    """Generation and /health against the head, facts from every rank's node, at the same time."""
+    from sparkfleet.fleet.gather import gather
+
+    at = time.time()
+    facts: dict[str, NodeFacts | Result] = {}
+
+    def nodes() -> None:
+        facts.update(gather(transport, [r.node for r in ranks], {}, timeout_s=max(timeout_s, FACTS_TIMEOUT_S)))
+
+    t = threading.Thread(target=nodes, name="sparkfleet-watch-facts", daemon=True)
+    t.start()
+    ok, why, latency, answer = _ask(client, model, timeout_s)
+    health = _health(client, min(timeout_s, 5.0))
+    t.join(max(timeout_s, FACTS_TIMEOUT_S) + 5.0)
+    facts = dict(facts)
+    return Probe(at, ok, why, latency, health, answer, tuple(rank_states(facts, ranks, profile))), facts

@@ -1,0 +1,348 @@
+"""The watch loop: probe every interval, decide (policy.py), act through the same runner as `up`.
+
+A group restart is the `up` playbook (or `restore` for a restore point) run by `runner.run.execute`,
+exactly as `sparkfleet up` runs it: stop every rank and wait until gone, drop caches, facts, the
+preflight, workers then head, readiness, a short gate set. Before acting, watch writes the evidence
+(failing probes, each rank's last log lines, facts) to a run record of its own (playbook `watch`).
+
+Signals (SIGTERM, SIGINT/Ctrl-C): between actions watch exits at once and leaves the lane as it is.
+In the middle of a group stop or restart it finishes what it began (the runner's playbook runs to its
+end: serving, or every rank of that launch stopped), then exits; a second signal interrupts the
+playbook the way Ctrl-C interrupts `up` (every rank of that launch is stopped).
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkfleet.fleet.connect import transport_for
+from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.transport import Result
+from sparkfleet.gates.client import ApiClient
+from sparkfleet.metrics.records import RunIndex
+from sparkfleet.placement import Rank, endpoint, place
+from sparkfleet.runner.context import RunOptions
+from sparkfleet.runner.events import Events
+from sparkfleet.runner.lock import FleetLock
+from sparkfleet.runner.record import Record, new_run_id
+from sparkfleet.spec.errors import UserError
+from sparkfleet.spec.inventory import Inventory
+from sparkfleet.spec.load import Loaded, Spec
+from sparkfleet.watch import status as st
+from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, operator_run
+from sparkfleet.watch.probe import Probe, RankState, run_probe
+
+LOG_TAIL = 60  # each rank's last log lines kept as evidence (as the runner keeps for a failed launch)
+PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int  # 0: stood down or stopped by a signal; 1: lane left stopped (budget, preflight); 130: interrupted
+    state: str
+    why: str
+
+
+class StandDown(Exception):
+    """An operator (or another controller) acted on the lane: watch stops watching it."""
+
+
+class Watcher:
+    def __init__(self, spec: Spec, loaded: Loaded, inventory: Inventory, settings: Settings, events: Events,
+                 state: Path, *, playbook: str = "up", restore_point: dict | None = None,
+                 gates: str = "models,count100", dry_run: bool = False, api_key: str | None = None,
+                 endpoint_url: str | None = None, boot_budget_s: float | None = None, poll_s: float = 1.0,
+                 command: str = "") -> None:
+        self.spec, self.loaded, self.inventory, self.settings = spec, loaded, inventory, settings
+        self.profile = loaded.profile
+        self.events = events
+        self.state = state
+        self.playbook = playbook
+        self.restore_point = restore_point
+        self.gates = gates
+        self.dry_run = dry_run
+        self.boot_budget_s = boot_budget_s
+        self.poll_s = poll_s
+        self.command = command or f"sparkfleet watch --profile {self.profile.name}"
+        self.ranks: list[Rank] = place(loaded, inventory)
+        self.endpoint = (endpoint_url or endpoint(self.ranks[0].node, self.profile.port)).rstrip("/")
+        self.api_key = api_key
+        self.model = self.profile.served_names[0] if self.profile.served_names else None
+        self.budget = Budget(settings.max_restarts, settings.window_s, settings.backoff_s)
+        self.tracker = Tracker(settings)
+        self.history: deque[Probe] = deque(maxlen=max(settings.failures, 1) + 2)
+        self.ours: set[str] = set()  # run ids watch started (its own records, its restarts and stops)
+        self.known_runs: set[str] = set()  # runs whose containers are the lane watch looks after
+        self.started = time.time()
+        self.runs = RunIndex(state / "runs", inventory.name)
+        self.status = st.Status(self.profile.name, inventory.name, started=self.started,
+                                interval_s=settings.interval_s, max_restarts=settings.max_restarts,
+                                window_s=settings.window_s, budget_left=settings.max_restarts)
+        self.wake = threading.Event()  # set by a signal: stop sleeping
+        self.signalled: str | None = None
+        self.acting = False
+
+    # -- events and status ---------------------------------------------------------------------------
+    def say(self, kind: str, text: str, **data) -> None:
+        self.events.emit(f"watch.{kind}", text=text, profile=self.profile.name, **data)
+
+    def set_state(self, state: str, why: str = "") -> None:
+        now = time.time()
+        self.status.state, self.status.why, self.status.updated = state, why, now
+        self.status.budget_left = self.budget.left(now)
+        self.status.restarts = dict(self.budget.by_reason)
+        if not self.dry_run:
+            st.write(self.state, self.status)
+
+    # -- signals ------------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.signalled and self.acting:
+            raise KeyboardInterrupt  # a second signal mid-restart: interrupt the playbook as Ctrl-C does
+        self.signalled = name
+        self.wake.set()
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0 and not self.signalled:
+            self.wake.wait(seconds)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.transport = transport_for([r.node for r in self.ranks])
+        self.client = ApiClient(self.endpoint, self.api_key, timeout_s=self.settings.probe_timeout_s)
+        try:
+            return self._loop()
+        except StandDown as exc:
+            self.set_state("stood-down", str(exc))
+            self.say("stand-down", f"stood down: {exc}")
+            return Outcome(0, "stood-down", str(exc))
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.client.close()
+            self.transport.close()
+
+    def _loop(self) -> Outcome:
+        s = self.settings
+        self.say("start", f"watching {self.profile.name} at {self.endpoint} every {s.interval_s:g} s "
+                 f"(--failures {s.failures}, budget {s.max_restarts} per {s.window_s:g} s"
+                 + (", dry run" if self.dry_run else "") + ")", endpoint=self.endpoint)
+        first = True
+        while True:
+            t0 = time.monotonic()
+            if self.signalled:
+                return self._signalled()
+            probe, facts = self.probe()
+            if self.signalled:
+                return self._signalled()
+            if first:
+                first = False
+                self.known_runs |= {r.run_id for r in probe.ranks if r.run_id and r.state == "running"}
+                if all(r.state == "vanished" for r in probe.ranks):
+                    outcome = self.handle(Verdict("restart", "start", "no rank of the lane exists: starting it"),
+                                          facts, count=False)
+                    if outcome is not None:
+                        return outcome
+                    continue
+            self.check_operator(probe)
+            verdict = self.tracker.observe(probe)
+            if verdict.action in ("ok", "suspect"):
+                self.set_state("watching" if verdict.action == "ok" else "suspect", verdict.why)
+            else:
+                outcome = self.handle(verdict, facts)
+                if outcome is not None:
+                    return outcome
+                continue  # probe again at once: the lane just restarted (or the restart failed)
+            self._sleep(s.interval_s - (time.monotonic() - t0))
+
+    def _signalled(self) -> Outcome:
+        why = f"{self.signalled}: watch ended; the lane is left as it is"
+        self.set_state("ended", why)
+        self.say("end", why, signal=self.signalled)
+        return Outcome(0, "ended", why)
+
+    def probe(self) -> tuple[Probe, dict[str, NodeFacts | Result]]:
+        if self.model is None:
+            try:
+                self.model = str(self.client.models()[0]["id"])
+            except Exception:  # noqa: BLE001 (any failure: the probe below reports the endpoint's state)
+                pass
+        probe, facts = run_probe(self.client, self.model or "", self.transport, self.ranks, self.profile,
+                                 self.settings.probe_timeout_s)
+        self.history.append(probe)
+        self.status.probe_ok, self.status.probe_latency_s = probe.ok, probe.latency_s
+        self.status.probe_at, self.status.probe_why = probe.at, probe.why
+        odd = [f"{r.rank} {r.state}" for r in probe.ranks if r.state != "running"]
+        latency = f"{probe.latency_s:.2f} s" if probe.latency_s is not None else "-"
+        self.say("probe", f"probe {'ok' if probe.ok else 'FAIL'} {latency}, /health {probe.health or '-'}, ranks "
+                 f"{', '.join(odd) if odd else 'all running'}: {probe.why}", ok=probe.ok, latency_s=probe.latency_s,
+                 health=probe.health,
+                 why=probe.why, ranks=[_rank_dict(r) for r in probe.ranks])
+        return probe, facts
+
+    # -- the operator wins ----------------------------------------------------------------------------
+    def check_operator(self, probe: Probe | None = None) -> None:
+        """Raise StandDown when someone else ran this lane since watch started (records, lock, containers)."""
+        theirs = operator_run(self.runs.refresh(), self.ours, self.started, self.profile.name)
+        if theirs is not None:
+            raise StandDown(f"{theirs.playbook} of {self.profile.name} ran without watch (run {theirs.run_id}, "
+                            f"outcome {theirs.outcome}): the operator has the lane")
+        holder = FleetLock(self.lock_path(), "").live_holder()
+        if holder is not None and self.profile.name in str(holder.get("command", "")).split():
+            raise StandDown(f"{holder.get('command')!r} by {holder.get('user')}@{holder.get('host')} pid "
+                            f"{holder.get('pid')} holds the fleet lock: the operator has the lane")
+        if probe is not None:
+            foreign = foreign_ranks(probe, self.known_runs)
+            if foreign:
+                raise StandDown("the lane was relaunched by a run watch did not start (another controller?): "
+                                + "; ".join(foreign))
+
+    def lock_path(self) -> Path:
+        return self.state / "locks" / f"{self.inventory.name}.lock"
+
+    # -- acting on a failure -------------------------------------------------------------------------
+    def handle(self, verdict: Verdict, facts: dict[str, NodeFacts | Result], count: bool = True) -> Outcome | None:
+        """Evidence, the memory stop, the budget, backoff, the group restart; an Outcome when watch ends."""
+        now = time.time()
+        incident = Record(new_run_id(), "watch", self.profile.name, self.inventory.name, self.command)
+        self.ours.add(incident.run_id)
+        incident.data["incident"] = {"reason": verdict.reason, "why": verdict.why, "node": verdict.node}
+        incident.data["probes"] = [p.as_dict() for p in self.history]
+        incident.data["facts"] = {n: (f.model_dump(mode="json") if isinstance(f, NodeFacts) else
+                                      {"error": f.error, "message": f.message}) for n, f in facts.items()}
+        incident.data["last_log_lines"] = self.log_tails()
+        self.say("failure", f"{verdict.reason}: {verdict.why}", reason=verdict.reason, why=verdict.why,
+                 node=verdict.node, record=incident.run_id)
+        self.write(incident, "running")
+        if verdict.action == "memory-stop":
+            out = self.stop_lane(incident, f"memory guard: {verdict.why}")
+            if out is not None:
+                return out
+        if count and self.budget.left(now) == 0:
+            why = self.budget.why_spent(now)
+            incident.steps.append({"step": "budget", "status": "fail", "summary": why})
+            if verdict.action != "memory-stop":
+                out = self.stop_lane(incident, why)
+                if out is not None:
+                    return out
+            return self.leave_stopped(incident, why)
+        delay = self.budget.delay(now) if count else 0.0
+        if delay > 0:
+            self.set_state("backoff", f"restart {self.budget.used(now) + 1} waits {delay:g} s (--backoff)")
+            self.say("backoff", f"waiting {delay:g} s before restart {self.budget.used(now) + 1} "
+                     f"of {self.settings.max_restarts} (growing backoff)", delay_s=delay)
+            self._sleep(delay)
+            if self.signalled:
+                self.write(incident, "interrupted", f"{self.signalled} during the backoff; nothing restarted")
+                return self._signalled()
+        self.check_operator()
+        if count:
+            self.budget.spend(time.time(), verdict.reason)
+        self.set_state("restarting", verdict.why)
+        rec = self.run_playbook(self.playbook, f"restart ({verdict.reason})", RunOptions(
+            gate_args={"only": self.gates}, stop_on_gate_failure=True, restore_point=self.restore_point,
+            boot_budget_s=self.boot_budget_s, poll_s=self.poll_s, endpoint=self.endpoint))
+        incident.steps.append({"step": f"restart:{self.playbook}", "status": "ok" if rec.outcome == "ok" else "fail",
+                               "summary": rec.reason or rec.outcome, "run_id": rec.run_id})
+        incident.data["restart"] = {"playbook": self.playbook, "run_id": rec.run_id, "outcome": rec.outcome,
+                                    "reason": rec.reason, "budget_left": self.budget.left(time.time())}
+        if self.dry_run:
+            self.write(incident, "ok", "dry run: nothing was changed")
+            self.tracker.reset()
+            self.say("dry-run", f"would restart {self.profile.name} through the {self.playbook} playbook "
+                     f"(restart {self.budget.used(time.time())} of {self.settings.max_restarts})")
+            self._sleep(self.settings.interval_s)
+            return None
+        if rec.outcome == "ok":
+            self.known_runs = {rec.run_id}
+            self.tracker.reset()
+            self.write(incident, "ok", f"serving again after {verdict.reason} (run {rec.run_id})")
+            self.say("serving", f"serving again (run {rec.run_id}); restarts left in the window: "
+                     f"{self.budget.left(time.time())}", run_id=rec.run_id)
+            self.set_state("watching", f"restarted after {verdict.reason}")
+            return None if not self.signalled else self._signalled()
+        if rec.outcome == "interrupted":
+            self.write(incident, "interrupted", rec.reason)
+            self.set_state("ended", rec.reason)
+            return Outcome(130, "ended", rec.reason)
+        failed_step = next((s["step"] for s in rec.steps if s["status"] == "fail"), "")
+        if failed_step.split(":")[0] in PREFLIGHT or rec.outcome == "refused":
+            why = f"the restart's preflight failed ({rec.reason}); nothing was started"
+            return self.leave_stopped(incident, why)
+        self.write(incident, "failed", f"restart failed: {rec.reason}")
+        self.say("restart-failed", f"restart failed: {rec.reason}", run_id=rec.run_id)
+        return None if not self.signalled else self._signalled()
+
+    def run_playbook(self, name: str, what: str, options: RunOptions) -> Record:
+        """`up`/`restore`/`down` through the runner, exactly as the CLI runs it (it takes the fleet lock)."""
+        from sparkfleet.runner.run import execute
+
+        options.dry_run = self.dry_run
+        self.acting = True
+        try:
+            rec = execute(self.spec, self.loaded, self.inventory, self.spec.playbook(name), options, self.events,
+                          f"sparkfleet watch {self.profile.name}: {what}")
+        except UserError as exc:
+            if "holds the fleet lock" in str(exc):
+                raise StandDown(str(exc)) from None
+            raise
+        finally:
+            self.acting = False
+        self.ours.add(rec.run_id)
+        return rec
+
+    def stop_lane(self, incident: Record, why: str) -> Outcome | None:
+        """Stop every rank, head first, keeping the containers (their logs) for the operator."""
+        self.set_state("restarting", why)
+        rec = self.run_playbook("down", "stop", RunOptions(keep=True, poll_s=self.poll_s))
+        incident.steps.append({"step": "stop", "status": "ok" if rec.outcome == "ok" else "fail",
+                               "summary": rec.reason or "every rank stopped, head first", "run_id": rec.run_id})
+        self.say("stopped", f"{'would stop' if self.dry_run else 'stopped'} every rank, head first (run "
+                 f"{rec.run_id}): {why}", run_id=rec.run_id)
+        if rec.outcome == "interrupted":
+            self.write(incident, "interrupted", rec.reason)
+            return Outcome(130, "ended", rec.reason)
+        return None
+
+    def leave_stopped(self, incident: Record, why: str) -> Outcome:
+        text = f"{why}; the lane is left stopped" + (" (dry run: nothing was changed)" if self.dry_run else "")
+        self.write(incident, "failed", text)
+        self.set_state("stopped", text)
+        self.say("give-up", text, record=incident.run_id)
+        return Outcome(1, "stopped", text)
+
+    def write(self, rec: Record, outcome: str, reason: str = "") -> None:
+        rec.outcome, rec.reason = outcome, reason
+        rec.finished = None if outcome == "running" else time.time()
+        if not self.dry_run:
+            rec.write(self.state / "runs")
+
+    def log_tails(self) -> dict[str, list[str]]:
+        """Each rank's last log lines, by the container the last probe saw (one command per node)."""
+        last = self.history[-1] if self.history else None
+        ranks: dict[str, RankState] = {r.node: r for r in (last.ranks if last else ()) if r.container}
+        cmds = {n: f"docker logs --tail {LOG_TAIL} {shlex.quote(r.container or '')} 2>&1" for n, r in ranks.items()}
+        results = _run_each(self.transport, self.inventory, cmds)
+        return {str(ranks[n].rank): (res.stdout.splitlines() if res.ok else [res.message or "no logs"])
+                for n, res in results.items()}
+
+
+def _rank_dict(r: RankState) -> dict:
+    return {"rank": r.rank, "node": r.node, "state": r.state, "mem_available": r.mem_available,
+            "mem_guard": r.mem_guard, **({"error": r.error} if r.error else {})}
+
+
+def _run_each(transport, inventory: Inventory, commands: dict[str, str]) -> dict[str, Result]:
+    from sparkfleet.fleet.transport import fan_out
+
+    def one(node) -> Result:
+        return transport.run([node], commands[node.name], timeout_s=30)[node.name]
+
+    return fan_out([inventory.nodes[n] for n in commands], one)
