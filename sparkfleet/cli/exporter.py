@@ -112,7 +112,7 @@ def _poller(args: argparse.Namespace):
     state = state_dir()
     try:
         poller = Poller(sp, inventory, transport, interval_s=interval, timeout_s=timeout, profile=args.profile,
-                        journal=not args.no_journal, runs_dir=state / "runs",
+                        journal=not args.no_journal, runs_dir=state / "runs", watch_state=state,
                         journal_state=state / "exporter" / f"journal-{inventory.name}.json")
     except BaseException:
         transport.close()

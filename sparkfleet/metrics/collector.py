@@ -33,6 +33,9 @@ from sparkfleet.metrics.records import RunSummary
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
 from sparkfleet.spec.inventory import HardwareClass, Inventory, Node
 from sparkfleet.spec.profile import Profile
+from sparkfleet.watch.status import REASONS as WATCH_REASONS
+from sparkfleet.watch.status import STATES as WATCH_STATES
+from sparkfleet.watch.status import Status as WatchStatus
 
 ENGRAM_SOURCES = ("node-local", "nfs")
 
@@ -75,6 +78,7 @@ class FleetView:
     polls: int = 0
     poll_duration_s: float | None = None
     polled_at: float | None = None
+    watches: list[WatchStatus] = field(default_factory=list)  # `sparkfleet watch` status files
 
 
 @dataclass(frozen=True)
@@ -308,6 +312,23 @@ def _record_families(view: FleetView, out: dict[str, Metric]) -> None:
             out[n.PATCHES_VERIFIED.name].add_metric([profile, node, r.patches["set"]], 1.0 if ok else 0.0)
 
 
+def _watch_families(view: FleetView, out: dict[str, Metric]) -> None:
+    for w in view.watches:
+        if view.profile is not None and w.profile != view.profile:
+            continue
+        p = [w.profile]
+        for state in WATCH_STATES:
+            out[n.WATCH_STATE.name].add_metric([w.profile, state], 1.0 if w.state == state else 0.0)
+        for reason in sorted(set(WATCH_REASONS) | set(w.restarts)):  # every reason from 0, so rate() sees the first
+            out[n.WATCH_RESTARTS.name].add_metric([w.profile, reason], float(w.restarts.get(reason, 0)))
+        if w.probe_ok is not None:
+            out[n.WATCH_PROBE_OK.name].add_metric(p, 1.0 if w.probe_ok else 0.0)
+        if w.probe_latency_s is not None:
+            out[n.WATCH_PROBE_LATENCY.name].add_metric(p, w.probe_latency_s)
+        out[n.WATCH_BUDGET_LEFT.name].add_metric(p, float(w.budget_left))
+        out[n.WATCH_UPDATED.name].add_metric(p, w.updated)
+
+
 def build(view: FleetView) -> list[Metric]:
     """Every family except facts age (scrape-time), in names.ALL order; families without samples included."""
     out: dict[str, Metric] = {m.name: (_gauge(m) if m.kind == "gauge" else _counter(m))
@@ -316,6 +337,7 @@ def build(view: FleetView) -> list[Metric]:
         _node_families(view, out)
         _lane_families(view, out)
         _record_families(view, out)
+        _watch_families(view, out)
     out[n.POLLS.name].add_metric([], float(view.polls))
     if view.poll_duration_s is not None:
         out[n.POLL_DURATION.name].add_metric([], view.poll_duration_s)

@@ -265,6 +265,22 @@ def lane() -> dict[str, Any]:
               [target(f"{n.LANE_CONTAINER_STATE}{sn}", instant=True, table=True)], kind="table"),
         panel("Container uptime", "Seconds each running container of the lane has been up.",
               [target(f"{n.LANE_CONTAINER_UPTIME}{sn}", "{{node}} rank {{rank}}")], unit="s"),
+        row("Watch"),
+        panel("Watch state", "What `sparkfleet watch` is doing for the lane (watching, suspect, backoff, "
+              "restarting, stopped, stood-down, ended), from its status file.",
+              [target(f"{n.WATCH_STATE}{s} == 1", instant=True, table=True)], kind="table", w=8, h=6),
+        panel("Probe verdict", "1 when watch's last probe got the right answer (a tiny checked count at "
+              "temperature 0, thinking off).", [target(f"{n.WATCH_PROBE_OK}{s}", "{{profile}}")], kind="stat",
+              w=4, h=6, mappings=PASS_MAPPING, thresholds=RED_GREEN),
+        panel("Restart budget left", "Restarts watch may still begin in its window; at 0 a failure leaves the "
+              "lane stopped.", [target(f"{n.WATCH_BUDGET_LEFT}{s}", "{{profile}}")], kind="stat", w=4, h=6,
+              thresholds=RED_GREEN),
+        panel("Since watch's last update", "Seconds since watch last wrote its status; it grows when watch is "
+              "gone.", [target(f"time() - {n.WATCH_UPDATED}{s}", "{{profile}}")], kind="stat", unit="s", w=8, h=6),
+        panel("Probe latency", "How long the last probe's generation request took.",
+              [target(f"{n.WATCH_PROBE_LATENCY}{s}", "{{profile}}")], unit="s"),
+        panel("Restarts by reason", "Group restarts watch began since it started, by reason.",
+              [target(f"sum by (profile, reason) ({n.WATCH_RESTARTS}{s})", "{{profile}} {{reason}}")]),
         row("Serving"),
         panel("Requests running / waiting", "Requests in the engine's batch, and requests queued for it.",
               [target(f"sum by (profile) ({VLLM_RUNNING}{s})", "{{profile}} running"),

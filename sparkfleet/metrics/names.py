@@ -173,6 +173,26 @@ LAST_RUN_OK = _m("sparkfleet_last_run_ok", "gauge",
                  "1 when the newest run of each lane and playbook ended ok, else 0.", ("profile", "playbook"),
                  "records")
 
+# -- watch (its status file, <state_dir>/watch/<profile>.json, written after every probe) ---------------
+WATCH_STATE = _m("sparkfleet_watch_state", "gauge",
+                 "1 on the state `sparkfleet watch` of the lane is in (watching, suspect, backoff, restarting, "
+                 "stopped, stood-down, ended), 0 on the others.", ("profile", "state"), "watch")
+WATCH_RESTARTS = _m("sparkfleet_watch_restarts_total", "counter",
+                    "Group restarts watch began since it started, by reason (probe-failed, rank-exited, "
+                    "rank-vanished, memory).", ("profile", "reason"), "watch")
+WATCH_PROBE_OK = _m("sparkfleet_watch_probe_ok", "gauge",
+                    "1 when watch's last probe got the right answer from the lane (a tiny checked count at "
+                    "temperature 0), else 0.", ("profile",), "watch")
+WATCH_PROBE_LATENCY = _m("sparkfleet_watch_probe_latency_seconds", "gauge",
+                         "How long the last probe's generation request took (absent when it got no answer).",
+                         ("profile",), "watch")
+WATCH_BUDGET_LEFT = _m("sparkfleet_watch_restart_budget_left", "gauge",
+                       "Restarts watch may still begin in its window (--max-restarts per --window).",
+                       ("profile",), "watch")
+WATCH_UPDATED = _m("sparkfleet_watch_last_update_timestamp_seconds", "gauge",
+                   "When watch last wrote its status (unix time); it stops moving when watch is gone.",
+                   ("profile",), "watch")
+
 # -- the exporter itself ------------------------------------------------------------------------------
 POLLS = _m("sparkfleet_exporter_polls_total", "counter", "Fleet polls the exporter has finished.", (), "exporter")
 POLL_DURATION = _m("sparkfleet_exporter_last_poll_duration_seconds", "gauge",

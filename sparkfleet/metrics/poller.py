@@ -32,6 +32,8 @@ from sparkfleet.metrics.records import RunIndex, RunSummary
 from sparkfleet.spec.errors import SpecError, UserError
 from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.load import Spec
+from sparkfleet.watch.status import Status as WatchStatus
+from sparkfleet.watch.status import read_all as read_watches
 
 
 def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
@@ -66,6 +68,7 @@ class Poller:
     def __init__(self, spec: Spec, inventory: Inventory, transport: Transport, *, interval_s: float = 15.0,
                  timeout_s: float = 30.0, profile: str | None = None, journal: bool = True,
                  runs_dir: Path | None = None, journal_state: Path | None = None, records_interval_s: float = 2.0,
+                 watch_state: Path | None = None,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = _log) -> None:
         self.spec = spec
         self.inventory = inventory
@@ -88,6 +91,8 @@ class Poller:
             self.active = {profile}
         self.records_interval_s = min(records_interval_s, interval_s)
         self.runs: list[RunSummary] = []
+        self.watch_state = watch_state  # the state dir whose watch/*.json status files are exported
+        self.watches: list[WatchStatus] = []
         self.polls = 0
         self.poll_duration_s: float | None = None
         self.polled_at: float | None = None
@@ -102,7 +107,7 @@ class Poller:
     def start(self) -> None:
         """Poll now and then every interval, and watch the run records, on daemon threads."""
         self._threads = [threading.Thread(target=self._loop, name="sparkfleet-poller", daemon=True)]
-        if self.index is not None:
+        if self.index is not None or self.watch_state is not None:
             self._threads.append(threading.Thread(target=self._records_loop, name="sparkfleet-records", daemon=True))
         for t in self._threads:
             t.start()
@@ -135,14 +140,18 @@ class Poller:
 
     def refresh_records(self) -> None:
         """Re-read the run records; publish a new snapshot when they changed (after the first poll)."""
-        if self.index is None:
+        if self.index is None and self.watch_state is None:
             return
         with self._lock:
-            runs = self.index.refresh()
-            if runs != self.runs:
-                self.runs = runs
+            runs = self.index.refresh() if self.index is not None else self.runs
+            watches = self._watches()
+            if runs != self.runs or watches != self.watches:
+                self.runs, self.watches = runs, watches
                 if self.polls:
                     self._publish()
+
+    def _watches(self) -> list[WatchStatus]:
+        return read_watches(self.watch_state, self.inventory.name) if self.watch_state is not None else []
 
     def _publish(self) -> Snapshot:
         snap = snapshot(self._view())
@@ -166,6 +175,7 @@ class Poller:
             self._discover_lanes()
             if self.index is not None:
                 self.runs = self.index.refresh()
+            self.watches = self._watches()
             self._save_journal_state()
             self.polls += 1
             self.poll_duration_s, self.polled_at = time.monotonic() - t0, now
@@ -249,7 +259,7 @@ class Poller:
     def _view(self) -> FleetView:
         lanes = {k: v for k, v in self.lanes.items() if k in self.active}
         return FleetView(self.inventory, self.states, lanes, list(self.runs), self.profile, self.polls,
-                         self.poll_duration_s, self.polled_at)
+                         self.poll_duration_s, self.polled_at, list(self.watches))
 
     # -- earlyoom journal windows survive restarts (and `--once` runs from cron) ----------------------
     def _load_journal_state(self) -> None:

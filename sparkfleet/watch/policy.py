@@ -17,9 +17,11 @@ from typing import Literal
 
 from sparkfleet.metrics.records import RunSummary
 from sparkfleet.watch.probe import GONE, Probe
+from sparkfleet.watch.status import REASONS
+
+__all__ = ["REASONS", "Budget", "Settings", "Tracker", "Verdict", "foreign_ranks", "lane_removed", "operator_run"]
 
 Action = Literal["ok", "suspect", "restart", "memory-stop"]
-REASONS = ("probe-failed", "rank-exited", "rank-vanished", "memory")
 
 
 @dataclass(frozen=True)
@@ -151,3 +153,10 @@ def foreign_ranks(probe: Probe, known_runs: set[str]) -> list[str]:
     """Ranks running a container of this lane from a run watch does not know (another controller's `up`)."""
     return [f"rank {r.rank} on {r.node} runs {r.run_id}" for r in probe.ranks
             if r.run_id and r.state == "running" and r.run_id not in known_runs]
+
+
+def lane_removed(probe: Probe) -> bool:
+    """Every rank's container is gone at once: the lane was taken down (a `down` here or from another
+    controller, or docker rm of all of it), not a failure of part of the group. Watch never brings back
+    a lane someone removed whole; a reboot or a crash leaves exited containers, not none."""
+    return bool(probe.ranks) and all(r.state == "vanished" for r in probe.ranks)

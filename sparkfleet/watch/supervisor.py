@@ -35,7 +35,7 @@ from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Loaded, Spec
 from sparkfleet.watch import status as st
-from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, operator_run
+from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
 from sparkfleet.watch.probe import Probe, RankState, run_probe
 
 LOG_TAIL = 60  # each rank's last log lines kept as evidence (as the runner keeps for a failed launch)
@@ -87,6 +87,7 @@ class Watcher:
         self.wake = threading.Event()  # set by a signal: stop sleeping
         self.signalled: str | None = None
         self.acting = False
+        self.own_leftovers = False  # the lane's state is what watch's own failed restart left
 
     # -- events and status ---------------------------------------------------------------------------
     def say(self, kind: str, text: str, **data) -> None:
@@ -152,6 +153,10 @@ class Watcher:
                         return outcome
                     continue
             self.check_operator(probe)
+            if lane_removed(probe) and not self.own_leftovers:
+                raise StandDown("every rank's container was removed at once (a `down` of the lane, here or by "
+                                "another controller): the operator has the lane")
+            self.own_leftovers = False
             verdict = self.tracker.observe(probe)
             if verdict.action in ("ok", "suspect"):
                 self.set_state("watching" if verdict.action == "ok" else "suspect", verdict.why)
@@ -276,6 +281,7 @@ class Watcher:
         if failed_step.split(":")[0] in PREFLIGHT or rec.outcome == "refused":
             why = f"the restart's preflight failed ({rec.reason}); nothing was started"
             return self.leave_stopped(incident, why)
+        self.own_leftovers = True
         self.write(incident, "failed", f"restart failed: {rec.reason}")
         self.say("restart-failed", f"restart failed: {rec.reason}", run_id=rec.run_id)
         return None if not self.signalled else self._signalled()
