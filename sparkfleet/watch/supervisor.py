@@ -13,7 +13,6 @@ playbook the way Ctrl-C interrupts `up` (every rank of that launch is stopped).
 
 from __future__ import annotations
 
-import shlex
 import signal
 import threading
 import time
@@ -34,11 +33,11 @@ from sparkfleet.runner.record import Record, new_run_id
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Loaded, Spec
+from sparkfleet.watch import ops
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
 from sparkfleet.watch.probe import Probe, RankState, run_probe
 
-LOG_TAIL = 60  # each rank's last log lines kept as evidence (as the runner keeps for a failed launch)
 PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch
 
 
@@ -310,6 +309,10 @@ class Watcher:
         rec = self.run_playbook("down", "stop", RunOptions(keep=True, poll_s=self.poll_s))
         incident.steps.append({"step": "stop", "status": "ok" if rec.outcome == "ok" else "fail",
                                "summary": rec.reason or "every rank stopped, head first", "run_id": rec.run_id})
+        if not self.dry_run:  # docker's own FinishedAt per rank: what the order really was
+            results = _run_each(self.transport, self.inventory, {r.node.name: ops.stopped_command(self.profile.name)
+                                                                 for r in self.ranks})
+            incident.data["stopped"] = {n: ops.parse_stopped(res) for n, res in results.items()}
         self.say("stopped", f"{'would stop' if self.dry_run else 'stopped'} every rank, head first (run "
                  f"{rec.run_id}): {why}", run_id=rec.run_id)
         if rec.outcome == "interrupted":
@@ -334,10 +337,9 @@ class Watcher:
         """Each rank's last log lines, by the container the last probe saw (one command per node)."""
         last = self.history[-1] if self.history else None
         ranks: dict[str, RankState] = {r.node: r for r in (last.ranks if last else ()) if r.container}
-        cmds = {n: f"docker logs --tail {LOG_TAIL} {shlex.quote(r.container or '')} 2>&1" for n, r in ranks.items()}
+        cmds = {n: ops.log_tail_command(r.container or "") for n, r in ranks.items()}
         results = _run_each(self.transport, self.inventory, cmds)
-        return {str(ranks[n].rank): (res.stdout.splitlines() if res.ok else [res.message or "no logs"])
-                for n, res in results.items()}
+        return {str(ranks[n].rank): ops.parse_log_tail(res) for n, res in results.items()}
 
 
 def _rank_dict(r: RankState) -> dict:

@@ -1,0 +1,42 @@
+"""watch's node operations: a command plus a pure parser each (the runner's shape; no I/O here).
+
+`docker inspect --format` prints one line per container with the fields asked
+(https://docs.docker.com/reference/cli/docker/inspect/); `State.FinishedAt` is RFC 3339 with
+nanoseconds, the zero time `0001-01-01T00:00:00Z` for a container that never stopped.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from sparkfleet.fleet.transport import Result
+from sparkfleet.runner.steps import LABEL as PROFILE_LABEL
+
+LOG_TAIL = 60  # each rank's last log lines kept as evidence (as the runner keeps for a failed launch)
+
+
+def log_tail_command(container: str, lines: int = LOG_TAIL) -> str:
+    return f"docker logs --tail {int(lines)} {shlex.quote(container)} 2>&1"
+
+
+def parse_log_tail(result: Result) -> list[str]:
+    return result.stdout.splitlines() if result.ok else [f"(no logs: {result.message or result.stderr.strip()})"]
+
+
+def stopped_command(profile: str) -> str:
+    """Rank, state and FinishedAt of every container of the lane on the node (by label)."""
+    ids = f"docker ps -aq --no-trunc --filter {shlex.quote(f'label={PROFILE_LABEL}={profile}')}"
+    fmt = shlex.quote('{{index .Config.Labels "sparkfleet.rank"}} {{.State.Status}} {{.State.FinishedAt}}')
+    return f'ids=$({ids}) && if [ -n "$ids" ]; then docker inspect --format {fmt} $ids; fi'
+
+
+def parse_stopped(result: Result) -> list[dict] | str:
+    """[{rank, state, finished_at}] or why the node could not say."""
+    if not result.ok:
+        return result.message or result.stderr.strip() or f"exit {result.exit_code}"
+    out = []
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out.append({"rank": parts[0], "state": parts[1], "finished_at": parts[2]})
+    return out

@@ -1,0 +1,246 @@
+"""`sparkfleet watch` end to end on the simulated lab: faults on serving lanes, restarts, budget, stand-down.
+
+THE LAB IS A SIMULATION (sparkfleet/sim, sparkfleet/simengine); watch, the runner, the transports, the
+facts helper and every docker command are the real code, in a real `sparkfleet watch` process. Intervals
+are short; nothing here asserts on timing. Uses the sim's fixed ports: run under the lab lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkfleet.cli.main import main
+from sparkfleet.fleet.connect import transport_for
+from sparkfleet.sim import lab
+from tests.conftest import REPO
+from tests.watchproc import FAST, WatchProc
+
+NODES = ("reddie", "asusi", "bluey", "spark4")
+RANK_NODE = {0: "reddie", 1: "asusi", 2: "bluey", 3: "spark4"}
+UP = ["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--json"]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKFLEET_STATE", str(state))
+        s = lab.up("lab")
+        try:
+            yield s
+        finally:
+            lab.down()
+
+
+@pytest.fixture
+def lane(sim, capsys):
+    """dcp2 serving, started by an operator's `up`; afterwards the lane is taken down and faults healed."""
+    assert main(UP) == 0, capsys.readouterr().out[-2000:]
+    capsys.readouterr()
+    yield sim
+    sim.heal()
+    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
+    capsys.readouterr()
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def state() -> Path:
+    return Path(os.environ["SPARKFLEET_STATE"])
+
+
+def containers(sim) -> dict[str, list[dict]]:
+    """Every node's dcp2 containers, straight from the sim's docker state."""
+    out = {}
+    for node in NODES:
+        docker = json.loads((sim.root(node) / "state/docker.json").read_text())
+        out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
+    return out
+
+
+def on_node(sim, node: str, command: str) -> None:
+    inv = sim.inventory()
+    t = transport_for([inv.nodes[node]])
+    try:
+        r = t.run([inv.nodes[node]], command)[node]
+    finally:
+        t.close()
+    assert r.ok, r.message or r.stderr
+
+
+def record(run_id: str) -> dict:
+    return json.loads((state() / "runs" / f"{run_id}.json").read_text())
+
+
+def watch_records(w: WatchProc) -> list[dict]:
+    """The records this watch process wrote (its incidents), oldest first."""
+    return [r for r in (json.loads(p.read_text()) for p in sorted((state() / "runs").glob("*.json")))
+            if r["playbook"] == "watch" and r["started"] >= w.started]
+
+
+def status() -> dict:
+    return json.loads((state() / "watch" / "dcp2.json").read_text())
+
+
+def start_watch(*extra: str, **env_extra: str) -> WatchProc:
+    return WatchProc(["--profile", "dcp2", "--inventory", "sim", *FAST, *extra], env(**env_extra))
+
+
+def test_worker_removed_while_serving_restarts_the_group_workers_before_head(lane) -> None:
+    before = {c["Config"]["Labels"]["sparkfleet.run"] for cs in containers(lane).values() for c in cs}
+    w = start_watch("--max-restarts", "2")
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        on_node(lane, "asusi", "docker rm -f sf-dcp2-r1")
+        failure = w.event("watch.failure")
+        served = w.event("watch.serving")
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    finally:
+        w.stop()
+    assert failure["reason"] == "rank-vanished" and failure["why"] == "rank 1's container on asusi is gone"
+    rec = record(served["run_id"])
+    assert rec["playbook"] == "up" and rec["outcome"] == "ok"
+    assert rec["command"] == "sparkfleet watch dcp2: restart (rank-vanished)"
+    stop = rec["steps"][0]
+    assert stop["step"] == "stop" and stop["summary"] == "removed 3 container(s) on spark4, bluey, reddie"
+    assert [(x["node"], x["rank"]) for x in rec["data"]["launches"]] == [
+        ("asusi", 1), ("bluey", 2), ("spark4", 3), ("reddie", 0)]
+    gates = {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]}
+    assert gates == {"models": "pass", "count100": "pass"}
+    # no old rank left: one running container per node, all of the restart's run
+    now = containers(lane)
+    assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs] for n, cs in now.items()} \
+        == {n: [("running", served["run_id"])] for n in NODES}
+    assert served["run_id"] not in before
+    (incident,) = watch_records(w)
+    assert incident["data"]["incident"] == {"reason": "rank-vanished", "why": "rank 1's container on asusi is gone",
+                                            "node": "asusi"}
+    assert incident["outcome"] == "ok" and incident["data"]["restart"]["run_id"] == served["run_id"]
+    assert set(incident["data"]["last_log_lines"]) == {"0", "2", "3"}  # rank 1 had no container left
+    assert incident["data"]["last_log_lines"]["0"]  # the head's own log lines, as docker logs gave them
+    assert set(incident["data"]["facts"]) == set(NODES)
+    assert incident["data"]["probes"][-1]["ranks"][1]["state"] == "vanished"
+    st = status()
+    assert st["state"] == "ended" and st["restarts"] == {"rank-vanished": 1} and st["budget_left"] == 1
+
+
+def test_a_crash_on_every_launch_means_exactly_n_restarts_then_the_lane_stopped_exit_1(lane) -> None:
+    lane.fault("asusi", "engine-fatal")  # every launch on asusi logs a CUDA error and exits (until healed)
+    w = start_watch("--max-restarts", "2", "--gates", "models")
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        on_node(lane, "asusi", "docker rm -f sf-dcp2-r1")
+        give_up = w.event("watch.give-up")
+        code = w.wait()
+    finally:
+        w.stop()
+    assert code == 1
+    assert w.result()["outcome"] == "stopped"
+    restarts = [e for e in w.events if e["event"] == "run" and "restart" in e["text"]]
+    assert len(restarts) == 2
+    assert give_up["text"].startswith("restart budget spent: 2 restart(s) in the last 1800 s")
+    assert give_up["text"].endswith("the lane is left stopped")
+    # nothing left running; the ranks are kept, stopped, for their logs
+    left = containers(lane)
+    assert all(c["State"]["Status"] == "exited" for cs in left.values() for c in cs)
+    incidents = watch_records(w)
+    assert [i["data"]["incident"]["reason"] for i in incidents] == ["rank-vanished", "rank-exited", "rank-exited"]
+    assert incidents[-1]["outcome"] == "failed" and "restart budget spent" in incidents[-1]["reason"]
+    for i in incidents[:2]:
+        assert i["data"]["restart"]["outcome"] == "failed"
+        assert "rank 1 logged a fatal line: RuntimeError: CUDA error" in i["data"]["restart"]["reason"]
+    st = status()
+    assert st["state"] == "stopped" and st["budget_left"] == 0
+    assert st["restarts"] == {"rank-vanished": 1, "rank-exited": 1}
+
+
+def test_memory_under_the_floor_stops_the_lane_head_first(lane) -> None:
+    w = start_watch("--memory-grace", "1", "--max-restarts", "1")
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        lane.fault("reddie", "low-memory", gib=3)  # under the head's 5 GB floor (HLT-23), above earlyoom's line
+        failure = w.event("watch.failure")
+        w.event("watch.stopped")
+        give_up = w.event("watch.give-up")
+        code = w.wait()
+    finally:
+        w.stop()
+    assert failure["reason"] == "memory" and failure["node"] == "reddie"
+    assert "below 5.0 GB (expect.mem_available_floor_gb.head 5 GB)" in failure["why"]
+    (incident,) = watch_records(w)
+    stopped = incident["data"]["stopped"]  # docker's FinishedAt of every rank, read right after the stop
+    finished = {int(c["rank"]): c["finished_at"] for cs in stopped.values() for c in cs}
+    assert sorted(finished) == [0, 1, 2, 3]
+    assert all(c["state"] == "exited" for cs in stopped.values() for c in cs)
+    assert all(finished[0] < finished[r] for r in (1, 2, 3)), finished  # the head stopped first
+    # the restart's preflight refused the node's memory: the lane is left stopped
+    assert code == 1 and "the restart's preflight failed (check:" in give_up["text"]
+    assert not any(c["State"]["Status"] == "running" for cs in containers(lane).values() for c in cs)
+    assert status()["restarts"] == {"memory": 1}
+
+
+def test_down_by_a_second_controller_makes_watch_stand_down(lane, tmp_path) -> None:
+    w = start_watch()
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        other = subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "down", "--profile", "dcp2",
+                                "--inventory", "sim", "--json"], env=env(SPARKFLEET_STATE=str(tmp_path / "other")),
+                               cwd=REPO, capture_output=True, text=True)
+        assert other.returncode == 0, other.stdout[-2000:] + other.stderr
+        stood = w.event("watch.stand-down")
+        assert w.wait() == 0
+    finally:
+        w.stop()
+    assert "every rank's container was removed at once" in stood["text"]
+    assert w.result()["outcome"] == "stood-down"
+    assert containers(lane) == {n: [] for n in NODES}  # watch did not bring it back
+    assert not any(e["event"] == "run" for e in w.events)  # and started nothing
+    assert status()["state"] == "stood-down"
+
+
+def test_up_by_the_operator_makes_watch_stand_down_naming_the_run(lane, capsys) -> None:
+    w = start_watch()
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        assert main(UP) == 0
+        run_id = next(json.loads(x) for x in capsys.readouterr().out.splitlines()
+                      if x.startswith('{"event": "result"'))["run_id"]
+        stood = w.event("watch.stand-down")
+        assert w.wait() == 0
+    finally:
+        w.stop()
+    assert ("holds the fleet lock" in stood["text"] and "sparkfleet up dcp2" in stood["text"]) or \
+        f"up of dcp2 ran without watch (run {run_id}" in stood["text"]
+    assert {c["Config"]["Labels"]["sparkfleet.run"] for cs in containers(lane).values() for c in cs} == {run_id}
+
+
+def test_sigterm_mid_restart_finishes_the_group_then_exits(lane) -> None:
+    w = start_watch()
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        on_node(lane, "bluey", "docker rm -f sf-dcp2-r2")
+        w.wait_for(lambda e: e["event"] == "step" and e["step"] == "launch:workers" and e["status"] == "start",
+                   "the restart launching workers")
+        w.signal(signal.SIGTERM)
+        code = w.wait()
+    finally:
+        w.stop()
+    assert code == 0
+    names = [e["event"] for e in w.events]
+    assert names.index("watch.serving") < names.index("watch.end")  # it finished the restart, then ended
+    served = next(e for e in w.events if e["event"] == "watch.serving")
+    assert w.result()["outcome"] == "ended"
+    now = containers(lane)
+    assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs] for n, cs in now.items()} \
+        == {n: [("running", served["run_id"])] for n in NODES}
+    assert status()["state"] == "ended"

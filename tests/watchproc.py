@@ -1,0 +1,85 @@
+"""A `sparkfleet watch --json` process for tests and the benchmark: its events as they come (not a conftest)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FAST = ["--interval", "2", "--probe-timeout", "1.5", "--backoff", "0", "--poll", "0.2"]
+
+
+class WatchProc:
+    """`sparkfleet watch ... --json` in its own process; `wait_for` reads its events in order."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.started = time.time()
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "watch", *argv, "--json"],
+                                     env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.events: list[dict] = []
+        self.stderr = ""
+        self._q: queue.Queue[dict | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                ev = json.loads(line)
+                ev["_seen"] = time.time()
+                self.events.append(ev)
+                self._q.put(ev)
+        self._q.put(None)
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def wait_for(self, pred: Callable[[dict], bool], what: str, timeout_s: float = 180.0) -> dict:
+        """The next event matching `pred` (a bound only so a broken run cannot hang the suite)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ev = self._q.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                ev = None
+                if time.monotonic() < deadline:
+                    continue
+            if ev is None:
+                self.stop()
+                raise AssertionError(f"watch never sent {what}; exit {self.proc.poll()}; events: "
+                                     f"{[e.get('event') for e in self.events][-30:]}; stderr: {self.stderr[-2000:]}")
+            if pred(ev):
+                return ev
+
+    def event(self, name: str, **match) -> dict:
+        return self.wait_for(lambda e: e["event"] == name and all(e.get(k) == v for k, v in match.items()),
+                             f"{name} {match}")
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float = 180.0) -> int:
+        code = self.proc.wait(timeout_s)
+        time.sleep(0.1)  # let the reader threads drain the pipes
+        return code
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def result(self) -> dict:
+        return next(e for e in self.events if e["event"] == "result")
