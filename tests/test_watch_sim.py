@@ -8,6 +8,7 @@ are short; nothing here asserts on timing. Uses the sim's fixed ports: run under
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -146,8 +147,8 @@ def test_a_crash_on_every_launch_means_exactly_n_restarts_then_the_lane_stopped_
         w.stop()
     assert code == 1
     assert w.result()["outcome"] == "stopped"
-    restarts = [e for e in w.events if e["event"] == "run" and "restart" in e["text"]]
-    assert len(restarts) == 2
+    runs = [e["text"].split(" (")[0] for e in w.events if e["event"] == "run"]
+    assert runs == ["up dcp2", "up dcp2", "down dcp2"]  # exactly N=2 restarts, then the lane stopped
     assert give_up["text"].startswith("restart budget spent: 2 restart(s) in the last 1800 s")
     assert give_up["text"].endswith("the lane is left stopped")
     # nothing left running; the ranks are kept, stopped, for their logs
@@ -176,7 +177,9 @@ def test_memory_under_the_floor_stops_the_lane_head_first(lane) -> None:
     finally:
         w.stop()
     assert failure["reason"] == "memory" and failure["node"] == "reddie"
-    assert "below 5.0 GB (expect.mem_available_floor_gb.head 5 GB)" in failure["why"]
+    # the head's line: its 5 GB floor (HLT-23) or earlyoom's SIGTERM line plus margin, whichever is higher
+    assert re.search(r"\) 3\.2 GB has been below 5\.\d GB \((expect\.mem_available_floor_gb\.head 5 GB|earlyoom SIGTERM "
+                     r"line 2\.6 GB \+ 2\.6 GB margin)\)", failure["why"]), failure["why"]
     (incident,) = watch_records(w)
     stopped = incident["data"]["stopped"]  # docker's FinishedAt of every rank, read right after the stop
     finished = {int(c["rank"]): c["finished_at"] for cs in stopped.values() for c in cs}
