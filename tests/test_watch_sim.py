@@ -8,8 +8,8 @@ are short; nothing here asserts on timing. Uses the sim's fixed ports: run under
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -196,8 +196,10 @@ def test_down_by_a_second_controller_makes_watch_stand_down(lane, tmp_path) -> N
     w = start_watch()
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        # another controller: its own state dir (records, locks), the same lab (the sim's inventory file)
         other = subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "down", "--profile", "dcp2",
-                                "--inventory", "sim", "--json"], env=env(SPARKFLEET_STATE=str(tmp_path / "other")),
+                                "--inventory", str(lane.inventory_path), "--json"],
+                               env=env(SPARKFLEET_STATE=str(tmp_path / "other")),
                                cwd=REPO, capture_output=True, text=True)
         assert other.returncode == 0, other.stdout[-2000:] + other.stderr
         stood = w.event("watch.stand-down")
