@@ -56,7 +56,8 @@ class WatchProc:
             if ev is None:
                 self.stop()
                 raise AssertionError(f"watch never sent {what}; exit {self.proc.poll()}; events: "
-                                     f"{[e.get('event') for e in self.events][-30:]}; stderr: {self.stderr[-2000:]}")
+                                     f"{[(e['event'], e.get('text', e.get('step'))) for e in self.events if e['event'] != 'watch.probe'][-40:]}; "
+                                     f"last probe: {next((e for e in reversed(self.events) if e['event'] == 'watch.probe'), None)}; stderr: {self.stderr[-2000:]}")
             if pred(ev):
                 return ev
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from sparkfleet.fleet.transport import Result
-from sparkfleet.runner.steps import LABEL as PROFILE_LABEL
+from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
 
 LOG_TAIL = 60  # each rank's last log lines kept as evidence (as the runner keeps for a failed launch)
 
@@ -26,7 +26,7 @@ def parse_log_tail(result: Result) -> list[str]:
 def stopped_command(profile: str) -> str:
     """Rank, state and FinishedAt of every container of the lane on the node (by label)."""
     ids = f"docker ps -aq --no-trunc --filter {shlex.quote(f'label={PROFILE_LABEL}={profile}')}"
-    fmt = shlex.quote('{{index .Config.Labels "sparkfleet.rank"}} {{.State.Status}} {{.State.FinishedAt}}')
+    fmt = shlex.quote(f'{{{{index .Config.Labels "{RANK_LABEL}"}}}} {{{{.State.Status}}}} {{{{.State.FinishedAt}}}}')
     return f'ids=$({ids}) && if [ -n "$ids" ]; then docker inspect --format {fmt} $ids; fi'
 
 

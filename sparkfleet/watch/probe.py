@@ -22,11 +22,10 @@ from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.client import ApiClient, Reply, RequestFailed, clip
 from sparkfleet.gates.env import user
 from sparkfleet.gates.text import judge_count
+from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL, RUN_LABEL
 from sparkfleet.placement import Rank
-from sparkfleet.runner.steps import LABEL as PROFILE_LABEL
 from sparkfleet.spec.profile import Profile
 
-RANK_LABEL, RUN_LABEL = "sparkfleet.rank", "sparkfleet.run"
 TOP = 5
 PROMPT = f"Count from 1 to {TOP}. Write every number, separated by commas, and nothing else."
 MAX_TOKENS = 48  # "1, 2, 3, 4, 5" is about 10 tokens; room for a short preamble, never a long answer

@@ -36,7 +36,7 @@ from sparkfleet.spec.load import Loaded, Spec
 from sparkfleet.watch import ops
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
-from sparkfleet.watch.probe import Probe, RankState, run_probe
+from sparkfleet.watch.probe import FACTS_TIMEOUT_S, Probe, RankState, rank_states, run_probe
 
 PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch
 
@@ -208,14 +208,33 @@ class Watcher:
                 raise StandDown("the lane was relaunched by a run watch did not start (another controller?): "
                                 + "; ".join(foreign))
 
+    def look_again(self) -> None:
+        """Before a destructive restart, look at the containers once more: a `down` from another controller
+        stops the head first and the workers after it, so a probe in between sees part of the group gone."""
+        from sparkfleet.fleet.gather import gather
+
+        facts = gather(self.transport, [r.node for r in self.ranks], {}, timeout_s=FACTS_TIMEOUT_S)
+        ranks = rank_states(facts, self.ranks, self.profile)
+        if ranks and all(r.state == "vanished" for r in ranks):
+            raise StandDown("every rank's container was removed (a `down` of the lane, here or by another "
+                            "controller, was under way): the operator has the lane")
+
     def lock_path(self) -> Path:
         return self.state / "locks" / f"{self.inventory.name}.lock"
 
     # -- acting on a failure -------------------------------------------------------------------------
     def handle(self, verdict: Verdict, facts: dict[str, NodeFacts | Result], count: bool = True) -> Outcome | None:
         """Evidence, the memory stop, the budget, backoff, the group restart; an Outcome when watch ends."""
-        now = time.time()
         incident = Record(new_run_id(), "watch", self.profile.name, self.inventory.name, self.command)
+        try:
+            return self._handle(incident, verdict, facts, count)
+        except StandDown as exc:
+            self.write(incident, "interrupted", f"stood down: {exc}")
+            raise
+
+    def _handle(self, incident: Record, verdict: Verdict, facts: dict[str, NodeFacts | Result],
+                count: bool) -> Outcome | None:
+        now = time.time()
         self.ours.add(incident.run_id)
         incident.data["incident"] = {"reason": verdict.reason, "why": verdict.why, "node": verdict.node}
         incident.data["probes"] = [p.as_dict() for p in self.history]
@@ -225,6 +244,8 @@ class Watcher:
         self.say("failure", f"{verdict.reason}: {verdict.why}", reason=verdict.reason, why=verdict.why,
                  node=verdict.node, record=incident.run_id)
         self.write(incident, "running")
+        if count and verdict.reason in ("rank-vanished", "rank-exited"):
+            self.look_again()
         if verdict.action == "memory-stop":
             out = self.stop_lane(incident, f"memory guard: {verdict.why}")
             if out is not None:
@@ -247,6 +268,8 @@ class Watcher:
                 self.write(incident, "interrupted", f"{self.signalled} during the backoff; nothing restarted")
                 return self._signalled()
         self.check_operator()
+        if count and verdict.reason in ("rank-vanished", "rank-exited"):
+            self.look_again()
         if count:
             self.budget.spend(time.time(), verdict.reason)
         self.set_state("restarting", verdict.why)
