@@ -500,7 +500,8 @@ def test_names_follow_prometheus_conventions() -> None:
     units = ("_bytes", "_seconds", "_mhz", "_watts", "_total", "_info", "_bytes_per_second")
     flags = {n.NODE_UP, n.EARLYOOM_RUNNING, n.EARLYOOM_JOURNAL, n.GPU_LATCHED, n.GPU_UNDER_LOAD, n.GPU_REASON,
              n.GPU_REASONS, n.LANE_CONTAINER_STATE, n.ENGRAM_SOURCE, n.ENGRAM_COPY_VALID, n.PATCHES_VERIFIED,
-             n.CHECK_PASSED, n.GATE_PASSED, n.LAST_RUN_OK, n.FABRIC_LINK_UP, n.RDMA_PORT_ACTIVE, n.PROBE_LINK_OK}
+             n.CHECK_PASSED, n.GATE_PASSED, n.LAST_RUN_OK, n.FABRIC_LINK_UP, n.RDMA_PORT_ACTIVE, n.PROBE_LINK_OK,
+             n.WATCH_STATE, n.WATCH_PROBE_OK, n.WATCH_BUDGET_LEFT}  # 0/1 flags, and one plain count
     for m in n.ALL:
         assert m.name.startswith("sparkfleet_")
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name

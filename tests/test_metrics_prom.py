@@ -33,6 +33,8 @@ from sparkfleet.metrics import names as n
 from sparkfleet.sim import lab, values
 from tests.conftest import REPO
 from tests.prom import Prometheus, binary, free_port, promtool
+from tests.watchproc import FAST as WATCH_FAST
+from tests.watchproc import WatchProc
 
 ENGINE = "http://127.0.0.1:8410"
 # Grafana's $__rate_interval is at least 4 scrape intervals; 15 s at a 1 s scrape interval leaves room for
@@ -86,6 +88,13 @@ def fleet(tmp_path_factory):
             prom = Prometheus(tmp / "prom", scrape).start()
             assert main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2",
                          "--json"]) == 0
+            # a watch of the lane writes its status file (the Watch row's series); two probes, then SIGTERM
+            w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *WATCH_FAST], env)
+            try:
+                w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+                w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "a second ok probe")
+            finally:
+                w.stop()
             traffic = threading.Thread(target=_traffic, args=(stop,), daemon=True)
             traffic.start()
             yield {"sim": sim, "prom": prom, "out": out, "port": port, "state": state, "env": env,

@@ -214,3 +214,28 @@ def test_bad_input_exits_2_and_starts_nothing(tmp_path, monkeypatch, capsys, arg
     captured = capsys.readouterr()
     assert words in " ".join(captured.err.split()) and "Traceback" not in captured.err
     assert not (tmp_path / "state" / "watch").exists() and not (tmp_path / "state" / "runs").exists()
+
+
+def test_the_exporter_turns_a_watch_status_file_into_series(tmp_path, repo_spec) -> None:
+    from sparkfleet.metrics.collector import FleetView, snapshot
+    from sparkfleet.watch import status as st
+
+    inv = repo_spec.inventory("lab")
+    s = st.Status("dcp2", "lab", state="backoff", updated=123.0, budget_left=1, restarts={"rank-exited": 2},
+                  probe_ok=False, probe_latency_s=None, interval_s=30, max_restarts=3, window_s=1800)
+    st.write(tmp_path, s)
+    st.write(tmp_path, st.Status("other-inventory-lane", "elsewhere"))
+    (tmp_path / "watch" / "broken.json").write_text("{not json")
+    watches = st.read_all(tmp_path, "lab")
+    assert watches == [s]
+    text = snapshot(FleetView(inv, {}, polls=1, watches=watches)).text.decode()
+    lines = set(text.splitlines())
+    for state in st.STATES:
+        assert f'sparkfleet_watch_state{{profile="dcp2",state="{state}"}} {1.0 if state == "backoff" else 0.0}' in lines
+    assert 'sparkfleet_watch_restarts_total{profile="dcp2",reason="rank-exited"} 2.0' in lines
+    assert 'sparkfleet_watch_restarts_total{profile="dcp2",reason="memory"} 0.0' in lines
+    assert 'sparkfleet_watch_probe_ok{profile="dcp2"} 0.0' in lines
+    assert 'sparkfleet_watch_restart_budget_left{profile="dcp2"} 1.0' in lines
+    assert 'sparkfleet_watch_last_update_timestamp_seconds{profile="dcp2"} 123.0' in lines
+    assert not any(x.startswith("sparkfleet_watch_probe_latency_seconds{") for x in lines)  # no answer: no latency
+    assert "other-inventory-lane" not in text
