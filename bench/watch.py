@@ -1,0 +1,165 @@
+"""How fast `sparkfleet watch` notices a serving lane's fault, and how long its group restart adds to a boot.
+
+    flock /tmp/sparkfleet-lab.lock .venv/bin/python bench/watch.py [--repeat 2] [--interval 2] [--failures 2]
+
+On the simulated lab (its own state dir, a `dcp2` copy on its own ports), one `sparkfleet watch --json`
+process watches the serving lane while each fault is injected `repeat` times, once the previous restart
+serves and a probe answered:
+- rank-hang, on the head (rank 0, reddie): it stops answering (the sim's fault when the lab has it;
+  else the rank's engine process group is stopped with SIGSTOP, so requests hang, and /health with
+  them) -> K failed probes;
+- serve-crash, on rank 2 (bluey): the serving rank dies (the sim's fault when the lab has it; else
+  `docker kill` on the node: the container exits 137);
+- rank-vanish, on rank 2 (bluey): the rank's container disappears (the sim's fault when the lab has it;
+  else `docker rm -f` on the node, as an operator would).
+The fault's moment is taken just before the injection command starts (the least favourable to watch).
+Detection = watch's `watch.failure` event minus that moment. Relaunch overhead = watch's `watch.serving`
+event minus detection minus the engine's boot, where the boot is the restart's own `wait_ready` step
+(head started -> /health and /v1/models answer: the boot as the runner saw it, its poll lag included).
+Baselines from the same run: the probe interval (mean gap between probe starts) and the bound
+K x interval + probe timeout. Targets: detection <= K x interval + one probe timeout; relaunch
+overhead <= 5 s on 4 nodes. THE LAB IS A SIMULATION. Prints a table and the ratios; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sparkfleet.fleet.connect import transport_for  # noqa: E402
+from sparkfleet.sim import faults as sim_faults  # noqa: E402
+from sparkfleet.sim import lab  # noqa: E402
+from tests.watchproc import WatchProc  # noqa: E402
+
+WHERE = {"rank-hang": ("reddie", 0), "serve-crash": ("bluey", 2), "rank-vanish": ("bluey", 2)}
+FAULTS = ("rank-hang", "serve-crash", "rank-vanish")
+LANE = "bench-watch"
+
+
+def ops_root(tmp: Path) -> Path:
+    ops = tmp / "ops"
+    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
+        shutil.copytree(REPO / d, ops / d)
+    (ops / f"profiles/{LANE}.yaml").write_text("extends: dcp2\ndescription: \"bench input: dcp2, own ports\"\n"
+                                               "port: 18412\nmaster_port: 39553\n")
+    return ops
+
+
+def container(sim: lab.Sim, node: str, rank: int) -> dict:
+    docker = json.loads((sim.root(node) / "state/docker.json").read_text())
+    return next(c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == LANE
+                and c["Config"]["Labels"].get("sparkfleet.rank") == str(rank) and c["State"]["Running"])
+
+
+def inject(sim: lab.Sim, fault: str) -> tuple[float, str, int | None]:
+    """(moment, how, pid stopped) — the sim's fault when it has one, else a stand-in through the node."""
+    node, rank = WHERE[fault]
+    c = container(sim, node, rank)
+    name = c["Name"].lstrip("/")
+    t = time.time()
+    if fault in sim_faults.KINDS:
+        sim.fault(node, fault)
+        return t, "sim fault", None
+    if fault == "rank-hang":
+        pid = c["SimProcess"]["pid"]
+        os.killpg(pid, signal.SIGSTOP)  # the rank's engine (and its supervisor): it stops answering
+        return t, "SIGSTOP engine", pid
+    n = sim.inventory().nodes[node]
+    tr = transport_for([n])
+    try:
+        cmd = {"serve-crash": "docker kill", "rank-vanish": "docker rm -f"}[fault]
+        r = tr.run([n], f"{cmd} {name}")[node]
+        assert r.ok, r.message or r.stderr
+    finally:
+        tr.close()
+    return t, cmd, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--interval", type=float, default=2.0, help="watch --interval (default 2)")
+    parser.add_argument("--failures", type=int, default=2, help="watch --failures K (default 2)")
+    parser.add_argument("--probe-timeout", type=float, default=1.5, help="watch --probe-timeout (default 1.5)")
+    args = parser.parse_args(argv)
+    rows: dict[str, list[dict]] = {f: [] for f in FAULTS}
+    how: dict[str, str] = {}
+    gaps: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ops = ops_root(Path(tmp))
+        env = {**os.environ, "SPARKFLEET_STATE": str(Path(tmp) / "state"), "PYTHONPATH": str(REPO)}
+        os.environ["SPARKFLEET_STATE"] = env["SPARKFLEET_STATE"]
+        sim = lab.up("lab", ops_root=str(ops))
+        w = None
+        stopped: list[int] = []
+        try:
+            budget = len(FAULTS) * args.repeat
+            w = WatchProc(["--profile", LANE, "--inventory", "sim", "--root", str(ops), "--interval",
+                           str(args.interval), "--failures", str(args.failures), "--probe-timeout",
+                           str(args.probe_timeout), "--backoff", "0", "--poll", "0.2", "--max-restarts",
+                           str(budget + 1), "--gates", "models"], env)
+            w.wait_for(lambda e: e["event"] == "watch.serving", "the lane serving (watch starts it)", 300)
+            for _ in range(args.repeat):
+                for fault in FAULTS:
+                    w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe", 120)
+                    t0, how[fault], pid = inject(sim, fault)
+                    if pid:
+                        stopped.append(pid)
+                    failure = w.event("watch.failure")
+                    served = w.event("watch.serving")
+                    for p in stopped:  # the hung engine was replaced; let it run (and end) again
+                        try:
+                            os.killpg(p, signal.SIGCONT)
+                        except ProcessLookupError:
+                            pass
+                    stopped.clear()
+                    rec = json.loads((Path(env["SPARKFLEET_STATE"]) / "runs" / f"{served['run_id']}.json").read_text())
+                    boot = next(s["elapsed_s"] for s in rec["steps"] if s["step"] == "wait_ready")
+                    rows[fault].append({"reason": failure["reason"], "detect": failure["t"] - t0,
+                                        "restart": served["t"] - failure["t"], "boot": boot,
+                                        "overhead": served["t"] - failure["t"] - boot})
+            probes = [e["t"] for e in w.events if e["event"] == "watch.probe"]
+            gaps = [b - a for a, b in zip(probes, probes[1:], strict=False) if b - a < 2 * args.interval]
+        finally:
+            for p in stopped:
+                try:
+                    os.killpg(p, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            if w is not None:
+                w.stop()
+            lab.down()
+    interval = statistics.mean(gaps) if gaps else args.interval
+    bound = args.failures * args.interval + args.probe_timeout
+    where = ", ".join(f"{f}: rank {r}@{n}" for f, (n, r) in WHERE.items())
+    print(f"faults on {where}\nwatch --interval {args.interval:g} --failures {args.failures} --probe-timeout "
+          f"{args.probe_timeout:g}; median of {args.repeat}; THE LAB IS A SIMULATION\n")
+    print(f"{'fault':<12} {'injected by':<15} {'reason':<14} {'detect s':>8} {'bound s':>7} {'det/bnd':>7} "
+          f"{'boot s':>6} {'overh s':>7}")
+    for fault, runs in rows.items():
+        if not runs:
+            continue
+        d = statistics.median(x["detect"] for x in runs)
+        print(f"{fault:<12} {how[fault]:<15} {','.join(sorted({x['reason'] for x in runs})):<14} {d:8.2f} "
+              f"{bound:7.2f} {d / bound:7.2f} {statistics.median(x['boot'] for x in runs):6.2f} "
+              f"{statistics.median(x['overhead'] for x in runs):7.2f}")
+    print(f"\nprobe interval measured: {interval:.2f} s (mean gap between probe starts while serving, "
+          f"{len(gaps)} gaps); bound = K x interval + probe timeout")
+    print("detect: watch.failure - fault; overh: watch.serving - watch.failure - the restart's wait_ready (boot)")
+    print("targets: detect <= bound (det/bnd <= 1); overhead <= 5 s on 4 nodes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
