@@ -283,6 +283,7 @@ class Watcher:
         if self.dry_run:
             self.write(incident, "ok", "dry run: nothing was changed")
             self.tracker.reset()
+            self.own_leftovers = True  # the lane is as the failure left it, not as an operator made it
             self.say("dry-run", f"would restart {self.profile.name} through the {self.playbook} playbook "
                      f"(restart {self.budget.used(time.time())} of {self.settings.max_restarts})")
             self._sleep(self.settings.interval_s)
