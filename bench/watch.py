@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -62,8 +61,8 @@ def container(sim: lab.Sim, node: str, rank: int) -> dict:
                 and c["Config"]["Labels"].get("sparkfleet.rank") == str(rank) and c["State"]["Running"])
 
 
-def inject(sim: lab.Sim, fault: str) -> tuple[float, str, int | None]:
-    """(moment, how, pid stopped) — the sim's fault when it has one, else a stand-in through the node."""
+def inject(sim: lab.Sim, fault: str) -> tuple[float, str, None]:
+    """(moment, how) — the sim's fault when it has one, else a stand-in run on the node."""
     node, rank = WHERE[fault]
     c = container(sim, node, rank)
     name = c["Name"].lstrip("/")
@@ -71,19 +70,18 @@ def inject(sim: lab.Sim, fault: str) -> tuple[float, str, int | None]:
     if fault in sim_faults.KINDS:
         sim.fault(node, fault)
         return t, "sim fault", None
-    if fault == "rank-hang":
-        pid = c["SimProcess"]["pid"]
-        os.killpg(pid, signal.SIGSTOP)  # the rank's engine (and its supervisor): it stops answering
-        return t, "SIGSTOP engine", pid
     n = sim.inventory().nodes[node]
     tr = transport_for([n])
     try:
-        cmd = {"serve-crash": "docker kill", "rank-vanish": "docker rm -f"}[fault]
-        r = tr.run([n], f"{cmd} {name}")[node]
+        if fault == "rank-hang":  # the rank's engine and its supervisor, stopped on the node itself
+            cmd = f"kill -STOP -- -{int(c['SimProcess']['pid'])}"
+        else:
+            cmd = {"serve-crash": "docker kill", "rank-vanish": "docker rm -f"}[fault] + f" {name}"
+        r = tr.run([n], cmd)[node]
         assert r.ok, r.message or r.stderr
     finally:
         tr.close()
-    return t, cmd, None
+    return t, "SIGSTOP engine" if fault == "rank-hang" else cmd.rsplit(" ", 1)[0], None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SPARKFLEET_STATE"] = env["SPARKFLEET_STATE"]
         sim = lab.up("lab", ops_root=str(ops))
         w = None
-        stopped: list[int] = []
         try:
             budget = len(FAULTS) * args.repeat
             w = WatchProc(["--profile", LANE, "--inventory", "sim", "--root", str(ops), "--interval",
@@ -113,17 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeat):
                 for fault in FAULTS:
                     w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe", 120)
-                    t0, how[fault], pid = inject(sim, fault)
-                    if pid:
-                        stopped.append(pid)
+                    t0, how[fault], _ = inject(sim, fault)
                     failure = w.event("watch.failure")
-                    served = w.event("watch.serving")
-                    for p in stopped:  # the hung engine was replaced; let it run (and end) again
-                        try:
-                            os.killpg(p, signal.SIGCONT)
-                        except ProcessLookupError:
-                            pass
-                    stopped.clear()
+                    served = w.event("watch.serving")  # the restart's `docker rm -f` ended a stopped engine
                     rec = json.loads((Path(env["SPARKFLEET_STATE"]) / "runs" / f"{served['run_id']}.json").read_text())
                     boot = next(s["elapsed_s"] for s in rec["steps"] if s["step"] == "wait_ready")
                     rows[fault].append({"reason": failure["reason"], "detect": failure["t"] - t0,
@@ -132,11 +121,6 @@ def main(argv: list[str] | None = None) -> int:
             probes = [e["t"] for e in w.events if e["event"] == "watch.probe"]
             gaps = [b - a for a, b in zip(probes, probes[1:], strict=False) if b - a < 2 * args.interval]
         finally:
-            for p in stopped:
-                try:
-                    os.killpg(p, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
             if w is not None:
                 w.stop()
             lab.down()

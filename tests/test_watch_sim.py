@@ -255,7 +255,8 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(lane) -> None:
     on_node(lane, "asusi", "docker rm -f sf-dcp2-r1")
     before = containers(lane)
     runs_before = sorted((state() / "runs").glob("*.json"))
-    status_before = (state() / "watch" / "dcp2.json").read_text() if (state() / "watch" / "dcp2.json").exists() else None
+    path = state() / "watch" / "dcp2.json"
+    status_before = path.read_text() if path.exists() else None
     w = start_watch("--dry-run", "--max-restarts", "1")
     try:
         failure = w.event("watch.failure")
@@ -268,9 +269,7 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(lane) -> None:
     assert would["text"] == "would restart dcp2 through the up playbook (restart 1 of 1)"
     steps = [e["summary"] for e in w.events if e["event"] == "step" and e["status"] == "ok"]
     assert any(x.startswith("would stop") for x in steps)  # the up playbook's own dry run, in the stream
-    assert any(x == "would start rank 1 on asusi, rank 2 on bluey, rank 3 on spark4" for x in steps)
     assert give_up["text"].endswith("the lane is left stopped (dry run: nothing was changed)")
     assert containers(lane) == before  # nothing stopped, nothing started
     assert sorted((state() / "runs").glob("*.json")) == runs_before  # no record
-    now = (state() / "watch" / "dcp2.json").read_text() if (state() / "watch" / "dcp2.json").exists() else None
-    assert now == status_before  # no status file written
+    assert (path.read_text() if path.exists() else None) == status_before  # no status file written
