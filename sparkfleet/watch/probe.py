@@ -152,14 +152,18 @@ def run_probe(client: ApiClient, model: str, transport: Transport, ranks: list[R
 
     at = time.time()
     facts: dict[str, NodeFacts | Result] = {}
+    health: list[int | None] = []
 
     def nodes() -> None:
         facts.update(gather(transport, [r.node for r in ranks], {}, timeout_s=max(timeout_s, FACTS_TIMEOUT_S)))
 
-    t = threading.Thread(target=nodes, name="sparkfleet-watch-facts", daemon=True)
-    t.start()
+    threads = [threading.Thread(target=nodes, name="sparkfleet-watch-facts", daemon=True),
+               threading.Thread(target=lambda: health.append(_health(client, timeout_s)), daemon=True)]
+    for t in threads:
+        t.start()
     ok, why, latency, answer = _ask(client, model, timeout_s)
-    health = _health(client, min(timeout_s, 5.0))
-    t.join(max(timeout_s, FACTS_TIMEOUT_S) + 5.0)
+    for t in threads:  # the three parts at once: a probe takes as long as its slowest part
+        t.join(max(timeout_s, FACTS_TIMEOUT_S) + 5.0)
     facts = dict(facts)
-    return Probe(at, ok, why, latency, health, answer, tuple(rank_states(facts, ranks, profile))), facts
+    return Probe(at, ok, why, latency, health[0] if health else None, answer,
+                 tuple(rank_states(facts, ranks, profile))), facts

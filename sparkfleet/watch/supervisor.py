@@ -36,7 +36,7 @@ from sparkfleet.spec.load import Loaded, Spec
 from sparkfleet.watch import ops
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
-from sparkfleet.watch.probe import FACTS_TIMEOUT_S, Probe, RankState, rank_states, run_probe
+from sparkfleet.watch.probe import FACTS_TIMEOUT_S, Probe, RankState, run_probe
 
 PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch
 
@@ -210,12 +210,14 @@ class Watcher:
 
     def look_again(self) -> None:
         """Before a destructive restart, look at the containers once more: a `down` from another controller
-        stops the head first and the workers after it, so a probe in between sees part of the group gone."""
-        from sparkfleet.fleet.gather import gather
+        stops the head first and the workers after it, so a probe in between sees part of the group gone.
+        The runner's own node operation (this lane's containers by label, one `docker ps` per node)."""
+        from sparkfleet.fleet.commands import lane_containers_command, parse_container_ids
 
-        facts = gather(self.transport, [r.node for r in self.ranks], {}, timeout_s=FACTS_TIMEOUT_S)
-        ranks = rank_states(facts, self.ranks, self.profile)
-        if ranks and all(r.state == "vanished" for r in ranks):
+        results = self.transport.run([r.node for r in self.ranks], lane_containers_command(self.profile.name),
+                                     timeout_s=FACTS_TIMEOUT_S)
+        ids = [parse_container_ids(results[r.node.name]) if r.node.name in results else None for r in self.ranks]
+        if ids and all(x == [] for x in ids):  # every node answered, none has a container of the lane
             raise StandDown("every rank's container was removed (a `down` of the lane, here or by another "
                             "controller, was under way): the operator has the lane")
 
