@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import statistics
 from collections import Counter
 from collections.abc import Hashable
 
@@ -138,8 +139,7 @@ def _skew(ctx: CheckContext, ranks: list[tuple[Rank, NodeFacts]]) -> dict[str, F
     if len(offsets) < 2:
         return {}
     bound = ctx.inventory.max_clock_skew_s
-    ordered = sorted(offsets.values())
-    median = ordered[len(ordered) // 2] if len(ordered) % 2 else sum(ordered[len(ordered) // 2 - 1:][:2]) / 2
+    median = statistics.median(offsets.values())
     out = {}
     for n, off in offsets.items():
         if abs(off - median) > bound:

@@ -58,6 +58,7 @@ def check(ctx: CheckContext) -> list[Finding]:
         return []  # one rank: nothing crosses the fabric
     out: list[Finding] = []
     mtus: dict[str, int | None] = {}
+    ifaces: dict[str, str] = {}
     per_node: dict[str, list[Finding]] = {}
     for r, f in ctx.ranks():
         node = r.node
@@ -82,7 +83,7 @@ def check(ctx: CheckContext) -> list[Finding]:
         hw = ctx.hardware(node)
         expected = f"{iface} up with carrier, RDMA port ACTIVE" + (
             f", >= {hw.fabric_speed_gbps:g} Gb/s" if hw.fabric_speed_gbps else "")
-        mtus[node.name] = link.mtu
+        mtus[node.name], ifaces[node.name] = link.mtu, iface
         before = len(mine)
         if link.operstate != "up" or link.carrier == 0:
             mine.append(Finding(CHECK, "fail", f"fabric link {iface} is down", "bring the link up (cable, "
@@ -113,8 +114,8 @@ def check(ctx: CheckContext) -> list[Finding]:
     known = {n: v for n, v in mtus.items() if v is not None}
     odd = odd_ones(known)
     for n in odd:
-        per_node[n].append(Finding(CHECK, "fail", f"MTU {known[n]} on {ctx.inventory.nodes[n].rdma.fabric_iface} "  # type: ignore[union-attr]
-                                   "differs from the lane's other ranks", "set one MTU on every rank's fabric "
+        per_node[n].append(Finding(CHECK, "fail", f"MTU {known[n]} on {ifaces[n]} differs from the lane's other "
+                                   "ranks", "set one MTU on every rank's fabric "
                                    "interface (e.g. `ip link set IFACE mtu 9000`, and the switch ports)", node=n,
                                    observed=listing(mtus), expected="one MTU on every rank"))
     for r in ctx.plan.ranks:
