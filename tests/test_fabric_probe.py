@@ -237,3 +237,38 @@ def test_check_fabric_names_the_slow_nodes_links_through_the_command(lab, tmp_pa
     assert [(f["node"], f["status"], f["message"]) for f in fabric] == [
         (n, "fail", f"no RDMA port is bound to {lab.iface}") for n in lab.names]
     assert all(f["observed"].startswith(f"{lab.iface} up, carrier 1, 10 Gb/s, MTU 1500;") for f in fabric)
+
+
+@needs_netns
+def test_the_optional_nccl_step_under_dry_run_shows_each_ranks_command(lab, tmp_path, monkeypatch, capsys) -> None:
+    """A playbook with `- nccl` after `facts`, run with --dry-run: each rank's docker command, none run."""
+    from sparkfleet.cli.main import main
+
+    inv = tmp_path / "netns.yaml"
+    nodes = "".join(f"  {n}:\n    ssh: {{host: 127.0.0.1}}\n    fabric_ip: {lab.ips[n]}\n    hardware: gb10\n"
+                    f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
+                    "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
+    inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
+    book = tmp_path / "nccl.yaml"
+    book.write_text("name: nccl\nsteps:\n  - facts\n  - nccl\n  - fabric_probe\n")
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
+    monkeypatch.setattr("sparkfleet.runner.run.transport_for", lambda ns: lab, raising=False)
+    ran: list[str] = []
+    real_run = lab.run
+
+    def spy(nodes, command, **kw):
+        ran.append(command)
+        return real_run(nodes, command, **kw)
+
+    monkeypatch.setattr(lab, "run", spy)
+    code = main(["play", str(book), "--profile", "dcp2", "--inventory", str(inv), "--dry-run", "--json"])
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    would = [e for e in events if e["event"] == "would"]
+    nccl = [e for e in would if e["what"] == "NCCL all-reduce in the lane's image"]
+    assert code == 0 and [e["node"] for e in nccl] == lab.names
+    assert all(e["command"].startswith("docker run --rm --name sf-nccl-dcp2-r") for e in nccl)
+    assert f"--master-addr {lab.ips['n0']}" in nccl[2]["command"]
+    probe = [e for e in would if e["what"].startswith("fabric probe")]
+    assert len(probe) == 3 + 6  # servers on n1..n3, then six links in three rounds
+    assert not any(c.startswith("docker run") for c in ran)  # only the read-only facts ran
