@@ -273,3 +273,23 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(lane) -> None:
     assert containers(lane) == before  # nothing stopped, nothing started
     assert sorted((state() / "runs").glob("*.json")) == runs_before  # no record
     assert (path.read_text() if path.exists() else None) == status_before  # no status file written
+
+
+def test_watching_a_restore_point_restarts_through_the_restore_playbook(sim, capsys) -> None:
+    assert main([*UP, "--save-as", "watch-point"]) == 0
+    capsys.readouterr()
+    w = WatchProc(["--restore", "watch-point", "--inventory", "sim", *FAST], env())
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        on_node(sim, "spark4", "docker rm -f sf-dcp2-r3")
+        served = w.event("watch.serving")
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    finally:
+        w.stop()
+        sim.heal()
+        main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
+        capsys.readouterr()
+    rec = record(served["run_id"])
+    assert rec["playbook"] == "restore" and rec["outcome"] == "ok"
+    assert [s["step"] for s in rec["steps"]][:2] == ["pins", "stop"]
