@@ -112,11 +112,13 @@ def main(argv: list[str] | None = None) -> int:
                     w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe", 120)
                     t0, how[fault], _ = inject(sim, fault)
                     failure = w.event("watch.failure")
+                    began = w.wait_for(lambda e: e["event"] == "run", "the restart's run")
                     served = w.event("watch.serving")  # the restart's `docker rm -f` ended a stopped engine
                     rec = json.loads((Path(env["SPARKFLEET_STATE"]) / "runs" / f"{served['run_id']}.json").read_text())
                     boot = next(s["elapsed_s"] for s in rec["steps"] if s["step"] == "wait_ready")
                     rows[fault].append({"reason": failure["reason"], "detect": failure["t"] - t0,
                                         "restart": served["t"] - failure["t"], "boot": boot,
+                                        "watch": began["t"] - failure["t"],
                                         "overhead": served["t"] - failure["t"] - boot})
             probes = [e["t"] for e in w.events if e["event"] == "watch.probe"]
             gaps = [b - a for a, b in zip(probes, probes[1:], strict=False) if b - a < 2 * args.interval]
@@ -126,22 +128,27 @@ def main(argv: list[str] | None = None) -> int:
             lab.down()
     interval = statistics.mean(gaps) if gaps else args.interval
     bound = args.failures * args.interval + args.probe_timeout
+    bound_measured = args.failures * interval + args.probe_timeout
     where = ", ".join(f"{f}: rank {r}@{n}" for f, (n, r) in WHERE.items())
     print(f"faults on {where}\nwatch --interval {args.interval:g} --failures {args.failures} --probe-timeout "
           f"{args.probe_timeout:g}; median of {args.repeat}; THE LAB IS A SIMULATION\n")
-    print(f"{'fault':<12} {'injected by':<15} {'reason':<14} {'detect s':>8} {'bound s':>7} {'det/bnd':>7} "
-          f"{'boot s':>6} {'overh s':>7}")
+    print(f"{'fault':<12} {'injected by':<15} {'reason':<14} {'detect':>6} {'bound':>5} {'d/b':>4} {'d/bm':>4} "
+          f"{'boot':>5} {'overh':>5} {'watch':>5}")
     for fault, runs in rows.items():
         if not runs:
             continue
         d = statistics.median(x["detect"] for x in runs)
-        print(f"{fault:<12} {how[fault]:<15} {','.join(sorted({x['reason'] for x in runs})):<14} {d:8.2f} "
-              f"{bound:7.2f} {d / bound:7.2f} {statistics.median(x['boot'] for x in runs):6.2f} "
-              f"{statistics.median(x['overhead'] for x in runs):7.2f}")
-    print(f"\nprobe interval measured: {interval:.2f} s (mean gap between probe starts while serving, "
-          f"{len(gaps)} gaps); bound = K x interval + probe timeout")
-    print("detect: watch.failure - fault; overh: watch.serving - watch.failure - the restart's wait_ready (boot)")
-    print("targets: detect <= bound (det/bnd <= 1); overhead <= 5 s on 4 nodes")
+        med = {k: statistics.median(x[k] for x in runs) for k in ("boot", "overhead", "watch")}
+        print(f"{fault:<12} {how[fault]:<15} {','.join(sorted({x['reason'] for x in runs})):<14} {d:6.2f} "
+              f"{bound:5.2f} {d / bound:4.2f} {d / bound_measured:4.2f} {med['boot']:5.2f} {med['overhead']:5.2f} "
+              f"{med['watch']:5.2f}")
+    print(f"\nseconds. probe interval measured: {interval:.2f} s (mean gap between probe starts while serving, "
+          f"{len(gaps)} gaps)")
+    print(f"bound = K x interval + probe timeout = {bound:.2f} s (d/b); with the measured interval "
+          f"{bound_measured:.2f} s (d/bm)")
+    print("detect: watch.failure - fault; overh: watch.serving - watch.failure - the restart's wait_ready (boot);")
+    print("watch: watch.failure - the restart's run start (evidence, look again), the rest is the up playbook")
+    print("targets: detect <= bound (d/b <= 1); overhead <= 5 s on 4 nodes")
     return 0
 
 
