@@ -76,17 +76,17 @@ def run_up(args: argparse.Namespace) -> int:
     for name, node in status["nodes"].items():
         where = f"  sshd 127.0.0.1:{node['sshd']['port']} pid {node['sshd']['pid']}" if "sshd" in node else ""
         say(f"  {name:<10} {node['hardware']:<6} {node['sim_root']}{where}")
-    say(f"inventory: {status['inventory']}  (pass it as --inventory sim, or run the next line)")
+    say(f"inventory: {status['inventory']}  (pass it as --inventory sim)")
     if status["known_hosts"]:
         say(f"host keys pinned in {status['known_hosts']}")
     for skipped in sim.manifest.get("skipped_profiles", []):
         say(f"profile skipped (did not load): {skipped}")
-    out.print(default_line(), markup=False, highlight=False)
+    say(f"make it this shell's default inventory: {default_line()}")
     return EXIT_OK
 
 
 def default_line() -> str:
-    """The one shell line that makes the simulated lab this shell's default inventory.
+    """The shell command that makes the simulated lab this shell's default inventory.
 
     The sim's inventory lives in the state dir, so a state dir that is not the user's default
     (from $SPARKFLEET_STATE) goes on the same line.
@@ -99,7 +99,7 @@ def default_line() -> str:
     state = setting("state")
     if state.source.startswith("env") or state.source.startswith("--"):
         line += f" SPARKFLEET_STATE={shlex.quote(state.value)}"
-    return line + "  # [sim] makes the simulated lab this shell's default inventory"
+    return line
 
 
 def run_down(args: argparse.Namespace) -> int:
