@@ -18,6 +18,7 @@ import pytest
 from sparkfleet.bench import promptsets, report, vllm_metrics
 from sparkfleet.bench.runner import BenchOptions, BenchResult, run_bench
 from sparkfleet.cli.main import main
+from sparkfleet.engines.vllm import METRICS as VLLM
 from sparkfleet.simengine import tokens
 from tests.test_simengine_util import Lane
 
@@ -305,10 +306,10 @@ def test_the_metrics_reader_agrees_with_prometheus_clients_parser(lane, rated) -
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             ref[s.name] = ref.get(s.name, 0.0) + s.value
-            if s.name == vllm_metrics.PER_POS:
+            if s.name == VLLM.per_pos:
                 per_pos[int(s.labels["position"])] = s.value
     snap = vllm_metrics.parse(text)
-    assert snap.counters == {k: ref[name] for k, name in vllm_metrics.COUNTERS.items()}
+    assert snap.counters == {k: ref[name] for k, name in VLLM.counters.items()}
     assert snap.per_pos == per_pos and len(per_pos) == 5 and snap.counters["generation_tokens"] > 0
 
 

@@ -81,6 +81,7 @@ class StreamRecord:
     end_s: float | None = None  # stream finished ([DONE]), after the batch was released
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # from the usage block only
+    server_tokens: int | None = None  # tokens the server says it decoded (its own `timings`, where it sends them)
     chunks: int = 0  # chunks that carried output (DSpark packs several tokens into one)
     finish_reason: str | None = None
     decode_tps: float | None = None
@@ -195,6 +196,8 @@ def stream_record(timed: Timed | BaseException, released: float, base: StreamRec
     rec.ttft_s, rec.last_s, rec.chunks = reply.ttft_s, reply.last_s, reply.chunks
     rec.finish_reason = reply.finish_reason
     rec.prompt_tokens, rec.completion_tokens = reply.prompt_tokens, reply.completion_tokens
+    predicted = (reply.timings or {}).get("predicted_n")
+    rec.server_tokens = predicted if isinstance(predicted, int) else None
     if rec.completion_tokens is None:
         rec.error = ("no usage block in the stream: token counts come only from it (chunks carry several "
                      "tokens), so this cell is not measured")

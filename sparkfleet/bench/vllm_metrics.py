@@ -1,4 +1,7 @@
-"""vLLM's /metrics as the bench reads it: counters summed over label sets, deltas, DSpark acceptance.
+"""An engine's /metrics as the bench reads it: counters summed over label sets, deltas, DSpark acceptance.
+
+The series names are the engine adapter's (`MetricNames`: vLLM's below, llama.cpp's `llamacpp:*`); a
+name the engine does not export leaves its counter None.
 
 Names follow vLLM V1 (REFERENCE.md §1): counters are exposed with `_total`; spec decoding adds
 `vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total` and the per-position counter
@@ -16,21 +19,24 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-COUNTERS = {
-    "generation_tokens": "vllm:generation_tokens_total",
-    "prompt_tokens": "vllm:prompt_tokens_total",
-    "requests": "vllm:request_success_total",  # summed over finished_reason
-    "preemptions": "vllm:num_preemptions_total",
-    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
-    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
-    "drafts": "vllm:spec_decode_num_drafts_total",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
-}
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
-_BY_NAME = {v: k for k, v in COUNTERS.items()}
-_GAUGE_BY_NAME = {v: k for k, v in GAUGES.items()}
+from sparkfleet.engines.base import MetricNames
+
+# what a Snapshot holds, whatever the engine; each engine's adapter names the series (engines/*.py `METRICS`)
+KEYS = ("generation_tokens", "prompt_tokens", "requests", "preemptions", "prefix_cache_queries",
+        "prefix_cache_hits", "drafts", "draft_tokens", "accepted")
+
+
+def names_for(text: str) -> MetricNames:
+    """The engine whose names the exposition uses (by its prefix); vLLM's when none matches."""
+    from sparkfleet.engines.registry import NAMES, engine_for
+
+    for name in NAMES:
+        m = engine_for(name).metrics
+        if m is not None and m.prefix in text:
+            return m
+    m = engine_for("vllm").metrics
+    assert m is not None
+    return m
 
 
 @dataclass
@@ -44,7 +50,7 @@ class Snapshot:
 
     def delta(self, before: Snapshot) -> Delta:
         counters: dict[str, float | None] = {}
-        for key in COUNTERS:
+        for key in KEYS:
             now, then = self.counters.get(key), before.counters.get(key)
             counters[key] = None if now is None or then is None else now - then
         per_pos = {p: v - before.per_pos.get(p, 0.0) for p, v in sorted(self.per_pos.items())}
@@ -107,25 +113,29 @@ def samples(text: str) -> Iterator[tuple[str, str, float]]:
             continue
 
 
-def parse(text: str) -> Snapshot:
-    """A /metrics exposition (Prometheus text format) as a Snapshot."""
+def parse(text: str, names: MetricNames | None = None) -> Snapshot:
+    """A /metrics exposition (Prometheus text format) as a Snapshot, read with the engine's names
+    (found from the text when not given)."""
+    names = names or names_for(text)
+    by_name = {v: k for k, v in names.counters.items()}
+    gauge_by_name = {v: k for k, v in names.gauges.items()}
     snap = Snapshot()
     created: list[float] = []
     for name, labels, value in samples(text):
-        key = _BY_NAME.get(name)
+        key = by_name.get(name)
         if key is not None:
             snap.counters[key] = (snap.counters.get(key) or 0.0) + value
-        elif name == PER_POS:
+        elif names.per_pos is not None and name == names.per_pos:
             m = _POSITION.search(labels)
             if m:
                 pos = int(m.group(1))
                 snap.per_pos[pos] = snap.per_pos.get(pos, 0.0) + value
-        elif name in _GAUGE_BY_NAME:
-            gauge = _GAUGE_BY_NAME[name]
+        elif name in gauge_by_name:
+            gauge = gauge_by_name[name]
             snap.gauges[gauge] = snap.gauges.get(gauge, 0.0) + value
         elif name == "process_start_time_seconds":
             snap.started = value
-        elif name.startswith("vllm:") and name.endswith("_created"):
+        elif name.startswith(names.prefix) and name.endswith("_created"):
             created.append(value)
     if snap.started is None and created:
         # Without process metrics (vLLM with --api-server-count > 1 drops them) the counters' creation

@@ -39,8 +39,10 @@ def digests_of(img: Image) -> list[str]:
 def check(ctx: CheckContext) -> list[Finding]:
     out: list[Finding] = []
     want = ctx.profile.image
-    if want is None:
-        return out
+    if want is None:  # a lane whose engine lets the profile leave it unset (the shipped llama.cpp examples)
+        return [Finding(CHECK, "fail", "the lane names no image: there is nothing to run",
+                        "set image.ref (and image.digest) in the profile", node=r.node.name, field="image",
+                        expected="an image") for r, _ in ctx.ranks()]
     repo, tag = split_ref(want.ref)
     expected = want.pinned
     for r, f in ctx.ranks():

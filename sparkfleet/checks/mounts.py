@@ -6,6 +6,8 @@ needed the file fails minutes later (CATALOG FM-12, HLT-05).
 
 from __future__ import annotations
 
+import posixpath
+
 from sparkfleet.findings import Finding
 
 from .context import CheckContext
@@ -29,7 +31,14 @@ def check(ctx: CheckContext) -> list[Finding]:
                 continue
             missing = [s for s in sources if s in f.paths and not f.paths[s].exists]
             unasked = [s for s in sources if s not in f.paths]
+            fields = {posixpath.normpath(b.source): b.field for b in launch.spec.mounts if b.field}
             for s in missing:
+                if s in fields:  # a file the profile names (a GGUF): say which field
+                    out.append(Finding(CHECK, "fail", f"{fields[s]}: {s} does not exist on {node} (rank "
+                                       f"{launch.rank})", f"put the file on {node}, or fix {fields[s]} / the "
+                                       "node's model_root", node=node, field=fields[s], observed=f"{s}: missing",
+                                       expected=f"{s} exists"))
+                    continue
                 out.append(Finding(CHECK, "fail", f"bind-mount source {s} does not exist: Docker would bind an "
                                    "empty directory in its place (a missing patch file failed the import minutes "
                                    "later)",

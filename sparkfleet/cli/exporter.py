@@ -184,10 +184,16 @@ def run_dashboards(args: argparse.Namespace) -> int:
         if p.abstract:
             raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane")
         head = place(loaded, inventory)[0].node
-        if p.engine != "vllm":
-            notes.append(f"{p.name} runs {p.engine}: the Lane dashboard reads vLLM's metric names, so its engine "
+        from sparkfleet.engines.registry import engine_for
+
+        names = engine_for(p.engine).metrics
+        if names is None:
+            notes.append(f"{p.name} runs {p.engine}, which exports no /metrics sparkfleet reads, so its engine "
                          "is not added to the scrape config")
         elif p.port is not None:
+            if names.prefix != "vllm:":
+                notes.append(f"{p.name} runs {p.engine}: its {names.prefix}* series are scraped, but the Lane "
+                             "dashboard's panels read vLLM's names")
             engines.append(EngineTarget(p.name, head.name, endpoint(head, p.port).removeprefix("http://")))
             if p.host.startswith("127.") and head.transport != "local":
                 notes.append(f"{p.name} listens on {p.host} on {head.name}: Prometheus must run on that node")

@@ -63,6 +63,7 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict | None = None  # prompt_tokens / completion_tokens / total_tokens, when sent
+    timings: dict | None = None  # the server's own per-request counts and times, when it sends them (llama.cpp)
     elapsed_s: float = 0.0
     ttft_s: float | None = None  # streamed: first chunk carrying text, reasoning or a tool call
     last_s: float | None = None  # streamed: last chunk carrying output
@@ -259,6 +260,8 @@ class StreamParser:
         reply, calls = self.reply, self.calls
         if chunk.get("usage"):
             reply.usage = chunk["usage"]
+        if isinstance(chunk.get("timings"), dict):
+            reply.timings = chunk["timings"]
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             carried = False

@@ -152,7 +152,7 @@ def summary(results: list[GateResult]) -> str:
 
 # -- gate options from a playbook step's args -------------------------------------------------------------------------
 
-STEP_ARGS = {"only", "soak_minutes", "soak_streams", "needle_tokens", "long"}
+STEP_ARGS = {"only", "soak_minutes", "soak_streams", "needle_tokens", "long", "determinism_prompts"}
 
 
 def profile_args(profile: Profile) -> dict[str, Any]:
@@ -171,6 +171,8 @@ def options_from_args(args: dict[str, Any]) -> tuple[list[str] | None, GateOptio
             opts.soak_seconds = float(args["soak_minutes"]) * 60
         if "soak_streams" in args:
             opts.soak_streams = int(args["soak_streams"])
+        if "determinism_prompts" in args:
+            opts.determinism_prompts = int(args["determinism_prompts"])
         if args.get("long"):
             opts.needle_tokens = NEEDLE_LONG
         if "needle_tokens" in args:

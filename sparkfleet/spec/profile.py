@@ -132,6 +132,7 @@ class GateSet(Strict):
     soak_minutes: float | None = Field(None, gt=0)
     soak_streams: int | None = Field(None, ge=1)
     needle_tokens: list[int] | None = None
+    determinism_prompts: int | None = Field(None, ge=1)  # fewer prompts for a slow engine (default 8, HLT-50)
 
 
 class Rail2(Strict):
