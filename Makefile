@@ -11,7 +11,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,llama]'
 	touch $(STAMP)
 
 # The main job on a simulated copy of the lab (a SIMULATION: no GPU, the sim engine stands in for vLLM).

@@ -17,6 +17,7 @@ ADAPTERS: dict[str, str] = {
     "vllm": "sparkfleet.engines.vllm:Vllm",
     "tensorfold": "sparkfleet.engines.tensorfold:TensorFold",
     "sglang": "sparkfleet.engines.sglang:SGLang",
+    "llamacpp": "sparkfleet.engines.llamacpp:LlamaCpp",
 }
 
 NAMES: tuple[str, ...] = tuple(ADAPTERS)

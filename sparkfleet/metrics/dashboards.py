@@ -253,6 +253,20 @@ def _quantiles(metric: str, sel: str) -> list[dict[str, Any]]:
                    f"{{{{profile}}}} p{q * 100:g}") for q in QUANTILES]
 
 
+def _each_engine(kind: str, key: str, expr: str) -> str:
+    """`expr` (with {m} for the series name) for every engine that exports `key`, joined with `or`: one
+    panel for vLLM's and llama.cpp's names (engines/*.py METRICS); a lane has one engine, so one side."""
+    from sparkfleet.engines.registry import NAMES, engine_for
+
+    names = []
+    for name in NAMES:
+        m = engine_for(name).metrics
+        series = getattr(m, kind).get(key) if m is not None else None
+        if series and series not in names:
+            names.append(series)
+    return " or ".join(expr.replace("{m}", x) for x in names)
+
+
 def lane() -> dict[str, Any]:
     """The Lane dashboard: vLLM's own metrics, scraped from the head's /metrics with a `profile` label."""
     s = PROFILE_SEL
@@ -283,15 +297,17 @@ def lane() -> dict[str, Any]:
               [target(f"sum by (profile, reason) ({n.WATCH_RESTARTS}{s})", "{{profile}} {{reason}}")]),
         row("Serving"),
         panel("Requests running / waiting", "Requests in the engine's batch, and requests queued for it.",
-              [target(f"sum by (profile) ({VLLM_RUNNING}{s})", "{{profile}} running"),
-               target(f"sum by (profile) ({VLLM_WAITING}{s})", "{{profile}} waiting")]),
+              [target(_each_engine("gauges", "running", "sum by (profile) ({m}" + s + ")"), "{{profile}} running"),
+               target(_each_engine("gauges", "waiting", "sum by (profile) ({m}" + s + ")"), "{{profile}} waiting")]),
         panel("KV cache usage", f"Fraction of the KV cache in use ({VLLM_KV}; images before vLLM 0.10 export "
               f"{VLLM_KV_OLD}, read when the new name is absent).",
               [target(f"max by (profile) ({VLLM_KV}{s} or {VLLM_KV_OLD}{s})", "{{profile}}")],
               unit="percentunit"),
         panel("Prompt and generation tokens/s", "Prefill (prompt) and decode (generation) token throughput.",
-              [target(f"sum by (profile) (rate({VLLM_PROMPT}{s}[{RATE}]))", "{{profile}} prompt tok/s"),
-               target(f"sum by (profile) (rate({VLLM_GENERATION}{s}[{RATE}]))", "{{profile}} generation tok/s")]),
+              [target(_each_engine("counters", "prompt_tokens", "sum by (profile) (rate({m}" + s + f"[{RATE}]))"),
+                      "{{profile}} prompt tok/s"),
+               target(_each_engine("counters", "generation_tokens", "sum by (profile) (rate({m}" + s + f"[{RATE}]))"),
+                      "{{profile}} generation tok/s")]),
         panel("Time to first token", "TTFT quantiles (p50, p90, p99) from vLLM's histogram.",
               _quantiles(VLLM_TTFT, s), unit="s"),
         panel("Inter-token latency", "Inter-token latency quantiles (p50, p90, p99) from vLLM's histogram.",
@@ -340,7 +356,7 @@ def queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in panels(dash) for t in p["targets"]]
 
 
-SERIES = re.compile(r"\b(sparkfleet_[a-z0-9_]+|vllm:[a-z0-9_:]+)")
+SERIES = re.compile(r"\b(sparkfleet_[a-z0-9_]+|vllm:[a-z0-9_:]+|llamacpp:[a-z0-9_:]+)")
 
 
 def series_names(expr: str) -> set[str]:

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.sim import shim, values
+from sparkfleet.sim import llama, shim, values
 from sparkfleet.sim.paths import inside
 from sparkfleet.spec.errors import SpecError
 from sparkfleet.spec.inventory import Inventory, Node
@@ -272,6 +272,7 @@ def build_node(root: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lane
             refs = inside(root, posixpath.join(node.storage.model_root, p.model.repo_dir, "refs", "main"))
             refs.parent.mkdir(parents=True, exist_ok=True)
             refs.write_text(p.model.revision)
+    llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
     install_shims(root)
     shim.render(root)
 

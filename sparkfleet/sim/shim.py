@@ -997,6 +997,9 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     labels = container["Config"]["Labels"] or {}
     profile = labels.get(LABEL_PREFIX + "profile")
     cmd = container["Config"]["Cmd"] or []
+    if profile is not None and os.path.basename((container["Config"].get("Entrypoint") or [""])[0]) in (
+            "llama-server", "rpc-server"):  # llama.cpp's real server stands in (sparkfleet/sim/llama.py)
+        return [cfg["python"], "-m", "sparkfleet.sim.llama", str(root), container["Id"]]
     if profile is None or "--port" not in cmd:
         return None
     f = _vllm_flags(cmd)

@@ -125,6 +125,30 @@ class TensorFold(Strict):
     args: dict[str, Any] = Field(default_factory=dict)  # serve settings, flag-dict form
 
 
+class LlamaCpp(Strict):
+    """llama.cpp's own settings; its server arguments are `flags` (llama-server's flag names)."""
+
+    gguf: str | None = None  # the GGUF file, relative to the model dir (model.repo_dir on the node's model_root)
+    rpc_ports: dict[str, int] = Field(default_factory=dict)  # worker node -> the port its rpc-server listens on
+    server_entrypoint: str = "/app/llama-server"  # where llama.cpp's own images put the binaries (check yours)
+    rpc_entrypoint: str = "/app/rpc-server"
+
+    @field_validator("gguf")
+    @classmethod
+    def _relative(cls, v: str | None) -> str | None:
+        if v is not None and (v.startswith("/") or ".." in v.split("/") or not v.endswith(".gguf")):
+            raise ValueError("must be a .gguf file name inside the model dir (relative, without '..')")
+        return v
+
+    @field_validator("rpc_ports")
+    @classmethod
+    def _ports(cls, v: dict[str, int]) -> dict[str, int]:
+        for node, port in v.items():
+            if not 1 <= port <= 65535:
+                raise FieldError(node, f"port {port} is not in 1-65535")
+        return v
+
+
 class GateSet(Strict):
     """The answer gates `up` runs for this lane (and `gates` by default); unset = derived from the lane."""
 
@@ -170,6 +194,7 @@ class Profile(Strict):
     unservable_reason: str | None = None
     restore: str | None = None  # what the seeds' restore script for this lane was
     tensorfold: TensorFold | None = None
+    llamacpp: LlamaCpp | None = None
     rail2: Rail2 | None = None
     vision: bool = False
     tools: bool = False

@@ -1,0 +1,160 @@
+"""llama.cpp: `llama-server` on the head; on a multi-node lane `rpc-server` on each worker, which the
+head reaches with `--rpc host:port,...`. Workers start first (together), then the head.
+
+Flags are llama-server's own (`flags: {--ctx-size: 8192, --n-gpu-layers: 999}`); the GGUF file is
+`llamacpp.gguf` inside the model dir, bind-mounted read-only on the head. Log lines are llama.cpp's
+server's (tools/server/server.cpp, e.g. `srv init: model loaded`); metric names its `--metrics`
+exposition (`llamacpp:*`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterator
+
+from sparkfleet.engines.base import Engine, LaneContext, Launch, MetricNames, at, groups, render_command
+from sparkfleet.engines.base import reserved as reserved_rule
+from sparkfleet.engines.container import Bind
+from sparkfleet.engines.docker import container_spec, lane_binds, model_host_dir, need
+from sparkfleet.engines.logs import LogVocabulary
+from sparkfleet.findings import Finding
+from sparkfleet.placement import Rank
+from sparkfleet.spec.inventory import Inventory
+from sparkfleet.spec.load import Loaded
+
+CONTAINER_MODEL_DIR = "/models"
+UNSET_IMAGE = "<image unset: set image.ref>"
+SERVER_ENTRYPOINT, RPC_ENTRYPOINT = "/app/llama-server", "/app/rpc-server"  # upstream images' paths
+
+RESERVED_FLAGS = ("--model", "-m", "--alias", "-a", "--host", "--port", "--rpc", "--metrics", "--api-key",
+                  "--api-key-file")
+# llama-server also reads each argument from a LLAMA_ARG_* variable; these would override the rendered ones
+RESERVED_ENV = ("LLAMA_ARG_MODEL", "LLAMA_ARG_ALIAS", "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_RPC",
+                "LLAMA_ARG_ENDPOINT_METRICS", "LLAMA_API_KEY")
+
+LOADED = re.compile(r"\bmodel loaded\b")
+SERVING = re.compile(r"server is listening on http|\binit: listening on http")
+LOG = LogVocabulary(
+    started=re.compile(r"\binit: (initializing|build_info)|\bbuild: \d+"),
+    loaded=LOADED,
+    serving=SERVING,
+    # llama_kv_cache's size line (src/llama-kv-cache.cpp): "size = 22.00 MiB (  2048 cells, 18 layers, ...)"
+    kv_tokens=re.compile(r"llama_kv_cache\S*: +size = +[\d.]+ MiB \(\s*(\d+) cells"),
+    phases=((re.compile(r"loading model"), "loading weights"), (LOADED, "loaded"), (SERVING, "serving")),
+    fatal=(r"failed to load model", r"exiting due to model loading error", r"couldn't bind HTTP server socket",
+           r"error loading model", r"Failed to create server socket"),
+)
+
+METRICS = MetricNames(
+    prefix="llamacpp:",
+    counters={
+        "generation_tokens": "llamacpp:tokens_predicted_total",
+        "prompt_tokens": "llamacpp:prompt_tokens_total",  # excludes prompt tokens served from the cache
+        "drafts": "llamacpp:spec_decode_num_drafts_total",
+        "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
+        "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
+    },
+    gauges={"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"},
+)
+
+
+def _flag(flags: dict, *names: str) -> object:
+    return next((flags[n] for n in names if n in flags), None)
+
+
+def gguf(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    if p.llamacpp is None or p.llamacpp.gguf is None:
+        yield Finding("llamacpp-model", "fail", "no GGUF file: llama-server needs --model",
+                      "set llamacpp.gguf to the .gguf file inside the model dir (model.repo_dir)",
+                      field="llamacpp.gguf", where=at(loaded, "llamacpp") or at(loaded, "engine"))
+
+
+def context_size(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    value = _flag(p.flags, "--ctx-size", "-c")
+    if value is None or value is True:
+        yield Finding("llamacpp-context", "fail", "no context size: llama-server would take the GGUF's training "
+                      "context, which can be far more KV cache than the node has",
+                      "set flags: {--ctx-size: N}", field="flags.--ctx-size", where=at(loaded, "flags"))
+
+
+def jinja_for_tools(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    if p.tools and p.flags.get("--jinja") in (None, False):
+        yield Finding("llamacpp-jinja", "fail", "tools: true but no --jinja: llama-server parses tool calls only "
+                      "with the model's Jinja chat template", "set flags: {--jinja: true}, or tools: false",
+                      field="flags.--jinja", where=at(loaded, "tools"))
+
+
+def rpc_ports(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    p = loaded.profile
+    given = p.llamacpp.rpc_ports if p.llamacpp else {}
+    workers = [r.node.name for r in ranks if r.rank > 0]
+    for name in workers:
+        if name not in given:
+            yield Finding("llamacpp-rpc", "fail", f"worker {name} has no rpc-server port",
+                          f"set llamacpp.rpc_ports.{name}", node=name, field=f"llamacpp.rpc_ports.{name}",
+                          where=at(loaded, "llamacpp"))
+    for name in given:
+        if name not in workers:
+            yield Finding("llamacpp-rpc", "warn", f"llamacpp.rpc_ports names {name}, which runs no worker rank",
+                          "drop it", node=name, field=f"llamacpp.rpc_ports.{name}",
+                          where=at(loaded, "llamacpp", "rpc_ports", name))
+
+
+def image_set(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    if loaded.profile.image is None:
+        yield Finding("image", "warn", "no image: the shipped llama.cpp lanes name none (the seeds give none)",
+                      "set image.ref to your llama.cpp server image (with rpc-server for a multi-node lane); "
+                      "the preflight image check refuses to launch without one", field="image",
+                      where=at(loaded, "engine"))
+
+
+class LlamaCpp(Engine):
+    name = "llamacpp"
+    required = ("model", "group", "port")
+    reserved_flags = RESERVED_FLAGS
+    reserved_env = RESERVED_ENV
+    log = LOG
+    metrics = METRICS
+    api_key_var = "LLAMA_API_KEY"
+    ready_from_log = True
+    lane_rules = (gguf, context_size, jinja_for_tools, rpc_ports, image_set, reserved_rule)
+
+    def launches(self, ctx: LaneContext) -> list[Launch]:
+        """rpc-server on every worker (wave 1), then llama-server on the head (wave 2)."""
+        p = ctx.profile
+        lc = p.llamacpp
+        rpc_port = dict(lc.rpc_ports) if lc else {}
+        workers = [r for r in ctx.ranks if r.rank > 0]
+        rpc = [f"{need(r.node.fabric_ip, 'fabric_ip', r.node.name)}:{rpc_port[r.node.name]}"
+               for r in workers if r.node.name in rpc_port]
+        image = p.image.pinned if p.image else UNSET_IMAGE
+        out = []
+        for r in ctx.ranks:
+            common = {"role": r.role, "node": r.node, "host": p.host, "port": p.port,
+                      "served_names": p.served_names, "rpc": rpc, "args": groups(p.flags)}
+            if r.rank > 0:
+                port = rpc_port.get(r.node.name)
+                text, command = render_command(ctx, "llamacpp.sh.j2", {**common, "rpc_port": port})
+                spec = container_spec(ctx, r, text, command, binds=lane_binds(ctx, r), env=dict(p.env),
+                                      ports={port: f"RPC port (llamacpp.rpc_ports.{r.node.name})"} if port else {},
+                                      entrypoint=lc.rpc_entrypoint if lc else RPC_ENTRYPOINT, image=image)
+                out.append(Launch.of(r, 1, spec))
+                continue
+            file = lc.gguf if lc and lc.gguf else None
+            host_dir = model_host_dir(ctx, r)
+            binds = ([Bind(posixpath.join(host_dir, file), posixpath.join(CONTAINER_MODEL_DIR, file), True,
+                           "llamacpp.gguf")] if file else [])
+            model = posixpath.join(CONTAINER_MODEL_DIR, file) if file else "<no GGUF: set llamacpp.gguf>"
+            text, command = render_command(ctx, "llamacpp.sh.j2", {**common, "model": model})
+            env: dict[str, str | None] = dict(p.env)
+            if p.api_key_env:
+                env[self.api_key_var] = None  # from the launching shell's environment, never argv
+            spec = container_spec(ctx, r, text, command, binds=binds + lane_binds(ctx, r), env=env,
+                                  ports={p.port: "port"} if p.port else {},
+                                  entrypoint=lc.server_entrypoint if lc else SERVER_ENTRYPOINT, image=image)
+            out.append(Launch.of(r, 2 if workers else 1, spec))
+        return sorted(out, key=lambda launch: (launch.wave, launch.rank))

