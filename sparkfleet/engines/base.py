@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sparkfleet import naming
-from sparkfleet.engines.container import ContainerSpec, checked, docker_argv, docker_script
+from sparkfleet.engines.container import ContainerSpec, docker_argv, docker_script
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
 from sparkfleet.placement import Rank
@@ -62,7 +62,6 @@ class Launch:
     @classmethod
     def of(cls, r: Rank, wave: int, spec: ContainerSpec, files: dict[str, str] | None = None) -> Launch:
         """A container launch: argv and shell rendered from the spec (engines/container.py)."""
-        checked(spec)
         return cls(r.node.name, r.rank, r.role, wave, spec.name, docker_argv(spec), spec.env_items(),
                    docker_script(spec), dict(files or {}), spec)
 

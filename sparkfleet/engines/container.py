@@ -10,8 +10,6 @@ import posixpath
 import shlex
 from dataclasses import dataclass, field
 
-from sparkfleet.render.shell import to_argv
-
 
 @dataclass(frozen=True)
 class Bind:
@@ -114,14 +112,8 @@ def docker_argv(spec: ContainerSpec) -> list[str]:
 
 
 def docker_script(spec: ContainerSpec) -> str:
-    """The same launch as one quoted shell command, one option per line (what runs on the node)."""
+    """The same launch as one quoted shell command, one option per line (what runs on the node). It
+    splits back into `docker_argv(spec)` by construction: every docker token is shlex-quoted here, and
+    `command` is the split of `command_text` (engines.base.render_command)."""
     head = "".join(indent + " ".join(shlex.quote(t) for t in tokens) + " \\\n" for indent, tokens in _lines(spec))
     return head + spec.command_text
-
-
-def checked(spec: ContainerSpec) -> ContainerSpec:
-    """The spec, after proving its shell and its argv say the same thing (a template that printed an
-    unquoted continuation would otherwise run something else than the plan shows)."""
-    if to_argv(docker_script(spec)) != docker_argv(spec):
-        raise ValueError(f"container {spec.name}: the rendered shell does not split back into its argv")
-    return spec
