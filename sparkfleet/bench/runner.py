@@ -82,6 +82,7 @@ class StreamRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # from the usage block only
     server_tokens: int | None = None  # tokens the server says it decoded (its own `timings`, where it sends them)
+    server_decode_tps: float | None = None  # the server's own decode rate for this request (`timings`)
     chunks: int = 0  # chunks that carried output (DSpark packs several tokens into one)
     finish_reason: str | None = None
     decode_tps: float | None = None
@@ -198,6 +199,8 @@ def stream_record(timed: Timed | BaseException, released: float, base: StreamRec
     rec.prompt_tokens, rec.completion_tokens = reply.prompt_tokens, reply.completion_tokens
     predicted = (reply.timings or {}).get("predicted_n")
     rec.server_tokens = predicted if isinstance(predicted, int) else None
+    rate = (reply.timings or {}).get("predicted_per_second")
+    rec.server_decode_tps = float(rate) if isinstance(rate, int | float) else None
     if rec.completion_tokens is None:
         rec.error = ("no usage block in the stream: token counts come only from it (chunks carry several "
                      "tokens), so this cell is not measured")
