@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-Status = Literal["ok", "warn", "fail"]
+# unknown: the check could not be judged (idle GPU, N/A fields, probe skipped); never counted as passed
+Status = Literal["ok", "warn", "fail", "unknown"]
 
 
 @dataclass(frozen=True)

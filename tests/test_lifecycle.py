@@ -18,7 +18,7 @@ from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
 from tests.conftest import REPO
 
-FAST = ["--gates", "models", "--poll", "0.2"]
+FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
     steps = [(e["step"], e["status"]) for e in events if e["event"] == "step" and e["status"] != "start"]
-    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up",
+    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "check", "probe", "patches", "engram", "rail2_up",
                                      "launch:workers", "launch:head", "wait_ready", "expect", "gates", "record"]
     assert dict(steps)["wait_ready"] == "ok" and dict(steps)["gates"] == "ok"
     rec = record_of(events)
@@ -370,3 +370,50 @@ def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> No
     assert fs[0]["message"] == ("the docker daemon is not running: Cannot connect to the Docker daemon at "
                                 "unix:///var/run/docker.sock. Is the docker daemon running?")
     assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started
+
+
+def test_a_latched_clock_under_load_stops_up_before_launch_and_the_exporter_says_not_passed(sim, capsys) -> None:
+    sim.fault("asusi", "clock-latch")  # only under load: the idle snapshot looks like every other idle GB10
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2")
+    assert code == 1
+    assert result(events)["reason"] == "probe: 1 rank(s) failed the clock probe: nothing was started"
+    fs = next(e for e in events if e["event"] == "findings" and e["step"] == "probe")["findings"]
+    assert sorted((f["node"], f["check"], f["status"]) for f in fs if f["check"] == "clock") == [
+        ("asusi", "clock", "fail"), ("bluey", "clock", "ok"), ("reddie", "clock", "ok"), ("spark4", "clock", "ok")]
+    latched = next(f for f in fs if f["node"] == "asusi" and f["check"] == "clock")
+    assert latched["message"].startswith("GPU clock latched: 780 MHz under load with no throttle reason")
+    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started
+    rec = record_of(events)
+    assert [s["step"] for s in rec["steps"]][-1] == "probe"
+    assert rec["data"]["probe"]["asusi"]["clock"]["state"] == "latched"
+    assert main(["exporter", "--inventory", "sim", "--profile", "dcp2", "--once"]) == 0
+    text = capsys.readouterr().out
+    assert 'sparkfleet_check_passed{check="clock",node="asusi",profile="dcp2"} 0.0' in text
+    assert 'sparkfleet_check_passed{check="clock",node="bluey",profile="dcp2"} 1.0' in text
+
+
+def test_no_probe_is_recorded_and_the_clock_is_unknown_not_ok(sim, capsys) -> None:
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
+    assert code == 0, result(events)
+    probe = next(e for e in events if e["event"] == "step" and e["step"] == "probe" and e["status"] != "start")
+    assert (probe["status"], probe["summary"]) == (
+        "skip", "clock probe skipped (--no-probe): clock latch and slow state not judged")
+    rec = record_of(events)
+    assert rec["data"]["probe"] == {"skipped": "--no-probe"}
+    clocks = {f["node"]: f["status"] for f in rec["data"]["findings"] if f["check"] == "clock"}
+    assert clocks == {"reddie": "unknown", "asusi": "unknown", "bluey": "unknown", "spark4": "unknown"}
+    assert main(["exporter", "--inventory", "sim", "--profile", "dcp2", "--once"]) == 0
+    text = capsys.readouterr().out
+    assert 'sparkfleet_check_passed{check="clock",node="asusi",profile="dcp2"} 0.0' in text
+
+
+def test_no_probe_is_refused_when_the_profile_requires_the_probe(sim, capsys, tmp_path) -> None:
+    ops = tmp_path / "ops"
+    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
+        shutil.copytree(REPO / d, ops / d)
+    (ops / "profiles/dcp2-probed.yaml").write_text("extends: dcp2\nprobe: required\n")
+    code = main(["up", "--profile", "dcp2-probed", "--inventory", "sim", "--root", str(ops), *FAST])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "profiles/dcp2-probed.yaml:2: probe: required (profile dcp2-probed): --no-probe is refused" in err
+    assert containers(sim, "dcp2-probed") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}

@@ -62,12 +62,12 @@ def _snapshot(node: str, hw: HardwareClass, g: Gpu) -> Finding:
             f"{g.max_sm_clock_mhz if g.max_sm_clock_mhz is not None else '?'} MHz, reasons "
             + (f"{reasons:#x} ({', '.join(names) or 'none'})" if reasons is not None else "?"))
     why = "GpuIdle" if reasons is not None and reasons & probe.GPU_IDLE else "no load running"
-    return Finding(CHECK, "ok", f"idle: not judged ({why}); only a sample under load can show a latch",
+    return Finding(CHECK, "unknown", f"idle: not judged ({why}); only a sample under load can show a latch",
                    "run `sparkfleet check --probe` to judge the clock under load", node=node,
                    observed=f"snapshot, {seen}", expected=expected_text(hw))
 
 
-def _from_probe(node: str, hw: HardwareClass, run: dict[str, Any]) -> list[Finding]:
+def from_probe(node: str, hw: HardwareClass, run: dict[str, Any]) -> list[Finding]:
     v = probe.verdict(run, **thresholds(hw))
     c = v["clock"]
     state = c["state"]
@@ -78,22 +78,22 @@ def _from_probe(node: str, hw: HardwareClass, run: dict[str, Any]) -> list[Findi
     expected = expected_text(hw)
     out: list[Finding] = []
     if state == "error":
-        out.append(Finding(CHECK, "warn", f"clock probe did not run: {c.get('error')}",
+        out.append(Finding(CHECK, "unknown", f"clock probe did not run: {c.get('error')}",
                            "run it again, or give a load that runs there: --probe-command CMD", node=node,
                            expected=expected))
     elif state == "load-failed":
         load = v["load"]
         tail = (run.get("load") or {}).get("stderr_tail", "").strip().splitlines()
-        out.append(Finding(CHECK, "warn", f"clock probe's load exited {load.get('rc')} before reaching the GPU: "
+        out.append(Finding(CHECK, "unknown", f"clock probe's load exited {load.get('rc')} before reaching the GPU: "
                            f"not judged" + (f" ({tail[-1]})" if tail else ""),
                            "give a load that runs there: --probe-command CMD", node=node,
                            observed=f"load: {load.get('command')}", expected=expected))
     elif state == "unknown":
-        out.append(Finding(CHECK, "warn", "clock probe could not read the SM clock under load: not judged"
+        out.append(Finding(CHECK, "unknown", "clock probe could not read the SM clock under load: not judged"
                            + (f" ({c['error']})" if c.get("error") else ""),
                            "check nvidia-smi on the node", node=node, observed=seen, expected=expected))
     elif state == "idle":
-        out.append(Finding(CHECK, "ok", "idle: not judged (no sample while the probe's load ran showed the GPU "
+        out.append(Finding(CHECK, "unknown", "idle: not judged (no sample while the probe's load ran showed the GPU "
                            "busy)", "check that the probe's load uses the GPU (--probe-command CMD)",
                            node=node, observed=seen, expected=expected))
     elif state == "latched":
@@ -114,7 +114,7 @@ def _from_probe(node: str, hw: HardwareClass, run: dict[str, Any]) -> list[Findi
     slow_expected = f"after-idle / back-to-back step time <= {hw.slow_state_ratio:g}"
     if s["state"] == "not-measured":
         why = s.get("why") or "the probe's load printed no step timings"
-        out.append(Finding(SLOW, "ok", f"not measured: {why}", node=node, expected=slow_expected))
+        out.append(Finding(SLOW, "unknown", f"not measured: {why}", node=node, expected=slow_expected))
         return out
     pause = s.get("pause_s")
     after = f"after a {pause:g} s idle pause" if isinstance(pause, int | float) else "first steps after idle"
@@ -137,7 +137,7 @@ def check(ctx: CheckContext) -> list[Finding]:
             continue  # no latch thresholds for this class (GB300 by default)
         run = ctx.probes.get(node)
         if run is not None:
-            out += _from_probe(node, hw, run)
+            out += from_probe(node, hw, run)
         elif not f.gpus:
             out.append(Finding(CHECK, "warn", "no GPU reported: the clock cannot be checked",
                                "see the facts errors; is nvidia-smi installed and the driver loaded?", node=node,

@@ -221,7 +221,7 @@ def report(plan: Plan, inventory: Inventory, findings: list[Finding], facts: dic
     from sparkfleet.checks import clock, probe
     from sparkfleet.fleet.facts import NodeFacts
 
-    counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail")}
+    counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail", "unknown")}
     doc: dict[str, Any] = {
         "profile": plan.profile, "inventory": plan.inventory, "ok": not failed(findings), "summary": counts,
         "nodes": [{"node": r.node.name, "rank": r.rank, "role": r.role,
@@ -257,6 +257,7 @@ def print_table(plan: Plan, findings: list[Finding], simulated: dict[str, bool],
         rows.append([node, f.check, Text(f.status.upper(), style=STYLE[f.status]), f.message,
                      f.observed or "", f.expected or "", f.remedy or ""])
     render(cols, rows, wide=wide)
-    counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail")}
+    counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail", "unknown")}
     verdict = "[bold red]FAIL[/]" if counts["fail"] else "[green]ok[/]"
-    out.print(f"{verdict}: {counts['fail']} fail, {counts['warn']} warn, {counts['ok']} ok")
+    out.print(f"{verdict}: {counts['fail']} fail, {counts['warn']} warn, {counts['unknown']} unknown (not judged), "
+              f"{counts['ok']} ok")

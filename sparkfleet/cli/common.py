@@ -90,7 +90,7 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta"}
 
 
 def print_findings(findings: list[Finding], console: Console = out) -> None:

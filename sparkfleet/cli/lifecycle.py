@@ -32,6 +32,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while waiting")
     p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip the GPU clock probe before launch (the record says so; refused with probe: required)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,7 +95,7 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
-                      fabric_probe=getattr(args, "fabric_probe", True), **extra)
+                      fabric_probe=getattr(args, "fabric_probe", True), no_probe=args.no_probe, **extra)
 
 
 def _execute(args: argparse.Namespace, profile: str, playbook: str, options: RunOptions,
@@ -104,6 +106,13 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
     loaded = sp.profile(profile, overrides(args) if over is None else over)
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
+    if options.no_probe and loaded.profile.probe == "required":
+        from sparkfleet.spec.yamlsrc import locate
+
+        file, line = locate(loaded.marks, ("probe",))
+        where = f"{file}:{line}: " if file else ""
+        raise UserError(f"{where}probe: required (profile {profile}): --no-probe is refused; the clock latch "
+                        "(FM-09) must be judged under load before this lane starts")
     inventory = sp.inventory(args.inventory)
     pb = sp.playbook(playbook)
     events = JsonEvents() if args.json else HumanEvents(out)

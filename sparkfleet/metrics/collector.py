@@ -278,7 +278,7 @@ def _record_families(view: FleetView, out: dict[str, Metric]) -> None:
     for profile, r in sorted(_newest(runs, lambda r: r.checks).items()):
         assert r.checks is not None
         for (node, check), status in sorted(r.checks.items()):
-            out[n.CHECK_PASSED.name].add_metric([profile, node, check], 0.0 if status == "fail" else 1.0)
+            out[n.CHECK_PASSED.name].add_metric([profile, node, check], 0.0 if status in ("fail", "unknown") else 1.0)
         if r.checks_at is not None:
             out[n.CHECK_TIME.name].add_metric([profile], r.checks_at)
     for profile, r in sorted(_newest(runs, lambda r: r.gates).items()):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATUS_RANK = {"ok": 0, "warn": 1, "fail": 2}
+STATUS_RANK = {"ok": 0, "warn": 1, "unknown": 2, "fail": 3}  # worst wins per (node, check)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from rich.table import Table
 
 from sparkfleet.findings import Finding
 
-STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "start": "cyan"}
+STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "start": "cyan",
+                "unknown": "magenta"}
 
 
 class Events:

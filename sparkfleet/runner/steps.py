@@ -140,6 +140,67 @@ def check(ctx: RunContext, st: Step) -> StepResult:
     return StepResult("warn" if warns else "ok", f"{len(findings)} finding(s), {warns} warning(s)", findings)
 
 
+@step("probe")
+def probe(ctx: RunContext, st: Step) -> StepGen:
+    """Load every rank's GPU (in the lane's image, as `check --probe` does) and judge clock latch and slow
+    state from the samples under load; a latched rank stops the run before anything starts (FM-09).
+
+    The clock findings replace the check step's idle snapshot in the record ("unknown": not judged)."""
+    from sparkfleet.checks import clock
+    from sparkfleet.checks import probe as clock_probe
+
+    judged = [r.node for r in ctx.plan.ranks if clock.judged(ctx.inventory.hardware(r.node))]
+    if not judged:
+        return StepResult("skip", "no rank's hardware class has clock-latch thresholds")
+    if ctx.options.no_probe:
+        findings = [Finding(clock.CHECK, "unknown", "not judged: the clock probe was skipped (--no-probe)",
+                            "run without --no-probe to judge the clock under load", node=n.name) for n in judged]
+        ctx.record.data["probe"] = {"skipped": "--no-probe"}
+        _replace_clock_findings(ctx, findings)
+        return StepResult("skip", "clock probe skipped (--no-probe): clock latch and slow state not judged",
+                          findings)
+    cmds = {n.name: clock_probe.probe_command(clock.load_for(n, _facts_of(ctx, n.name), ctx.profile))
+            for n in judged}
+    results = yield NodeCommands("load each rank's GPU and sample its clock", cmds,
+                                 timeout_s=clock_probe.PROBE_MAX_S + 30)
+    if results is None:
+        return StepResult("ok", "would probe the GPU clock under load on " + ", ".join(cmds))
+    findings: list[Finding] = []
+    runs = {}
+    for n in judged:
+        res = results[n.name]
+        run = clock_probe.parse_output(res.stdout) if res.ok else {
+            "error": (nodeops.classify(res) or nodeops.NodeError(n.name, "failed", "", "")).message}
+        runs[n.name] = run
+        findings += clock.from_probe(n.name, ctx.inventory.hardware(n), run)
+    ctx.record.data["probe"] = {name: clock_probe.verdict(run, **clock.thresholds(ctx.inventory.hardware(
+        ctx.node(name)))) for name, run in runs.items()}
+    _replace_clock_findings(ctx, findings)
+    bad = [f for f in findings if f.status == "fail"]
+    if bad:
+        return StepResult("fail", f"{len(bad)} rank(s) failed the clock probe: nothing was started", findings)
+    unknown = [f for f in findings if f.status == "unknown"]
+    warns = [f for f in findings if f.status == "warn"]
+    return StepResult("warn" if unknown or warns else "ok",
+                      f"clock under load judged on {len(judged) - len({f.node for f in unknown})} of {len(judged)} "
+                      "rank(s)" + (f", {len(unknown)} not judged" if unknown else ""), findings)
+
+
+def _facts_of(ctx: RunContext, node: str) -> NodeFacts | None:
+    f = ctx.facts.get(node)
+    return f if isinstance(f, NodeFacts) else None
+
+
+def _replace_clock_findings(ctx: RunContext, findings: list[Finding]) -> None:
+    """The probe's verdicts stand for the clock checks in the record (what the exporter publishes)."""
+    from sparkfleet.checks import clock
+
+    nodes = {f.node for f in findings}
+    kept = [f for f in ctx.record.data.get("findings", [])
+            if not (f.get("check") in (clock.CHECK, clock.SLOW) and f.get("node") in nodes)]
+    ctx.record.data["findings"] = kept + [f.as_dict() for f in findings]
+
+
 # -- patches, drop_caches, engram, rail2 ------------------------------------------------------------
 
 @step("patches")

@@ -17,6 +17,7 @@ STEPS: dict[str, str] = {
     "nccl": "an all-reduce across the ranks in the lane's image; fail when NCCL falls back to sockets",
     "patches": "verify the patch set on every rank; a missing file or wrong hash aborts",
     "drop_caches": "drop the page cache on every node",
+    "probe": "load every rank's GPU and judge clock latch and slow state under load; a latched rank stops the run",
     "engram": "verify node-local Engram copies; report node-local or NFS per rank",
     "rail2_up": "add the rail-2 runtime IP aliases (never persisted)",
     "rail2_down": "remove the rail-2 runtime IP aliases",

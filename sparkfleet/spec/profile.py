@@ -181,6 +181,8 @@ class Profile(Strict):
     master_port: int | None = Field(None, ge=1, le=65535)
     served_names: list[str] = Field(default_factory=list)
     api_key_env: str | None = None  # name of the env var holding the API key (never the key)
+    # the clock probe before launch (up/restore `probe` step): `required` refuses `up --no-probe`
+    probe: Literal["on", "required"] = "on"
     docker: dict[str, Any] = Field(default_factory=dict)  # docker run options, flag-dict form
     flags: dict[str, Any] = Field(default_factory=dict)  # engine arguments, flag-dict form
     env: dict[str, str] = Field(default_factory=dict)
