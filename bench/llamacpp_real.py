@@ -18,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +52,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ready(base: str) -> bool:
+    try:
+        return httpx.get(base + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def lane_args(port: int) -> list[str]:
     """local-gemma's llama-server arguments, as its plan renders them, on a free port."""
     from sparkfleet.plan import make_plan
@@ -73,17 +81,18 @@ def main() -> int:
     a = ap.parse_args()
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-c", SERVER, "-", *lane_args(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+        while not ready(base):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                tail = log.read().decode(errors="replace").splitlines()[-5:]
+                sys.stderr.write("the llama.cpp server did not come up:\n" + "\n".join(tail) + "\n")
+                return 1
             time.sleep(0.2)
         pset = promptsets.load("v1")
         opts = BenchOptions(concurrency=tuple(int(c) for c in a.concurrency.split(",")), max_tokens=a.max_tokens,
