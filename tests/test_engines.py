@@ -103,6 +103,23 @@ def test_api_key_needs_an_engine_that_reads_one(ops_root: Path) -> None:
     assert (f.status, f.where) == ("fail", "profiles/k.yaml:2")
 
 
+def test_llamacpp_vocabulary_reads_the_servers_own_lines() -> None:
+    # lines as llama.cpp's server (xllamacpp build) printed them in the lab, and its fatal line
+    log = ("0.00.000.411 I srv          init: initializing ...\n"
+           "0.00.008.971 I srv          init: loading model\n"
+           "0.02.859.859 W load: control-looking token:    212 '</s>' was not control-type; this is probably a bug\n"
+           "0.03.240.690 I srv          init: model loaded\n"
+           "0.03.245.579 I srv          init: listening on http://127.0.0.1:8080\n")
+    f = parse(log, [], engine_for("llamacpp").log)
+    assert (f.started, f.loaded, f.api_up, f.phase, f.fatal) == (True, True, True, "serving", None)
+    # what the server printed for a GGUF that is not there (xllamacpp 2026.10)
+    first = "0.00.006.231 E gguf_init_from_file: failed to open GGUF file '/m/x.gguf' (No such file or directory)"
+    bad = parse(first + "\n0.00.008.137 E srv          init: exiting due to model loading error\n", [],
+                engine_for("llamacpp").log)
+    assert bad.fatal == first
+    assert parse("W srv: failed to load model (retrying) WARNING\n", [], engine_for("llamacpp").log).fatal is None
+
+
 def test_vocabularies_are_per_engine() -> None:
     line = "INFO 09-11 [kv_cache_utils.py:775] GPU KV cache size: 1,888,800 tokens"
     assert parse(line, [], engine_for("vllm").log).kv_tokens == 1888800

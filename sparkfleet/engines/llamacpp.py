@@ -42,8 +42,8 @@ LOG = LogVocabulary(
     # llama_kv_cache's size line (src/llama-kv-cache.cpp): "size = 22.00 MiB (  2048 cells, 18 layers, ...)"
     kv_tokens=re.compile(r"llama_kv_cache\S*: +size = +[\d.]+ MiB \(\s*(\d+) cells"),
     phases=((re.compile(r"loading model"), "loading weights"), (LOADED, "loaded"), (SERVING, "serving")),
-    fatal=(r"failed to load model", r"exiting due to model loading error", r"couldn't bind HTTP server socket",
-           r"error loading model", r"Failed to create server socket"),
+    fatal=(r"failed to open GGUF file", r"error loading model", r"failed to load model",
+           r"exiting due to model loading error", r"couldn't bind HTTP server socket"),
 )
 
 METRICS = MetricNames(

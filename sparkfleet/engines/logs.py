@@ -52,6 +52,8 @@ class LogFacts:
     autotune_loaded: int | None = None
     autotune_preloaded: tuple[int, int] | None = None
     rehome_layers: int | None = None
+    started: bool = False  # the engine said it is up (its `started` line)
+    loaded: bool = False  # the engine said its weights are loaded
     api_up: bool = False
     fatal: str | None = None  # the first fatal line
     fatal_detail: str | None = None  # for a traceback: the exception line that ends it
@@ -100,6 +102,10 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVoc
             facts.autotune_preloaded = (int(m.group(1)), int(m.group(2)))
         if vocab.rehome and (m := vocab.rehome.search(line)):
             facts.rehome_layers = int(m.group(1))
+        if vocab.started and vocab.started.search(line):
+            facts.started = True
+        if vocab.loaded and vocab.loaded.search(line):
+            facts.loaded = True
         if vocab.serving and vocab.serving.search(line):
             facts.api_up = True
         for regex, phase in vocab.phases:
