@@ -45,5 +45,11 @@ def tensorfold_config_path(recipe_dir: str) -> str:
     return posixpath.join(recipe_dir, TENSORFOLD_CONFIG)
 
 
+def tensorfold_rank_config(recipe_dir: str, profile: str, rank: int) -> str:
+    """Where a TensorFold rank's rendered config.env is written on its node (then mounted read-only as
+    <recipe_dir>/config.env in that rank's container): one file per lane and rank, so lanes never clash."""
+    return posixpath.join(recipe_dir, f".sparkfleet-{profile}-r{rank}.{TENSORFOLD_CONFIG}")
+
+
 def node_lock_path(inventory: str) -> str:
     return posixpath.join(NODE_LOCK_DIR, f"{inventory}.lock")

@@ -78,7 +78,16 @@ def test_tensorfold_starts_ranks_3_2_1_then_0(capsys) -> None:
     assert [(s["rank"], s["node"], s["wave"], s["parallel"]) for s in ls] == [
         (3, "spark4", 1, False), (2, "bluey", 2, False), (1, "asusi", 3, False), (0, "reddie", 4, False)]
     head = ls[3]
-    assert head["argv"] == ["bash", "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10/scripts/serve.sh", "start"]
+    recipe = "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10"
+    # each rank a labelled container of the profile's image, recipe dir and its own config.env mounted,
+    # the serve script in the foreground (issue 12 item 5; the contract in TEAM.md)
+    assert head["argv"] == [
+        "docker", "run", "-d", "--name", "sf-tf1017-r0", "--label", "sparkfleet.profile=tf1017",
+        "--label", "sparkfleet.rank=0", "--label", "sparkfleet.run=plan", "--network", "host", "--gpus", "all",
+        "-v", f"{recipe}:{recipe}", "-v", f"{recipe}/.sparkfleet-tf1017-r0.config.env:{recipe}/config.env:ro",
+        "-v", "/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw:/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw:ro",
+        "nvcr.io/nvidia/pytorch:26.07-py3", "bash", f"{recipe}/scripts/serve.sh"]
+    assert list(head["files"]) == [f"{recipe}/.sparkfleet-tf1017-r0.config.env"]
     assert (head["env"]["HOST"], head["env"]["PORT"], head["env"]["RANK"]) == ("127.0.0.1", "8001", "0")
     assert head["env"]["RDMA_HCA"] == "rocep1s0f0"  # one rail
     assert head["env"]["SERVE_ARGS"] == ("--context 1048576 --streams 16 --round-rows 48 --pool 2097152 "
@@ -194,7 +203,7 @@ def test_tensorfold_config_env_sources_cleanly(repo_spec: Spec, tmp_path: Path) 
                      repo_spec.root)
     launch = plan.launches[0]
     ((path, content),) = launch.files.items()
-    assert path == "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10/config.env"
+    assert path == "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10/.sparkfleet-tf1017-rail2-r3.config.env"
     f = tmp_path / "config.env"
     f.write_text(content)
     keys = list(launch.env)
@@ -229,3 +238,13 @@ def test_profiles_and_show(capsys) -> None:
     assert main(["show", "dcp2", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["files"][-1] == "profiles/dcp2.yaml" and shown["profile"]["dcp"] == 2
+
+
+def test_tensorfold_rank_command_overrides_the_serve_script(capsys) -> None:
+    ls = launches(plan_json(capsys, "--profile", "tf1017", "-o",
+                            'tensorfold.rank_command=["python3", "-m", "tensorfold.serve", "--config", "x y"]'))
+    for s in ls:
+        argv = s["argv"]
+        assert argv[argv.index("nvcr.io/nvidia/pytorch:26.07-py3") + 1:] == [
+            "python3", "-m", "tensorfold.serve", "--config", "x y"]
+        assert s["script"].endswith("nvcr.io/nvidia/pytorch:26.07-py3 \\\npython3 -m tensorfold.serve --config 'x y'")

@@ -1,16 +1,20 @@
-"""TensorFold: a per-rank `config.env` plus the recipe's `scripts/serve.sh start`, ranks 3, 2, 1, then 0."""
+"""TensorFold: each rank a labelled container of the profile's image (host network, GPUs), the recipe
+dir mounted at its own path and the rank's rendered `config.env` mounted as <recipe_dir>/config.env,
+running the recipe's serve script in the foreground; ranks 3, 2, 1, then 0 (CATALOG LCH-T5)."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Iterator
 
-from sparkfleet.engines.base import Engine, LaneContext, Launch, at, container_name, gid_for, groups, render_command
+from sparkfleet.engines.base import Engine, LaneContext, Launch, at, container_name, gid_for, groups, labels
 from sparkfleet.engines.base import reserved as reserved_rule
+from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
-from sparkfleet.naming import tensorfold_config_path
+from sparkfleet.naming import tensorfold_config_path, tensorfold_rank_config
 from sparkfleet.placement import Rank
 from sparkfleet.render.shell import render
 from sparkfleet.spec.inventory import Inventory
@@ -86,9 +90,30 @@ class TensorFold(Engine):
                 "env": p.env,
             }
             config = render(ctx.template_dir, "tensorfold-config.env.j2", context)
-            config_path = tensorfold_config_path(tf.recipe_dir)
-            script, argv = render_command(ctx, "tensorfold-start.sh.j2",
-                                          {"recipe_dir": tf.recipe_dir, "config_path": config_path})
-            out.append(Launch(node.name, r.rank, r.role, wave, container_name(p, r.rank), argv,
-                              parse_env_file(config), script, {config_path: config}))
+            host_config = tensorfold_rank_config(tf.recipe_dir, p.name, r.rank)
+            launch = Launch.of(r, wave, rank_container(ctx, r), {host_config: config})
+            launch.env = parse_env_file(config)  # the rank's environment: the serve script sources config.env
+            out.append(launch)
         return out
+
+
+def rank_command(recipe_dir: str, override: list[str] | None) -> list[str]:
+    """The recipe's serve script in the foreground (the container lives as long as the rank serves)."""
+    return list(override) if override else ["bash", posixpath.join(recipe_dir, "scripts", "serve.sh")]
+
+
+def rank_container(ctx: LaneContext, r: Rank) -> ContainerSpec:
+    """One TensorFold rank as a container: the same labels, stop, logs and state as every engine's ranks."""
+    p = ctx.profile
+    assert p.tensorfold is not None and p.image is not None
+    tf = p.tensorfold
+    own = {g[0] for g in groups(p.docker, "repeat")}
+    options = [o for o in (["--network", "host"], ["--gpus", "all"]) if o[0] not in own] + groups(p.docker, "repeat")
+    command = rank_command(tf.recipe_dir, tf.rank_command)
+    mounts = [Bind(tf.recipe_dir, tf.recipe_dir, field="tensorfold.recipe_dir"),
+              Bind(tensorfold_rank_config(tf.recipe_dir, p.name, r.rank), tensorfold_config_path(tf.recipe_dir), True),
+              Bind(tf.model_dir, tf.model_dir, True, field="tensorfold.model_dir")]
+    ports = {p.port: "port"} if r.rank == 0 and p.port is not None else {}
+    return ContainerSpec(name=container_name(p, r.rank), image=p.image.pinned, command=command,
+                         command_text=" ".join(shlex.quote(t) for t in command), labels=labels(ctx, r.rank),
+                         options=options, mounts=mounts, ports=ports)
