@@ -272,3 +272,29 @@ def test_the_optional_nccl_step_under_dry_run_shows_each_ranks_command(lab, tmp_
     probe = [e for e in would if e["what"].startswith("fabric probe")]
     assert len(probe) == 3 + 6  # servers on n1..n3, then six links in three rounds
     assert not any(c.startswith("docker run") for c in ran)  # only the read-only facts ran
+
+
+@needs_netns
+def test_check_fails_a_fabric_link_taken_down(lab, tmp_path, monkeypatch, capsys) -> None:
+    """`sparkfleet check` with n2's fabric interface taken down (`ip link set fab0 down` in its namespace)."""
+    from sparkfleet.cli.main import main
+
+    inv = tmp_path / "netns.yaml"
+    nodes = "".join(f"  {n}:\n    ssh: {{host: 127.0.0.1}}\n    fabric_ip: {lab.ips[n]}\n    hardware: gb10\n"
+                    f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
+                    "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
+    inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
+    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
+    import sparkfleet.checks as checks
+
+    if "fabric" not in checks.MODULES:  # until the simulated lab has fabric interfaces (issue 11)
+        monkeypatch.setattr(checks, "MODULES", checks.MODULES + ("fabric",))
+    netnslab.ip("-n", lab.ns["n2"], "link", "set", lab.iface, "down")
+    code = main(["check", "--profile", "dcp2", "--inventory", str(inv), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    down = [(f["node"], f["message"]) for f in doc["findings"] if f["check"] == "fabric"
+            and f["message"].startswith("fabric link")]
+    assert code == 1 and down == [("n2", f"fabric link {lab.iface} is down")]
+    (seen,) = [f["observed"] for f in doc["findings"] if f["check"] == "fabric" and f["node"] == "n2"
+               and f["message"].startswith("fabric link")]
+    assert seen.startswith(f"{lab.iface} down, carrier ?, speed ?, MTU 1500")
