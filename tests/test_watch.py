@@ -239,3 +239,14 @@ def test_the_exporter_turns_a_watch_status_file_into_series(tmp_path, repo_spec)
     assert 'sparkfleet_watch_last_update_timestamp_seconds{profile="dcp2"} 123.0' in lines
     assert not any(x.startswith("sparkfleet_watch_probe_latency_seconds{") for x in lines)  # no answer: no latency
     assert "other-inventory-lane" not in text
+
+
+def test_human_lines_fit_80_columns_in_a_log(capsys) -> None:
+    from sparkfleet.cli.watch import WatchHumanEvents
+
+    ev = WatchHumanEvents()
+    ev.emit("watch.failure", text="memory: MemAvailable on reddie (rank 0) 3.2 GB has been below 5.2 GB (earlyoom "
+            "SIGTERM line 2.6 GB + 2.6 GB margin) for 2 s (--memory-grace 1)")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 1 and all(len(x) <= 80 for x in lines)
+    assert lines[1].startswith(" " * 9) and " ".join(x.strip() for x in lines).endswith("(--memory-grace 1)")

@@ -6,6 +6,7 @@ import argparse
 import os
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -192,5 +193,7 @@ class WatchHumanEvents(HumanEvents):
             super().emit(event, **data)
             return
         self._stop_live()
-        self.console.print(f"{time.strftime('%H:%M:%S')} {data.get('text', '')}", markup=False, highlight=False,
-                           emoji=False)
+        width = self.console.width if self.console.is_terminal else 80  # a log file gets 80 columns
+        text = textwrap.fill(f"{time.strftime('%H:%M:%S')} {data.get('text', '')}", width=max(40, width),
+                             subsequent_indent=" " * 9, break_on_hyphens=False)
+        self.console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)

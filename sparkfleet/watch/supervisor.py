@@ -131,9 +131,9 @@ class Watcher:
 
     def _loop(self) -> Outcome:
         s = self.settings
-        self.say("start", f"watching {self.profile.name} at {self.endpoint} every {s.interval_s:g} s "
-                 f"(--failures {s.failures}, budget {s.max_restarts} per {s.window_s:g} s"
-                 + (", dry run" if self.dry_run else "") + ")", endpoint=self.endpoint)
+        self.say("start", f"watching {self.profile.name} at {self.endpoint}: a probe every {s.interval_s:g} s, "
+                 f"{s.failures} failed make a failure, {s.max_restarts} restart(s) per {s.window_s:g} s"
+                 + (" (dry run)" if self.dry_run else ""), endpoint=self.endpoint)
         first = True
         while True:
             t0 = time.monotonic()
