@@ -87,7 +87,7 @@ def _resolve(args: argparse.Namespace, sp) -> tuple[str, str, dict | None]:
         known = ", ".join(p["name"] for p in list_points(state_dir())) or "none recorded"
         raise UserError(f"no restore point named {args.restore!r} in {state_dir() / 'restore'} (known: {known}); "
                         "record one with `sparkfleet up --profile NAME --save-as NAME`")
-    if args.inventory == "lab" and point.get("inventory"):
+    if args.inventory is None and point.get("inventory"):
         args.inventory = point["inventory"]
     return point["profile"], "restore", point
 
@@ -104,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("watch: " + "; ".join(problems))
     sp = spec(args)
     profile, playbook, point = _resolve(args, sp)
-    loaded = sp.profile(profile)
+    from sparkfleet.spec.overrides import from_mapping
+
+    # a restore point brings back the -o overrides it served with, as `restore` does
+    loaded = sp.profile(profile, from_mapping(point.get("overrides")) if point else [])
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
     inventory = sp.inventory(args.inventory)
