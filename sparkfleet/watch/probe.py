@@ -4,9 +4,9 @@ vLLM's /health answers 200 while the engine is hung or a worker is dead (vLLM #1
 verdict comes from generation: a tiny count at temperature 0 with thinking off and a bounded
 max_tokens, whose answer is checked exactly (the count100 gate's judge, on 1..5). /health is kept as
 evidence. Every rank's container (by label) and MemAvailable come from the node facts, one round
-trip per node in parallel with the request, so a probe takes about as long as its slowest part.
+trip per node, in a thread of their own beside the request (`Prober`).
 
-`judge` and `rank_states` are pure; `run_probe` is the I/O (the gates' client and `gather`).
+`judge` and `rank_states` are pure; `Prober` is the I/O (the gates' client and `gather`).
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class Probe:
     health: int | None  # /health status code, None when it did not answer
     answer: str = ""
     ranks: tuple[RankState, ...] = field(default_factory=tuple)
+    facts_age_s: float | None = None  # how long before the probe the rank states' facts were gathered
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -145,25 +146,65 @@ def _health(client: ApiClient, timeout_s: float) -> int | None:
         return None
 
 
-def run_probe(client: ApiClient, model: str, transport: Transport, ranks: list[Rank], profile: Profile,
-              timeout_s: float) -> tuple[Probe, dict[str, NodeFacts | Result]]:
-    """Generation and /health against the head, facts from every rank's node, at the same time."""
-    from sparkfleet.fleet.gather import gather
+class Prober:
+    """Probes on schedule. The generation and /health run in every probe; the nodes' facts run in a thread
+    of their own: a probe waits for them only until the next probe is due (`wait_s`) and otherwise uses
+    the newest facts that finished, so a slow facts round trip never delays the generation's verdict.
+    After watch acts, `invalidate()`: the next probe waits for facts gathered after that moment."""
 
-    at = time.time()
-    facts: dict[str, NodeFacts | Result] = {}
-    health: list[int | None] = []
+    def __init__(self, client: ApiClient, transport: Transport, ranks: list[Rank], profile: Profile,
+                 timeout_s: float) -> None:
+        self.client, self.transport, self.ranks, self.profile, self.timeout_s = (
+            client, transport, ranks, profile, timeout_s)
+        self.facts: dict[str, NodeFacts | Result] = {}
+        self.facts_started: float | None = None  # when the gather behind `facts` began
+        self.valid_after = 0.0
+        self._thread: threading.Thread | None = None
+        self._thread_started = 0.0
+        self._lock = threading.Lock()
 
-    def nodes() -> None:
-        facts.update(gather(transport, [r.node for r in ranks], {}, timeout_s=max(timeout_s, FACTS_TIMEOUT_S)))
+    def invalidate(self) -> None:
+        self.valid_after = time.time()
 
-    threads = [threading.Thread(target=nodes, name="sparkfleet-watch-facts", daemon=True),
-               threading.Thread(target=lambda: health.append(_health(client, timeout_s)), daemon=True)]
-    for t in threads:
-        t.start()
-    ok, why, latency, answer = _ask(client, model, timeout_s)
-    for t in threads:  # the three parts at once: a probe takes as long as its slowest part
-        t.join(max(timeout_s, FACTS_TIMEOUT_S) + 5.0)
-    facts = dict(facts)
-    return Probe(at, ok, why, latency, health[0] if health else None, answer,
-                 tuple(rank_states(facts, ranks, profile))), facts
+    def _gather(self, started: float) -> None:
+        from sparkfleet.fleet.gather import gather
+
+        got = gather(self.transport, [r.node for r in self.ranks], {},
+                     timeout_s=max(self.timeout_s, FACTS_TIMEOUT_S))
+        with self._lock:
+            self.facts, self.facts_started = got, started
+
+    def _start(self) -> threading.Thread:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread_started = time.time()
+            self._thread = threading.Thread(target=self._gather, args=(self._thread_started,),
+                                            name="sparkfleet-watch-facts", daemon=True)
+            self._thread.start()
+        return self._thread
+
+    def _valid(self) -> bool:
+        return self.facts_started is not None and self.facts_started >= self.valid_after
+
+    def probe(self, model: str, wait_s: float | None = None) -> tuple[Probe, dict[str, NodeFacts | Result]]:
+        """One probe; facts are waited for fully when none valid exist yet (first probe, after acting)."""
+        at = time.time()
+        t = self._start()
+        health: list[int | None] = []
+        h = threading.Thread(target=lambda: health.append(_health(self.client, self.timeout_s)), daemon=True)
+        h.start()
+        ok, why, latency, answer = _ask(self.client, model, self.timeout_s)
+        h.join(self.timeout_s + 5.0)
+        limit = max(self.timeout_s, FACTS_TIMEOUT_S) + 5.0
+        if self._valid():  # usable facts exist: wait for the running gather only until the next probe is due
+            t.join(limit if wait_s is None else max(0.0, wait_s - 0.05 - (time.time() - at)))
+        else:  # none yet (first probe, or watch just acted): wait for a gather that began after that
+            t.join(limit)
+            if not self._valid():
+                self._start().join(limit)
+        with self._lock:
+            facts = dict(self.facts)
+            age = at - self.facts_started if self.facts_started is not None else None
+        probe = Probe(at, ok, why, latency, health[0] if health else None, answer,
+                      tuple(rank_states(facts, self.ranks, self.profile)),
+                      round(max(0.0, age), 3) if age is not None else None)
+        return probe, facts

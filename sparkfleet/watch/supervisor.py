@@ -36,7 +36,7 @@ from sparkfleet.spec.load import Loaded, Spec
 from sparkfleet.watch import ops
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
-from sparkfleet.watch.probe import FACTS_TIMEOUT_S, Probe, RankState, run_probe
+from sparkfleet.watch.probe import FACTS_TIMEOUT_S, Probe, Prober, RankState
 
 PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch
 
@@ -117,6 +117,7 @@ class Watcher:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.transport = transport_for([r.node for r in self.ranks])
         self.client = ApiClient(self.endpoint, self.api_key, timeout_s=self.settings.probe_timeout_s)
+        self.prober = Prober(self.client, self.transport, self.ranks, self.profile, self.settings.probe_timeout_s)
         try:
             return self._loop()
         except StandDown as exc:
@@ -178,8 +179,7 @@ class Watcher:
                 self.model = str(self.client.models()[0]["id"])
             except Exception:  # noqa: BLE001 (any failure: the probe below reports the endpoint's state)
                 pass
-        probe, facts = run_probe(self.client, self.model or "", self.transport, self.ranks, self.profile,
-                                 self.settings.probe_timeout_s)
+        probe, facts = self.prober.probe(self.model or "", self.settings.interval_s)
         self.history.append(probe)
         self.status.probe_ok, self.status.probe_latency_s = probe.ok, probe.latency_s
         self.status.probe_at, self.status.probe_why = probe.at, probe.why
@@ -326,6 +326,7 @@ class Watcher:
             raise
         finally:
             self.acting = False
+            self.prober.invalidate()  # the lane changed: the next probe looks at fresh facts
         self.ours.add(rec.run_id)
         return rec
 
