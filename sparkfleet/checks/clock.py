@@ -45,11 +45,9 @@ def expected_text(hw: HardwareClass) -> str:
 
 
 def load_for(node: Node, facts: NodeFacts | None, profile: Profile, override: str | None = None) -> str:
-    """The probe's load on this node: the user's command, the sim's load, or the matmul in the lane's image."""
+    """The probe's load on this node: the user's command, or the matmul in the lane's image."""
     if override:
         return override
-    if node.sim_root is not None or (facts is not None and facts.simulated):
-        return probe.sim_load()
     if profile.image is None:
         return probe.torch_load()  # no image to run in: the host's python3 (needs torch)
     return probe.image_load(profile.image.pinned)

@@ -151,11 +151,6 @@ print(json.dumps({"step_ms": {"after_idle": after, "back_to_back": b2b, "idle_se
 '''
 
 
-def sim_load(seconds: float = LOAD_SECONDS) -> str:
-    """The simulated lab's GPU load (a shim on the sim node's PATH)."""
-    return f"sim-gpu-load {seconds:g}"
-
-
 def torch_load(seconds: float = LOAD_SECONDS, *, python: str = "python3") -> str:
     """The built-in matmul load with the host's python3 (needs torch)."""
     args = [f"{seconds:g}", str(AFTER_IDLE_STEPS), str(MATMUL_N)]
@@ -298,7 +293,6 @@ def main(argv: list[str] | None = None) -> int:
     load = c.add_mutually_exclusive_group()
     load.add_argument("--load", metavar="CMD", help="the load command (like `check --probe-command CMD`)")
     load.add_argument("--image", metavar="IMAGE", help="the built-in matmul load inside this image (docker)")
-    load.add_argument("--sim", action="store_true", help="the simulated lab's `sim-gpu-load`")
     c.add_argument("--seconds", type=float, default=LOAD_SECONDS, help=f"load duration (default {LOAD_SECONDS:g})")
     c.add_argument("--python", default="python3", help="python with torch, for the host matmul load (default)")
     v = sub.add_parser("verdict", help="judge a probe's JSON output; thresholds from the hardware class")
@@ -313,8 +307,6 @@ def main(argv: list[str] | None = None) -> int:
             cmd = args.load
         elif args.image:
             cmd = image_load(args.image, args.seconds)
-        elif args.sim:
-            cmd = sim_load(args.seconds)
         else:
             cmd = torch_load(args.seconds, python=args.python)
         print(probe_command(cmd))

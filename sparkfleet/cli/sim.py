@@ -19,10 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sim", help="a simulated copy of the lab on this machine (SIMULATION), for rehearsal and tests",
         description="Build, inspect, break and remove a simulated lab: one sandbox per inventory node with "
-        "its own /proc, /sys, storage dirs and shims for nvidia-smi, docker and ibdev2netdev. Everything it "
+        "its own root (bubblewrap), processes, hostname and, as root in ssh mode, network; shims for nvidia-smi, "
+        "docker and ibdev2netdev. Everything it "
         "prints is labelled [sim]. Nothing here touches real hardware.",
         epilog="examples:\n  sparkfleet sim up                      # local transport\n"
-        "  sparkfleet sim up --transport ssh --force   # one real sshd per node on 127.0.0.1\n"
+        "  sparkfleet sim up --transport ssh --force   # one real sshd inside each node\n"
         "  sparkfleet sim fault asusi clock-latch\n  sparkfleet sim fault reddie port-taken --port 8410\n"
         "  sparkfleet sim heal                    # every fault on every node\n"
         "  sparkfleet sim status --json\n  sparkfleet sim down",
@@ -35,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_inventory(up, default="lab")
     add_json(up)
     up.add_argument("--transport", choices=("local", "ssh"), default="local",
-                    help="local: run on this machine; ssh: one real sshd per node on 127.0.0.1 (default: local)")
+                    help="local: commands enter each node directly; ssh: a real sshd inside each node (as root: "
+                    "in the node's own network namespace) (default: local)")
     up.add_argument("--force", action="store_true", help="tear down an existing simulated lab first")
     up.set_defaults(func=run_up)
 
@@ -74,8 +76,9 @@ def run_up(args: argparse.Namespace) -> int:
         return EXIT_OK
     say(f"SIMULATION of inventory {args.inventory!r} built in {status['dir']} (transport {sim.transport})")
     for name, node in status["nodes"].items():
-        where = f"  sshd 127.0.0.1:{node['sshd']['port']} pid {node['sshd']['pid']}" if "sshd" in node else ""
-        say(f"  {name:<10} {node['hardware']:<6} {node['sim_root']}{where}")
+        where = (f"  sshd {node['sshd']['address']}:{node['sshd']['port']} pid {node['sshd']['pid']}"
+                 if "sshd" in node else "")
+        say(f"  {name:<10} {node['hardware']:<6} {node['dir']}{where}")
     say(f"inventory: {status['inventory']}  (pass it as --inventory sim)")
     if status["known_hosts"]:
         say(f"host keys pinned in {status['known_hosts']}")
@@ -132,7 +135,7 @@ def run_status(args: argparse.Namespace) -> int:
         sshd = ""
         if "sshd" in node:
             pid = node["sshd"]["pid"]
-            sshd = f"127.0.0.1:{node['sshd']['port']} " + (f"pid {pid}" if pid else "stopped")
+            sshd = f"{node['sshd']['address']}:{node['sshd']['port']} " + (f"pid {pid}" if pid else "stopped")
         fl = ", ".join(k + "".join(f" {p}={v}" for p, v in params.items() if p in faults.KINDS[k].params
                                    or p == "what")
                        for k, params in node["faults"].items())

@@ -32,9 +32,8 @@ HELPER = "engram_copy.py"
 COPY_TIMEOUT_S = 4 * 3600.0  # 47 GiB at the seeds' 150 MB/s is ~6 min; a slow NFS day is not a hang
 POLL_S = 2.0
 
-# Reads the status file through the sim root like the helper does; prints nothing when there is none.
-_POLL = ("import os,sys;r=os.environ.get('SPARKFLEET_SIM_ROOT') or '/';"
-         "p=os.path.join(r,sys.argv[1].lstrip('/'));"
+# Prints the status file, or nothing when there is none.
+_POLL = ("import os,sys;p=sys.argv[1];"
          "sys.stdout.write(open(p).read() if os.path.isfile(p) else '')")
 
 

@@ -144,7 +144,7 @@ class PathInfo(_Facts):
 class NodeFacts(_Facts):
     node: str
     hostname: str
-    simulated: bool = False  # true when gathered from sparkfleet's simulated lab
+    simulated: bool = False  # the node's inventory entry says it is simulated (set by gather, not the helper)
     collected_at: float  # unix time on the node
     uptime_s: float | None = None
     helper_version: str

@@ -156,7 +156,12 @@ def gather(transport: Transport, nodes: Iterable[Node], requests: dict[str, Fact
     nodes = list(nodes)
     stdin = {n.name: requests.get(n.name, FactsRequest(node=n.name)).model_dump_json() for n in nodes}
     results = run_helper(transport, nodes, HELPER, stdin, timeout_s)
-    return {n.name: parse_facts(n.name, results[n.name]) for n in nodes}
+    out = {n.name: parse_facts(n.name, results[n.name]) for n in nodes}
+    for n in nodes:  # the inventory says a node is simulated (sim up writes it); tables tag it [sim]
+        f = out[n.name]
+        if isinstance(f, NodeFacts):
+            f.simulated = n.simulation
+    return out
 
 
 def resolve_gid_indexes(inventory_nodes: Iterable[Node], facts: dict[str, NodeFacts | Result]) -> dict[str, int]:

@@ -1,15 +1,16 @@
-"""Local transport: the same interface as SSH, running commands on this machine (the sim in local mode).
+"""Local transport: the same interface as SSH, running commands on this machine.
 
-A node with `sim_root` set is a simulated node: its commands see SPARKFLEET_SIM_ROOT, SPARKFLEET_NODE,
-HOME=<sim_root>/home and <sim_root>/bin first on PATH (where the sim's nvidia-smi/docker shims live),
-and `~` in put() paths is <sim_root>/home, so `~/.cache/sparkfleet/bin` lands inside the sandbox and
-the command that runs the helper from `~/...` finds it there. Writes outside the sandbox are refused.
-A node without `sim_root` is a plain local run.
+A node with a `wrapper` (an argv, e.g. a script that enters a container or namespace) runs every
+command as `WRAPPER... bash -c COMMAND`, with only the caller's env (as over SSH: nothing of this
+machine's environment), and `put` writes through the same wrapper (`cat` into the node's path, `~`
+being the node's home). A wrapper that exits 255 could not reach its node, as ssh's exit 255 means.
+A node without a wrapper is a plain local run.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -66,35 +67,18 @@ class LocalTransport:
 
         return fan_out(nodes, one, self.max_parallel)
 
-    def _sandbox(self, node: Node) -> Path | None:
-        return Path(node.sim_root) if node.sim_root else None
-
-    def _missing_sandbox(self, node: Node, root: Path) -> Result:
-        return Result(node.name, False, error="unreachable",
-                      message=f"{node.name}: simulated node's sandbox {root} does not exist; "
-                      f"start the simulated lab with `sparkfleet sim up`")
-
     def node_env(self, node: Node) -> dict[str, str]:
         """The environment a command on this node sees (before the caller's env)."""
-        env = dict(os.environ)
-        root = self._sandbox(node)
-        if root is not None:
-            env.update(SPARKFLEET_SIM_ROOT=str(root), SPARKFLEET_NODE=node.name, HOME=str(root / "home"),
-                       PATH=f"{root / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}")
-        return env
+        return {} if node.wrapper else dict(os.environ)
+
+    def argv(self, node: Node, command: str) -> list[str]:
+        return [*(node.wrapper or []), self.shell if not node.wrapper else "bash", "-c", command]
 
     def _run_one(self, node: Node, command: str, stdin: bytes, timeout_s: float, extra: dict[str, str]) -> Result:
-        root = self._sandbox(node)
-        cwd = None
-        if root is not None:
-            if not root.is_dir():
-                return self._missing_sandbox(node, root)
-            cwd = root / "home"  # like an SSH login, start in the (sandbox) home
-            cwd.mkdir(exist_ok=True)
         env = {**self.node_env(node), **extra}
         # Own session so a timeout kills the command's whole process group, not just the shell.
-        proc = subprocess.Popen([self.shell, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(self.argv(node, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, start_new_session=True)
         out: list[bytes] = []
         err: list[bytes] = []
         threads = [threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True),
@@ -126,14 +110,16 @@ class LocalTransport:
         if code == 0:
             return Result(node.name, True, stdout, stderr, exit_code=0)
         last = stderr.strip().splitlines()[-1:] or stdout.strip().splitlines()[-1:]
+        if code == 255 and node.wrapper and not stdout:
+            return Result(node.name, False, stdout, stderr, exit_code=code, error="unreachable",
+                          message=f"{node.name}: unreachable" + (f": {last[0][:200]}" if last else ""))
         what = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
         return Result(node.name, False, stdout, stderr, exit_code=code, error="exit",
                       message=f"{node.name}: command {what}" + (f": {last[0][:200]}" if last else ""))
 
     def resolve(self, node: Node, remote_path: str) -> Path:
-        """Where a node path lives on this machine: `~` (and relative paths) from the node's home."""
-        root = self._sandbox(node)
-        home = root / "home" if root is not None else Path.home()
+        """Where a path of a node without a wrapper lives on this machine: `~` (and relative paths) from home."""
+        home = Path.home()
         if remote_path == "~" or remote_path.startswith("~/"):
             path = home / remote_path[2:]
         elif remote_path.startswith("~"):
@@ -145,24 +131,30 @@ class LocalTransport:
         return Path(os.path.normpath(path))
 
     def _put_one(self, node: Node, data: bytes, remote_path: str, mode: int) -> Result:
-        root = self._sandbox(node)
-        if root is not None and not root.is_dir():
-            return self._missing_sandbox(node, root)
+        if remote_path.startswith("~") and not (remote_path == "~" or remote_path.startswith("~/")):
+            return Result(node.name, False, error="error",
+                          message=f"{node.name}: put {remote_path}: only ~/ (the login user's home) is supported")
+        if node.wrapper:
+            return self._put_wrapped(node, data, remote_path, mode)
         try:
             path = self.resolve(node, remote_path)
-        except ValueError as exc:
-            return Result(node.name, False, error="error", message=f"{node.name}: {exc}")
-        if root is not None and not path.is_relative_to(Path(os.path.normpath(root))):
-            # The simulated lab must never write to the real machine's /etc or /nvme.
-            return Result(node.name, False, error="error",
-                          message=f"{node.name}: {remote_path} is outside the simulated node's sandbox {root}; "
-                          f"use ~/... or a path under the sandbox")
-        try:
             write_atomic(path, data, mode=mode)
         except OSError as exc:
             return Result(node.name, False, error="error",
-                          message=f"{node.name}: cannot write {path}: {exc.strerror or exc}")
+                          message=f"{node.name}: cannot write {remote_path}: {exc.strerror or exc}")
         return Result(node.name, True, extra={"path": str(path), "bytes": len(data), "mode": oct(mode)})
+
+    def _put_wrapped(self, node: Node, data: bytes, remote_path: str, mode: int) -> Result:
+        """Write through the wrapper: the node's own `cat` into a temp file, chmod, rename (atomic there)."""
+        rel = remote_path[2:] if remote_path.startswith("~/") else remote_path
+        target = f'"$HOME"/{shlex.quote(rel)}' if not rel.startswith("/") else shlex.quote(rel)
+        script = (f"set -e; p={target}; mkdir -p \"$(dirname \"$p\")\"; t=\"$p.tmp.$$\"; cat > \"$t\"; "
+                  f"chmod {mode:o} \"$t\"; mv -f \"$t\" \"$p\"; printf %s \"$p\"")
+        r = self._run_one(node, script, data, 60.0, {})
+        if not r.ok:
+            return Result(node.name, False, error=r.error if r.error == "unreachable" else "error",
+                          message=f"{node.name}: cannot write {remote_path}: {r.message}")
+        return Result(node.name, True, extra={"path": r.stdout.strip(), "bytes": len(data), "mode": oct(mode)})
 
 
 def _pump(stream, sink: list[bytes]) -> None:

@@ -134,7 +134,7 @@ def _node_families(view: FleetView, out: dict[str, Metric]) -> None:
         st = view.nodes.get(node.name) or NodeState(node.name)
         f = st.facts if st.up else None  # a node that did not answer shows no stale readings
         group = groups_of(inv, node.name)
-        simulated = node.sim_root is not None or bool(st.facts and st.facts.simulated)
+        simulated = node.simulation
         out[n.NODE_UP.name].add_metric([node.name, group, node.hardware], 1.0 if st.up else 0.0)
         out[n.NODE_INFO.name].add_metric([node.name, group, node.hardware, "true" if simulated else "false"], 1.0)
         for kind, count in sorted(st.failures.items()):

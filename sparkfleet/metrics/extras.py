@@ -11,9 +11,7 @@ node's clock, with no controller/node clock skew), the earlyoom kill lines count
 small projection of each manifest. A node whose journal cannot be read says why (`readable: false`):
 journalctl missing, not permitted (the user is not in `adm`/`systemd-journal`), or failing.
 
-Simulated nodes (SPARKFLEET_SIM_ROOT set) look for journalctl only inside their sandbox, where the
-simulation has none: the sim reports the journal as unreadable and 0 kills, rather than reading the
-journal of the machine the simulation runs on. Paths are read through the sandbox the same way.
+A node without a journal (no journal files, as on the simulated lab's nodes) says so.
 """
 
 from __future__ import annotations
@@ -31,18 +29,12 @@ SIGNALS = ("SIGTERM", "SIGKILL")
 SCRIPT = r'''
 import json, os, re, shutil, subprocess, sys, time
 req = json.loads(sys.stdin.read() or "{}")
-root = os.environ.get("SPARKFLEET_SIM_ROOT")
 now = time.time()
 out = {"extras": 1, "now": now}
 if req.get("journal"):
-    if root:
-        j = os.path.join(root, "bin", "journalctl")
-        j = j if os.access(j, os.X_OK) else None
-    else:
-        j = shutil.which("journalctl")
+    j = shutil.which("journalctl")
     if j is None:
-        out["journal"] = {"readable": False,
-                          "why": "no journalctl" + (" on this simulated node" if root else " on PATH")}
+        out["journal"] = {"readable": False, "why": "no journalctl on PATH"}
     else:
         since = int(req["since"]) if req.get("since") is not None else int(now)
         until = int(now)
@@ -64,9 +56,8 @@ if req.get("journal"):
 keep = @KEEP@
 manifests = {}
 for path in req.get("manifests") or []:
-    p = os.path.join(root, path.lstrip("/")) if root else path
     try:
-        with open(p) as f:
+        with open(path) as f:
             m = json.load(f)
         if not isinstance(m, dict):
             raise ValueError("not a JSON object")

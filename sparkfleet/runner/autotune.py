@@ -17,11 +17,10 @@ CONFIGS = "autotune_configs.json"
 # Flags whose change alters kernel shapes: the tuner ignores entries whose shapes differ (FM-41).
 SHAPE_FLAGS = ("--cudagraph-capture-sizes", "--compilation-config", "--speculative-config", "--max-num-seqs")
 
-# Runs on the node (stdlib only; paths read through $SPARKFLEET_SIM_ROOT like every node-side helper).
+# Runs on the node (stdlib only).
 SEED_SCRIPT = r'''
 import json, os, shutil, sys
-root = os.environ.get("SPARKFLEET_SIM_ROOT", "")
-cache, since = root + sys.argv[1], float(sys.argv[2])
+cache, since = sys.argv[1], float(sys.argv[2])
 found = []
 for d, dirs, files in os.walk(cache):
     if d[len(cache):].count(os.sep) > 6:
@@ -31,14 +30,14 @@ for d, dirs, files in os.walk(cache):
 out = {"source": None, "seeded": []}
 if found:
     src = max(found, key=os.path.getmtime)
-    out["source"] = src[len(root):]
+    out["source"] = src
     for parent in {os.path.dirname(os.path.dirname(f)) for f in found}:
         for name in sorted(os.listdir(parent)):
             d = os.path.join(parent, name)
             if os.path.isdir(d) and os.path.getmtime(d) >= since and not os.path.exists(
                     os.path.join(d, "autotune_configs.json")):
                 shutil.copy2(src, os.path.join(d, "autotune_configs.json"))
-                out["seeded"].append(d[len(root):])
+                out["seeded"].append(d)
 print(json.dumps(out))
 '''
 

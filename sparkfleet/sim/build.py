@@ -24,7 +24,7 @@ from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.load import Spec
 from sparkfleet.spec.profile import Profile
 
-SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl")
+SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init")
 KIB_PER_GIB = 1024 * 1024
 
 
@@ -110,16 +110,6 @@ def node_state(inv: Inventory, node: Node, ordinal: int) -> dict:
         mode = "ro" if "ro" in st.nfs_mount.options.split(",") else "rw"
         opts = f"{mode},relatime," + values.NFS4_OPTIONS.format(client=node.fabric_ip or "0.0.0.0", server=server)
         mounts.append([st.nfs_mount.source, st.nfs_mount.path, "nfs4", opts])
-    processes = [
-        {"pid": values.PIDS["sshd"], "comm": "sshd", "argv": values.SSHD_ARGV, "listen": [["0.0.0.0", 22], ["::", 22]]},
-        {"pid": values.PIDS["earlyoom"], "comm": "earlyoom", "argv": [values.EARLYOOM_BIN] + earlyoom_args,
-         "listen": []},
-    ]
-    kernel_listeners: list[list] = []
-    if st.nfs_export:  # the head serves the model over NFS: rpcbind plus the kernel's nfsd on 2049
-        processes.insert(0, {"pid": values.PIDS["rpcbind"], "comm": "rpcbind", "argv": values.RPCBIND_ARGV,
-                             "listen": [["0.0.0.0", 111], ["::", 111]]})
-        kernel_listeners = [["0.0.0.0", 2049], ["::", 2049]]
     rdma = []
     if node.rdma:
         last = node.fabric_ip.split(".")[-1] if node.fabric_ip else str(ordinal)
@@ -144,9 +134,7 @@ def node_state(inv: Inventory, node: Node, ordinal: int) -> dict:
         "mounts": mounts,
         "storage": st.model_dump(mode="json"),
         "cifs": {"source": values.CIFS_SOURCE, "options": values.CIFS_OPTIONS},
-        "earlyoom": {"pid": values.PIDS["earlyoom"], "default_args": " ".join(earlyoom_args)},
-        "processes": processes,
-        "kernel_listeners": kernel_listeners,
+        "earlyoom": {"default_args": " ".join(earlyoom_args)},
         "rdma": rdma,
         "sim": {"gid_table_size": values.GID_TABLE_SIZE, "container_pid_base": values.CONTAINER_PID_BASE,
                 "container_comm": values.CONTAINER_COMM, "stop_exit_code": values.STOP_EXIT_CODE,
@@ -239,23 +227,30 @@ def engine_state(profiles: list[Profile]) -> dict:
             "engram_layers": list(values.ENGRAM_LAYERS), "stop_wait_s": values.ENGINE_STOP_WAIT_S, "lanes": lanes}
 
 
-def install_shims(root: Path) -> None:
+def install_shims(bin_dir: Path) -> None:
     source = Path(shim.__file__).read_bytes()
+    bin_dir.mkdir(parents=True, exist_ok=True)
     for name in SHIM_NAMES:
-        target = root / "bin" / name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target = bin_dir / name
         target.write_bytes(source)
         target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def build_node(root: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lanes) -> None:
-    """Create the sandbox R for one node (R must not exist yet)."""
+def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lanes, *,
+               netns: bool = False) -> None:
+    """Create the node's directory (it must not exist yet): fs/ with the node's paths and state, bin/ with shims."""
+    from sparkfleet.sim.node import home_dir
+
     profiles = profiles_for(inv, node, lanes)
+    root = node_dir / "fs"
     root.mkdir(parents=True)
-    for sub in ("home", "state/logs", "state/stash"):
-        (root / sub).mkdir(parents=True)
+    for sub in (home_dir().lstrip("/"), "tmp", "run/sshd", "sys", f"{shim.STATE}/logs", f"{shim.STATE}/stash"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
     (root / shim.STATE / ".lock").touch()
-    shim.save(root, "node.json", node_state(inv, node, ordinal))
+    state = node_state(inv, node, ordinal)
+    state["netns"] = netns
+    shim.save(root, "node.json", state)
     shim.save(root, "gpu.json", gpu_state(node))
     shim.save(root, "docker.json", docker_state(profiles))
     shim.save(root, "faults.json", {"faults": {}})
@@ -273,7 +268,7 @@ def build_node(root: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lane
             refs.parent.mkdir(parents=True, exist_ok=True)
             refs.write_text(p.model.revision)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
-    install_shims(root)
+    install_shims(node_dir / "bin")
     shim.render(root)
 
 

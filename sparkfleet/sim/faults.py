@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("cifs-model", "the model root is a CIFS/SMB mount instead of local NVMe or the head's NFS (FM-44)"),
     Kind("port-taken", "a foreign container without sparkfleet labels runs and listens on --port (default 8000) "
          "(FM-48)", ("port",)),
-    Kind("unreachable", "the node cannot be reached: local mode parks its sandbox, ssh mode stops its sshd (FM-25)"),
+    Kind("unreachable", "the node cannot be reached: local mode's wrapper answers as ssh does for a host with no "
+         "route, ssh mode stops the node's sshd (FM-25)"),
     Kind("docker-down", "the docker daemon is down: every docker command fails as the real CLI does"),
     *(Kind(name, f"sim engine fault for the next launch on this node: {what}") for name, what in (
         ("worker-crash", "the rank dies while loading weights"),
@@ -67,12 +68,14 @@ ENGINE_FAULTS = frozenset(k for k, v in KINDS.items() if v.summary.startswith("s
 
 @dataclass
 class Target:
-    """One node as the fault code needs it; `root()` follows the sandbox when it is parked."""
+    """One node as the fault code needs it: its tree (R), how to cut and restore its reachability, and its
+    directory (to run commands inside the node)."""
 
     node: str
     root: Callable[[], Path]
     disconnect: Callable[[], None]
     reconnect: Callable[[], None]
+    dir: Path | None = None
 
 
 def check_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +103,8 @@ def inject(t: Target, kind: str, params: dict[str, Any]) -> dict[str, Any]:
         shim.render(root)
     if kind == "unreachable":
         t.disconnect()
+    if kind in ACT:
+        ACT[kind](t, recorded)
     return recorded
 
 
@@ -112,10 +117,13 @@ def heal(t: Target, kind: str) -> bool:
         faults = shim.load(root, "faults.json")
         if kind not in faults["faults"]:
             return False
-        HEAL.get(kind, _nothing)(root, faults["faults"][kind])
+        recorded = faults["faults"][kind]
+        HEAL.get(kind, _nothing)(root, recorded)
         del faults["faults"][kind]
         shim.save(root, "faults.json", faults)
         shim.render(root)
+    if kind in UNACT:
+        UNACT[kind](t, recorded)
     return True
 
 
@@ -209,6 +217,47 @@ def _port_taken(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     return {"port": port, "container": cid, "added_image": added_image}
 
 
+LISTENER = ("import os,signal,socket,sys;s=socket.socket(socket.AF_INET6);"
+            "s.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,0);s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            "s.bind(('::',int(sys.argv[1])));s.listen();open(sys.argv[2],'w').write(str(os.getpid()));"
+            "signal.signal(signal.SIGTERM,lambda *a:sys.exit(0));signal.pause()")
+
+
+def _in_node(t: Target, argv: list[str], detach: bool = False) -> None:
+    from sparkfleet.sim import node
+
+    if t.dir is not None:
+        node.run_in(t.dir, argv, detach=detach)
+
+
+def _listen(t: Target, params: dict[str, Any]) -> None:
+    """The foreign lane's server: a real socket listening on the port inside the node."""
+    pid_file = f"/{shim.STATE}/foreign-{params['port']}.pid"
+    _in_node(t, ["/usr/bin/python3", "-c", LISTENER, str(params["port"]), pid_file], detach=True)
+    _wait_file(t.root() / shim.STATE / f"foreign-{params['port']}.pid")
+
+
+def _unlisten(t: Target, params: dict[str, Any]) -> None:
+    pid_file = f"/{shim.STATE}/foreign-{params['port']}.pid"
+    _in_node(t, ["/bin/sh", "-c", f"kill $(cat {pid_file}) 2>/dev/null; rm -f {pid_file}"])
+
+
+def _earlyoom_stop(t: Target, params: dict[str, Any]) -> None:
+    _in_node(t, ["/bin/sh", "-c", f"kill $(cat /{shim.STATE}/earlyoom.pid) 2>/dev/null; "
+                 f"rm -f /{shim.STATE}/earlyoom.pid"])
+
+
+def _earlyoom_start(t: Target, params: dict[str, Any]) -> None:
+    _in_node(t, shim.earlyoom_argv(t.root()), detach=True)
+    _wait_file(t.root() / shim.STATE / "earlyoom.pid")
+
+
+def _wait_file(path: Path, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not path.is_file():
+        time.sleep(0.02)
+
+
 def _unport_taken(root: Path, params: dict[str, Any]) -> None:
     docker = shim.load(root, "docker.json")
     gone = [c for c in docker["containers"] if c["Id"] == params["container"]]
@@ -240,14 +289,11 @@ APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "unreachable": _nothing, "docker-down": _daemon("down"),
     **{k: _nothing for k in ENGINE_FAULTS},
 }
+
+# Faults that act on the running node (processes, sockets), run after the state is recorded / removed.
+ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {"port-taken": _listen, "earlyoom-off": _earlyoom_stop}
+UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {"port-taken": _unlisten,
+                                                              "earlyoom-off": _earlyoom_start}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }
-
-
-def move_tree(src: Path, dst: Path) -> None:
-    """Rename a sandbox (same filesystem), falling back to copy+delete across filesystems."""
-    try:
-        os.replace(src, dst)
-    except OSError:
-        shutil.move(str(src), str(dst))

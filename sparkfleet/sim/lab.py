@@ -4,8 +4,8 @@
     sim = lab.up("lab", transport="local")     # builds <state_dir>/sim/; refuses if one exists (force=True)
     sim.fault("asusi", "clock-latch")          # or sim.fault("reddie", "port-taken", port=8410)
     sim.heal("asusi")                          # every fault on asusi; sim.heal() heals all
-    inv = sim.inventory()                      # the generated inventory (transport local|ssh, sim_root)
-    lab.down()                                 # stops every sshd, removes the sandboxes; idempotent
+    inv = sim.inventory()                      # the generated inventory (local: each node's `wrapper`)
+    lab.down()                                 # ends every node, its namespaces and dirs; idempotent
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from sparkfleet.root import find_root
-from sparkfleet.sim import build, faults, paths, shim, sshd
+from sparkfleet.sim import build, faults, netlab, node, paths, shim, sshd
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Spec
@@ -58,42 +59,45 @@ class Sim:
             raise UserError(f"unknown node {node!r} (simulated nodes: {', '.join(self.nodes)})")
         return self.manifest["nodes"][node]
 
-    def root(self, node: str) -> Path:
-        """Where the node's sandbox is now (in local mode an unreachable node's is parked elsewhere)."""
-        self._node(node)
-        home = paths.node_root(node)
-        parked = paths.parked_root(node)
-        return parked if parked.exists() and not home.exists() else home
+    def root(self, name: str) -> Path:
+        """The node's own tree on this machine (R)."""
+        self._node(name)
+        return paths.node_root(name)
 
-    def faults(self, node: str) -> dict[str, dict[str, Any]]:
-        return faults.active(self.root(node))
+    def faults(self, name: str) -> dict[str, dict[str, Any]]:
+        return faults.active(self.root(name))
 
-    def reachable(self, node: str) -> bool:
-        if self.transport == "ssh":
-            return self.sshd_pid(node) is not None
-        return self.root(node) == paths.node_root(node)
+    def reachable(self, name: str) -> bool:
+        d = paths.node_dir(name)
+        if node.running_pid(d) is None or (d / "unreachable").exists():
+            return False
+        return self.transport != "ssh" or self.sshd_pid(name) is not None
 
-    def sshd_pid(self, node: str) -> int | None:
-        info = self._node(node).get("ssh")
+    def sshd_pid(self, name: str) -> int | None:
+        """The node's sshd (a pid inside the node), while it runs."""
+        info = self._node(name).get("ssh")
         if not info:
             return None
-        return sshd.owned_pid(Path(info["pid_file"]), Path(info["config"]))
+        r = node.run_in(paths.node_dir(name), ["/bin/sh", "-c", f"kill -0 $(cat {info['pid_file']}) && "
+                                                             f"cat {info['pid_file']}"])
+        return int(r.stdout) if r is not None and r.returncode == 0 and r.stdout.strip().isdigit() else None
 
-    def _target(self, node: str) -> faults.Target:
+    def _target(self, name: str) -> faults.Target:
+        d = paths.node_dir(name)
+
         def disconnect() -> None:
             if self.transport == "ssh":
-                info = self._node(node)["ssh"]
-                sshd.stop(Path(info["pid_file"]), Path(info["config"]))
+                info = self._node(name)["ssh"]
+                node.run_in(d, ["/bin/sh", "-c", f"kill $(cat {info['pid_file']})"])
             else:
-                faults.move_tree(paths.node_root(node), paths.parked_root(node))
+                (d / "unreachable").write_text("sparkfleet sim: unreachable fault\n")
 
         def reconnect() -> None:
             if self.transport == "ssh":
-                start_node_sshd(node, self._node(node)["ssh"])
-            elif paths.parked_root(node).exists():
-                faults.move_tree(paths.parked_root(node), paths.node_root(node))
+                start_node_sshd(name, self._node(name)["ssh"])
+            (d / "unreachable").unlink(missing_ok=True)
 
-        return faults.Target(node, lambda: self.root(node), disconnect, reconnect)
+        return faults.Target(name, lambda: self.root(name), disconnect, reconnect, d)
 
     def fault(self, node: str, kind: str, **params: Any) -> dict[str, Any]:
         """Inject a fault on one node; returns the parameters it was recorded with."""
@@ -119,10 +123,10 @@ class Sim:
         nodes = {}
         for n in self.nodes:
             info = self._node(n)
-            entry: dict[str, Any] = {"hardware": info["hardware"], "sim_root": str(paths.node_root(n)),
+            entry: dict[str, Any] = {"hardware": info["hardware"], "dir": str(paths.node_dir(n)),
                                      "reachable": self.reachable(n), "faults": self.faults(n)}
             if info.get("ssh"):
-                entry["sshd"] = {"address": "127.0.0.1", "port": info["ssh"]["port"], "pid": self.sshd_pid(n)}
+                entry["sshd"] = {"address": info["ssh"]["host"], "port": info["ssh"]["port"], "pid": self.sshd_pid(n)}
             nodes[n] = entry
         return {"simulation": True, "dir": str(self.dir), "transport": self.transport,
                 "inventory": str(self.inventory_path), "source_inventory": self.manifest["source_inventory"],
@@ -149,85 +153,85 @@ def require() -> Sim:
 
 
 def down() -> bool:
-    """Stop every sshd the sim started, unpin its host keys, remove the sandboxes. True if anything was there."""
+    """End every node (its init and every process in it), remove the lab's namespaces and links, unpin its
+    host keys, remove its directory. True if anything was there. Also cleans up after a half-finished `up`."""
     d = paths.sim_dir()
-    if not d.exists():
+    had = d.exists()
+    if paths.nodes_dir().is_dir():
+        for nd in sorted(p for p in paths.nodes_dir().iterdir() if p.is_dir()):
+            node.stop(nd)
+    had = netlab.remove() or had
+    if not had:
         return False
-    stop_engines()
-    ssh = paths.ssh_dir()
-    if ssh.is_dir():  # also after a half-finished `up` that never wrote its manifest
-        for conf in sorted(ssh.glob("*/sshd_config")):
-            sshd.stop(conf.parent / "sshd.pid", conf)
     sshd.unpin_host_keys(paths.known_hosts_path())
     build.remove_tree(d)
     return True
 
 
-def start_node_sshd(node: str, info: dict[str, Any]) -> int:
-    sshd_bin = sshd.find_sshd()
-    if sshd_bin is None:
-        raise UserError("ssh mode needs OpenSSH's sshd (apt-get install openssh-server)")
-    return sshd.start(sshd_bin, Path(info["config"]), Path(info["pid_file"]), Path(info["log"]), info["port"])
+def start_node_sshd(name: str, info: dict[str, Any]) -> None:
+    """(Re)start the node's sshd inside the node and wait for its banner."""
+    argv = [sshd.find_sshd() or "/usr/sbin/sshd", "-f", info["config"], "-E", info["log"]]
+    node.run_in(paths.node_dir(name), argv)
+    sshd.wait_banner(name, info["host"], info["port"])
 
 
-def _setup_ssh(nodes: list[str]) -> dict[str, dict[str, Any]]:
-    """Keys, one sshd_config per node, start every sshd, pin their host keys. Returns manifest entries."""
+def _ssh_config(nodes: list[str], netns: bool) -> dict[str, dict[str, Any]]:
+    """Keys and one sshd_config per node (inside the node's tree); the sshd starts with the node."""
     if sshd.find_sshd() is None:
         raise UserError("ssh mode needs OpenSSH's sshd (apt-get install openssh-server), or use --transport local")
     ssh = paths.ssh_dir()
     client_key = ssh / "id_ed25519"
     sshd.keygen(client_key, "sparkfleet-sim-client")
-    authorized = ssh / "authorized_keys"
-    authorized.write_text(sshd.public_key(client_key) + " sparkfleet-sim-client\n")
     out: dict[str, dict[str, Any]] = {}
-    pins: dict[str, tuple[int, str]] = {}
-    for node in nodes:
-        ndir = ssh / node
-        host_key = ndir / "ssh_host_ed25519_key"
-        sshd.keygen(host_key, f"sparkfleet-sim-{node}")
-        info = {"port": 0, "config": str(ndir / "sshd_config"), "pid_file": str(ndir / "sshd.pid"),
-                "log": str(ndir / "sshd.log"), "key": str(client_key), "user": getpass.getuser()}
-        for attempt in range(3):  # a port picked free can be taken before sshd binds it
-            info["port"] = sshd.free_port()
-            sshd.write_config(Path(info["config"]), node=node, root=paths.node_root(node), port=info["port"],
-                              host_key=host_key, authorized_keys=authorized, pid_file=Path(info["pid_file"]))
-            try:
-                start_node_sshd(node, info)
-                break
-            except UserError:
-                if attempt == 2:
-                    raise
-        out[node] = info
-        pins[node] = (info["port"], sshd.public_key(host_key))
-    sshd.pin_host_keys(paths.known_hosts_path(), pins)
+    for i, name in enumerate(nodes):
+        inside_dir = f"/{shim.STATE}/ssh"
+        host_dir = paths.node_root(name) / shim.STATE / "ssh"
+        host_key = host_dir / "ssh_host_ed25519_key"
+        sshd.keygen(host_key, f"sparkfleet-sim-{name}")
+        (host_dir / "authorized_keys").write_text(sshd.public_key(client_key) + " sparkfleet-sim-client\n")
+        host, port = (netlab.mgmt_ip(i), 22) if netns else ("127.0.0.1", sshd.free_port())
+        info = {"host": host, "port": port, "config": f"{inside_dir}/sshd_config", "pid_file": "/run/sshd.pid",
+                "log": f"{inside_dir}/sshd.log", "key": str(client_key), "user": getpass.getuser(),
+                "host_key": sshd.public_key(host_key)}
+        sshd.write_config(host_dir / "sshd_config", node=name, listen=host, port=port,
+                          host_key=f"{inside_dir}/ssh_host_ed25519_key",
+                          authorized_keys=f"{inside_dir}/authorized_keys", pid_file=info["pid_file"])
+        out[name] = info
     return out
 
 
 def _inventory_yaml(inv: Inventory, transport: TransportKind, ssh: dict[str, dict[str, Any]]) -> str:
     data = inv.model_dump(mode="json", exclude_none=True)
     data["name"] = "sim"
-    data["example"] = False  # addresses, keys and roots below are the simulation's own, not placeholders
+    data["example"] = False  # addresses, keys and wrappers below are the simulation's own, not placeholders
     user = getpass.getuser()
-    for name, node in data["nodes"].items():
-        node["transport"] = transport
-        node["sim_root"] = str(paths.node_root(name))
+    for name, n in data["nodes"].items():
+        n["transport"] = transport
+        n["simulation"] = True
         if transport == "ssh":
             info = ssh[name]
-            node["ssh"] = {"host": "127.0.0.1", "port": info["port"], "user": info["user"], "key": info["key"]}
+            n["ssh"] = {"host": info["host"], "port": info["port"], "user": info["user"], "key": info["key"]}
         else:
-            node["ssh"] = {"host": "127.0.0.1", "user": user}  # unused: transport local runs on this machine
+            n["ssh"] = {"host": "127.0.0.1", "user": user}  # unused: the local transport enters the node
+            n["wrapper"] = [str(node.enter_path(paths.node_dir(name)))]
     head = ("# SIMULATION: generated by `sparkfleet sim up` from inventory "
             f"{inv.name!r} ({transport} transport). Not a real lab.\n"
-            "# Same node names, groups, hardware and storage paths as the source; each node's files live\n"
-            "# under its sim_root. Rebuilt by `sparkfleet sim up --force`; removed by `sparkfleet sim down`.\n")
+            "# Same node names, groups, hardware and storage paths as the source; each node is a sandbox on this\n"
+            "# machine (docs/sim-layout.md). Rebuilt by `sparkfleet sim up --force`; removed by\n"
+            "# `sparkfleet sim down`.\n")
     return head + yaml.safe_dump(data, sort_keys=False, width=120)
 
 
 def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: str | Path | None = None,
        force: bool = False) -> Sim:
-    """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file)."""
+    """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file) and start its nodes."""
     if transport not in ("local", "ssh"):
         raise UserError(f"unknown transport {transport!r} (local or ssh)")
+    netns = transport == "ssh" and os.geteuid() == 0  # as root each ssh node gets its own network
+    missing = node.missing_privileges(netns=False)
+    if missing:
+        raise UserError("cannot build simulated nodes on this machine: missing " + "; ".join(missing)
+                        + " (nothing was created)")
     d = paths.sim_dir()
     if d.exists() and any(d.iterdir()):
         if not force:
@@ -240,17 +244,36 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
     spec = Spec(find_root(str(ops_root) if ops_root else None))
     inv = spec.inventory(inventory)
     lanes = build.load_lanes(spec)
+    if netns:
+        netlab.check_free()
     paths.nodes_dir().mkdir(parents=True)
     try:
-        for ordinal, node in enumerate(inv.nodes.values(), start=1):
-            build.build_node(paths.node_root(node.name), inv, node, ordinal, lanes)
-        ssh = _setup_ssh(list(inv.nodes)) if transport == "ssh" else {}
+        names = list(inv.nodes)
+        for ordinal, n in enumerate(inv.nodes.values(), start=1):
+            build.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns)
+        ssh = _ssh_config(names, netns) if transport == "ssh" else {}
+        if netns:
+            netlab.create(inv, names)
+        for n in inv.nodes.values():
+            nd = paths.node_dir(n.name)
+            ns = netlab.netns_name(n.name) if netns else None
+            node.enter_path(nd).write_text(node.enter_script(nd, n.name, netns=netns, userns=os.geteuid() != 0))
+            node.enter_path(nd).chmod(0o755)
+            info = ssh.get(n.name)
+            sshd_argv = ([sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]]
+                         if info else None)
+            node.start(nd, n.name, netns=ns, sshd=sshd_argv)
+        for name, info in ssh.items():
+            sshd.wait_banner(name, info["host"], info["port"])
+        if ssh:
+            sshd.pin_host_keys(paths.known_hosts_path(), {name: (info["host"], info["port"], info["host_key"])
+                                                          for name, info in ssh.items()})
         paths.sim_inventory_path().write_text(_inventory_yaml(inv, transport, ssh))
         manifest = {
             "simulation": True, "transport": transport, "source_inventory": str(spec.inventory_path(inventory)),
             "ops_root": str(spec.root), "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "known_hosts": str(paths.known_hosts_path()) if transport == "ssh" else None,
-            "skipped_profiles": lanes.skipped,
+            "netns": netns, "skipped_profiles": lanes.skipped,
             "nodes": {n.name: {"hardware": n.hardware, **({"ssh": ssh[n.name]} if ssh else {})}
                       for n in inv.nodes.values()},
         }
@@ -261,17 +284,3 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         down()  # leave nothing half-built or running
         raise
     return sim
-
-
-def stop_engines() -> None:
-    """End every sim engine a `docker run` started on any node (parked sandboxes included)."""
-    import signal
-
-    for docker_json in sorted(paths.nodes_dir().glob("*/state/docker.json")):
-        try:
-            docker = json.loads(docker_json.read_text())
-        except (OSError, ValueError):
-            continue
-        for c in docker.get("containers", []):
-            if c.get("SimProcess") and c["State"].get("Running"):
-                shim.stop_engine(c, 2.0, signal.SIGTERM)

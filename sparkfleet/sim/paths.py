@@ -26,14 +26,14 @@ def nodes_dir() -> Path:
     return sim_dir() / "nodes"
 
 
-def node_root(node: str) -> Path:
-    """A node's sandbox, R in docs/sim-layout.md (what SPARKFLEET_SIM_ROOT points at)."""
+def node_dir(node: str) -> Path:
+    """A node's directory on this machine: fs/ (its own files), bin/ (shims), enter, init.json, node.log."""
     return nodes_dir() / node
 
 
-def parked_root(node: str) -> Path:
-    """Where an unreachable node's sandbox is moved in local mode, so every path under R fails to resolve."""
-    return nodes_dir() / f".{node}.unreachable"
+def node_root(node: str) -> Path:
+    """R in docs/sim-layout.md: the node's own tree; its top-level dirs are the node's /nvme, /root, /var ..."""
+    return node_dir(node) / "fs"
 
 
 def ssh_dir() -> Path:

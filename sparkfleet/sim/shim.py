@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The simulated lab's stand-ins for `nvidia-smi`, `docker`, `ibdev2netdev` and `sim-gpu-load`.
 
 THIS IS A SIMULATION: no GPU, container or RDMA device exists behind these commands.
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-STATE = "state"
+STATE = "var/lib/sparkfleet-sim"  # the node's sim state, like /var/lib/docker for dockerd
 LABEL_PREFIX = "sparkfleet."  # containers sparkfleet launched carry labels under this prefix
 ENGINE_STOP_WAIT_S = 10.0  # docker stop's default grace before SIGKILL
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -46,15 +46,13 @@ class ShimError(Exception):
 
 
 def sandbox_root() -> Path:
-    """R: $SPARKFLEET_SIM_ROOT, else the sandbox this copy of the shim sits in (R/bin/<tool>)."""
-    env = os.environ.get("SPARKFLEET_SIM_ROOT")
-    root = Path(env) if env else Path(__file__).resolve().parent.parent
+    """R, the node's root: `/` inside a simulated node (where the node's state sits at /var/lib/sparkfleet-sim).
+
+    The controller side (sparkfleet.sim) calls the same functions with R = the node's directory on the host.
+    """
+    root = Path("/")
     if not (root / STATE / "node.json").is_file():
-        if not env:
-            raise ShimError("sparkfleet sim: SPARKFLEET_SIM_ROOT is not set and this shim is not in a sandbox", 127)
-        # the unreachable fault moves the sandbox away: answer like a host that cannot be reached
-        node = os.environ.get("SPARKFLEET_NODE") or root.name
-        raise ShimError(f"ssh: connect to host {node} port 22: No route to host", 255)
+        raise ShimError("sparkfleet sim: this shim runs only inside a simulated node (no /" + STATE + ")", 127)
     return root
 
 
@@ -76,6 +74,17 @@ def write_bytes(path: Path, data: bytes, known_dirs: set[Path] | None = None) ->
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    """Rewrite a file keeping its inode: files bind-mounted into the node (/proc/meminfo) must keep theirs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, 0)  # one write; the same length as before for meminfo's fixed-width lines
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def save(root: Path, name: str, data: Any) -> None:
@@ -146,88 +155,6 @@ def mount_rows(node: dict, faults: dict) -> list[list[str]]:
     return rows
 
 
-def _inode(pid: int, address: str, port: int) -> int:
-    digest = hashlib.sha256(f"{pid}|{address}|{port}".encode()).hexdigest()
-    return 100000 + int(digest[:8], 16) % 900000
-
-
-def processes(node: dict, faults: dict, docker: dict) -> list[dict]:
-    """Every process the node shows in /proc: its own daemons plus each running container's."""
-    procs = [dict(p) for p in node["processes"] if not (p["comm"] == "earlyoom" and "earlyoom-off" in faults)]
-    for c in docker.get("containers", []):
-        state = c["State"]
-        if not state.get("Running"):
-            continue
-        pid = int(state["Pid"])
-        argv = (c["Config"].get("Entrypoint") or []) + (c["Config"].get("Cmd") or [])
-        listen: list[list] = []
-        if c["HostConfig"].get("NetworkMode") == "host":
-            listen = _cmd_listen(argv)
-        procs.append({"pid": pid, "comm": node["sim"]["container_comm"], "argv": argv or ["sleep", "infinity"],
-                      "listen": listen})
-        for i, (cport, binds) in enumerate(sorted((c["NetworkSettings"].get("Ports") or {}).items())):
-            for b in binds or []:
-                if b.get("HostIp") == "::":
-                    continue  # one docker-proxy per port, listening on both families below
-                host_port = int(b["HostPort"])
-                ip = b.get("HostIp") or "0.0.0.0"
-                procs.append({"pid": pid + 1 + i, "comm": "docker-proxy",
-                              "argv": ["/usr/bin/docker-proxy", "-proto", "tcp", "-host-ip", ip, "-host-port",
-                                       str(host_port), "-container-ip", "172.17.0.2", "-container-port",
-                                       cport.split("/")[0]],
-                              "listen": [[ip, host_port]] + ([["::", host_port]] if ip == "0.0.0.0" else [])})
-    return procs
-
-
-def _cmd_listen(argv: list[str]) -> list[list]:
-    """A host-network server listens where its own --host/--port say (vLLM's and SGLang's flags)."""
-    host, port = "0.0.0.0", None
-    for i, tok in enumerate(argv):
-        for flag in ("--host", "--port"):
-            value = None
-            if tok == flag and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif tok.startswith(flag + "="):
-                value = tok.split("=", 1)[1]
-            if value is None:
-                continue
-            if flag == "--host":
-                host = value
-            elif value.isdigit():
-                port = int(value)
-    return [[host, port]] if port else []
-
-
-def _hex_v4(address: str) -> str:
-    return ipaddress.IPv4Address(address).packed[::-1].hex().upper()  # host byte order, as the kernel prints
-
-
-def _hex_v6(address: str) -> str:
-    raw = ipaddress.IPv6Address(address).packed
-    return "".join(raw[i:i + 4][::-1].hex().upper() for i in range(0, 16, 4))
-
-
-def render_tcp(node: dict, procs: list[dict]) -> tuple[str, str]:
-    """/proc/net/tcp and tcp6: one LISTEN (state 0A) row per listening socket."""
-    rows4: list[str] = []
-    rows6: list[str] = []
-    sockets = [(p["pid"], a, port) for p in procs for a, port in p.get("listen", [])]
-    sockets += [(0, a, port) for a, port in node.get("kernel_listeners", [])]
-    for pid, address, port in sockets:
-        inode = _inode(pid, address, port) if pid else 0  # kernel sockets (nfsd) have no inode
-        six = ":" in address
-        local = (_hex_v6(address) if six else _hex_v4(address)) + f":{port:04X}"
-        remote = ("0" * 32 if six else "0" * 8) + ":0000"
-        rows = rows6 if six else rows4
-        rows.append(f"{len(rows):>4}: {local} {remote} 0A 00000000:00000000 00:00000000 00000000"
-                    f" {0:>5} {0:>8} {inode} 1 0000000000000000 100 0 0 10 0")
-    head4 = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout "
-             "inode")
-    head6 = ("  sl  local_address                         remote_address                        st tx_queue "
-             "rx_queue tr tm->when retrnsmt   uid  timeout inode")
-    return ("\n".join([head4] + rows4) + "\n", "\n".join([head6] + rows6) + "\n")
-
-
 def gid_entries(port: dict, faults: dict) -> list[tuple[str, str]]:
     """(gid, type) per populated index. Healthy: link-local v1/v2 at 0/1, the IPv4 entry v1/v2 at 2/3."""
     lladdr = ipaddress.IPv6Address(port["link_local"]).exploded
@@ -242,30 +169,32 @@ def gid_entries(port: dict, faults: dict) -> list[tuple[str, str]]:
     return entries
 
 
-def desired_tree(root: Path) -> tuple[dict[str, bytes], dict[str, str]]:
-    """Files (path -> content) and symlinks (path -> target) the node shows, from its state."""
+# Files the node shows at these node paths come from the sim (bind-mounted over the real ones when the node
+# starts, so they are rewritten in place, never replaced): node path -> file under R/STATE/node/.
+BOUND_FILES = ("/proc/meminfo", "/proc/uptime", "/etc/hostname", "/etc/mtab", "/etc/default/earlyoom")
+
+
+def bound_source(root: Path, node_path: str) -> Path:
+    """Where the sim keeps the file it binds at `node_path` (one of BOUND_FILES)."""
+    return root / STATE / "node" / node_path.lstrip("/")
+
+
+def desired_tree(root: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """(bound files: node path -> content, tree files under R/sys: relative path -> content), from state."""
     node = load(root, "node.json")
     faults = load(root, "faults.json")["faults"]
-    docker = load(root, "docker.json")
+    bound = {
+        "/etc/hostname": node["hostname"] + "\n",
+        "/etc/default/earlyoom": ("# Default settings for earlyoom. This file is sourced by /bin/sh from\n"
+                                  "# /etc/init.d/earlyoom or by systemd from /etc/systemd/system/earlyoom.service.\n"
+                                  "\n# Options to pass to earlyoom\n"
+                                  f"EARLYOOM_ARGS=\"{node['earlyoom']['default_args']}\"\n"),
+        "/proc/meminfo": render_meminfo(node, faults),
+        "/proc/uptime": node["uptime"] + "\n",
+        # what getmntent(3) reads: the lab's filesystems (NFS, XFS, CIFS cannot be mounted here)
+        "/etc/mtab": "".join(" ".join(r) + " 0 0\n" for r in mount_rows(node, faults)),
+    }
     files: dict[str, str] = {}
-    links: dict[str, str] = {}
-    files["etc/hostname"] = node["hostname"] + "\n"
-    files["etc/default/earlyoom"] = ("# Default settings for earlyoom. This file is sourced by /bin/sh from\n"
-                                     "# /etc/init.d/earlyoom or by systemd from /etc/systemd/system/earlyoom.service.\n"
-                                     "\n# Options to pass to earlyoom\n"
-                                     f"EARLYOOM_ARGS=\"{node['earlyoom']['default_args']}\"\n")
-    files["proc/meminfo"] = render_meminfo(node, faults)
-    files["proc/uptime"] = node["uptime"] + "\n"
-    files["proc/sys/vm/drop_caches"] = "0\n"  # writable, as root may `echo 3 >` it; reads 0 like the kernel's
-    files["proc/mounts"] = "".join(" ".join(r) + " 0 0\n" for r in mount_rows(node, faults))
-    procs = processes(node, faults, docker)
-    for p in procs:
-        base = f"proc/{p['pid']}"
-        files[f"{base}/comm"] = p["comm"][:15] + "\n"  # the kernel keeps 15 bytes of comm
-        files[f"{base}/cmdline"] = "".join(a + "\0" for a in p["argv"])
-        for i, (address, port) in enumerate(p.get("listen", [])):
-            links[f"{base}/fd/{3 + i}"] = f"socket:[{_inode(p['pid'], address, port)}]"
-    files["proc/net/tcp"], files["proc/net/tcp6"] = render_tcp(node, procs)
     size = node["sim"]["gid_table_size"]
     for port in node["rdma"]:
         base = f"sys/class/infiniband/{port['hca']}/ports/{port['port']}"
@@ -282,39 +211,44 @@ def desired_tree(root: Path) -> tuple[dict[str, bytes], dict[str, str]]:
                 files[f"{base}/gid_attrs/ndevs/{i}"] = port["netdev"] + "\n"
             else:
                 files[f"{base}/gids/{i}"] = "0000:0000:0000:0000:0000:0000:0000:0000\n"
-        files[f"sys/class/net/{port['netdev']}/operstate"] = ("up" if "ACTIVE" in port["state"] else "down") + "\n"
-        files[f"sys/class/net/{port['netdev']}/address"] = port["mac"] + "\n"
-    return {k: v.encode() for k, v in files.items()}, links
+        net = f"sys/class/net/{port['netdev']}"
+        files[f"{net}/operstate"] = ("up" if "ACTIVE" in port["state"] else "down") + "\n"
+        files[f"{net}/address"] = port["mac"] + "\n"
+        files[f"{net}/mtu"] = f"{port_mtu(port, faults)}\n"
+    return {k: v.encode() for k, v in bound.items()}, {k: v.encode() for k, v in files.items()}
 
 
-MANAGED_TREES = ("proc", "sys")  # owned by render(): anything there that state does not call for goes
+def port_mtu(port: dict, faults: dict) -> int:
+    """The netdev's MTU: the lab's, or the mtu-mismatch fault's on the fabric port."""
+    if "mtu-mismatch" in faults and port.get("ipv4"):
+        return int(faults["mtu-mismatch"]["mtu"])
+    return int(port.get("mtu", 9000))
+
+
+MANAGED_TREES = ("sys",)  # owned by render(): anything there that state does not call for goes
 
 
 def render(root: Path) -> None:
-    """Make R/proc, R/sys and R/etc's sim files match the state files exactly (idempotent)."""
-    files, links = desired_tree(root)
+    """Make the node's bound files and R/sys match the state files exactly (idempotent)."""
+    bound, files = desired_tree(root)
+    for node_path, data in bound.items():
+        path = bound_source(root, node_path)
+        try:
+            if path.read_bytes() == data:
+                continue
+        except OSError:
+            pass
+        write_in_place(path, data)
     known_dirs: set[Path] = set()  # directories made or seen, so each is created once per render
     for rel, data in files.items():
         path = root / rel
-        if path.is_symlink():
-            path.unlink()
         try:
             if path.read_bytes() == data:
                 continue
         except OSError:
             pass
         write_bytes(path, data, known_dirs)
-    for rel, target in links.items():
-        path = root / rel
-        if path.is_symlink() and os.readlink(path) == target:
-            continue
-        if path.is_symlink() or path.exists():
-            path.unlink()
-        if path.parent not in known_dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            known_dirs.update([path.parent, *path.parent.parents])
-        os.symlink(target, path)
-    wanted = set(files) | set(links)
+    wanted = set(files)
     wanted_dirs = {str(Path(w).parent) for w in wanted}
     wanted_dirs |= {str(p) for w in list(wanted_dirs) for p in Path(w).parents}
     for tree in MANAGED_TREES:
@@ -671,7 +605,10 @@ def go_template(template: str, data: Any) -> str:
         if len(parts) == 3 and parts[0] == "index" and parts[2].startswith('"'):
             return go_repr((_lookup(data, parts[1]) or {}).get(parts[2].strip('"')))
         if len(parts) == 2 and parts[0] == ".Label" and parts[1].startswith('"'):
-            return go_repr((data.get("Labels") or {}).get(parts[1].strip('"'), ""))
+            labels = data.get("Labels") or ""
+            if isinstance(labels, str):  # docker ps rows: the CLI's "k=v,k2=v2" string
+                labels = dict(kv.partition("=")[::2] for kv in labels.split(",") if kv)
+            return go_repr(labels.get(parts[1].strip('"'), ""))
         raise ShimError(f"template parsing error: [sim] unsupported action {{{{{expr}}}}}", 1)
     text = template.replace("\\t", "\t").replace("\\n", "\n")
     return re.sub(r"\{\{(.*?)\}\}", action, text)
@@ -686,10 +623,18 @@ def _ps_row(c: dict, now: float, no_trunc: bool) -> dict:
     return {
         "ID": c["Id"] if no_trunc else c["Id"][:12], "Names": c["Name"].lstrip("/"), "Image": c["Config"]["Image"],
         "Command": f'"{command}"', "Status": _status(c, now), "State": c["State"]["Status"], "Ports": _ports(c),
-        "Labels": ",".join(f"{k}={v}" for k, v in sorted(labels.items())), "CreatedAt": c["Created"],
+        "Labels": ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        "CreatedAt": created_at(parse_time(c["Created"]) or now),
         "RunningFor": human_duration(now - (parse_time(c["Created"]) or now)) + " ago",
-        "_labels": labels,
+        "Mounts": ",".join((b.split(":")[0].rstrip("/").rsplit("/", 1)[-1])[:20]
+                           for b in c["HostConfig"].get("Binds") or []),
+        "Networks": c["HostConfig"].get("NetworkMode") or "bridge", "LocalVolumes": "0", "Size": "0B",
     }
+
+
+def created_at(t: float) -> str:
+    """`docker ps`'s CreatedAt: Go's time.Time String() in the daemon's local zone (UTC on the sim's nodes)."""
+    return _dt.datetime.fromtimestamp(t, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%S +0000 UTC")
 
 
 def _filters_match(c: dict, filters: list[str]) -> bool:
@@ -779,7 +724,7 @@ def docker_ps(argv: list[str], root: Path) -> int:
     fmt = _get(opts, "--format")
     if fmt:
         for c in rows:
-            print(go_template(fmt[-1], _ps_row(c, now, no_trunc) | {"Labels": c["Config"].get("Labels") or {}}))
+            print(go_template(fmt[-1], _ps_row(c, now, no_trunc)))
         return 0
     table = [["CONTAINER ID", "IMAGE", "COMMAND", "CREATED", "STATUS", "PORTS", "NAMES"]]
     for c in rows:
@@ -900,6 +845,8 @@ def docker_run(argv: list[str], root: Path) -> int:
     if not pos:
         raise ShimError("\"docker run\" requires at least 1 argument.\nSee 'docker run --help'.", 125)
     image_ref, cmd = pos[0], pos[1:]
+    if not _flag(opts, "-d", "--detach") and gpu_load_seconds(_get(opts, "--entrypoint"), cmd) is not None:
+        return run_gpu_load(root, image_ref, gpu_load_seconds(_get(opts, "--entrypoint"), cmd) or 0.0)
     with locked(root):
         docker = _docker_ready(root)
         node = load(root, "node.json")
@@ -965,6 +912,36 @@ def docker_run(argv: list[str], root: Path) -> int:
     return 0
 
 
+def gpu_load_seconds(entrypoint: list[str], cmd: list[str]) -> float | None:
+    """A foreground container running a torch matmul load (`python3 -c SCRIPT SECONDS ...`, the clock probe's
+    load in the lane's image): its duration; None for anything else. The sim stands in for torch and the GPU."""
+    argv = entrypoint[-1:] + cmd
+    if len(argv) >= 4 and os.path.basename(argv[0]).startswith("python") and argv[1] == "-c" \
+            and "import torch" in argv[2]:
+        try:
+            return float(argv[3])
+        except ValueError:
+            return None
+    return None
+
+
+def run_gpu_load(root: Path, image_ref: str, seconds: float) -> int:
+    """`docker run --rm IMAGE python3 -c <torch load>`: the GPU reads busy for SECONDS, then the load's line."""
+    docker = _docker_ready(root)
+    if _find_image(docker, image_ref) is None:
+        raise ShimError(f"docker: Error response from daemon: No such image: {image_ref}", 125)
+    until = round(time.time() + seconds, 3)
+    _mark_busy(root, until)
+    try:
+        time.sleep(seconds)
+    finally:
+        _mark_busy(root, 0, only_if=until)
+    steps = step_times(root, seconds)
+    print(json.dumps({"step_ms": {"after_idle": steps["after_idle"], "back_to_back": steps["back_to_back"],
+                                  "idle_seen": True}}))
+    return 0
+
+
 # -- the sim engine behind a sparkfleet lane's container ----------------------------------------
 # `docker run -d` of a container carrying sparkfleet's labels starts the sim engine as a real process
 # (THIS IS A SIMULATION: no GPU, no weights), its output going to the container's log; stop/kill/rm
@@ -1010,9 +987,14 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     rank = int((f.get("--node-rank") or ["0"])[0])
     world = int((f.get("--nnodes") or ["1"])[0])
     port = int(f["--port"][0])
+    # A node with its own network (ssh mode as root) serves and meets its peers where the launch says; in
+    # local mode every node shares this machine's network, so the ranks meet on loopback.
+    own_net = bool(load(root, "node.json").get("netns"))
+    master = (f.get("--master-addr") or ["127.0.0.1"])[0] if own_net else "127.0.0.1"
+    host = (f.get("--host") or ["0.0.0.0"])[0] if own_net else "127.0.0.1"
     argv = [cfg["python"], "-m", "sparkfleet.simengine", "--rank", str(rank), "--world-size", str(world),
-            "--master-addr", "127.0.0.1", "--master-port", (f.get("--master-port") or [str(port + 20000)])[0],
-            "--host", "127.0.0.1", "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
+            "--master-addr", master, "--master-port", (f.get("--master-port") or [str(port + 20000)])[0],
+            "--host", host, "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
             "--kv-tokens", str(lane.get("kv_tokens") or 0)]
     for name in f.get("--served-model-name") or ["model"]:
         argv += ["--served-name", name]
@@ -1073,6 +1055,7 @@ def start_engine(root: Path, container: dict) -> None:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(root), env=env,
                                 start_new_session=True)
     container["SimProcess"] = {"pid": proc.pid, "exit_file": str(exit_file), "argv": argv}
+    container["State"]["Pid"] = proc.pid  # the container's main process, as the node's /proc shows it
 
 
 def _alive(pid: int) -> bool:
@@ -1400,10 +1383,61 @@ def sysctl(argv: list[str], root: Path) -> int:
     return 0
 
 
+# -- the node's own processes: its init and the earlyoom it runs -----------------------------------
+
+def earlyoom_argv(root: Path) -> list[str]:
+    node = load(root, "node.json")
+    return ["/usr/local/bin/earlyoom", *node["earlyoom"]["default_args"].split()]
+
+
+def start_earlyoom(root: Path) -> None:
+    """Start the node's earlyoom (the sim's stand-in: same name and argv, it watches nothing)."""
+    import subprocess
+
+    subprocess.Popen(earlyoom_argv(root), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def earlyoom(argv: list[str], root: Path) -> int:
+    """earlyoom's stand-in: its startup line, then it waits (the sim's memory pressure is only reported)."""
+    write_bytes(root / STATE / "earlyoom.pid", f"{os.getpid()}\n".encode())
+    print(f"earlyoom v1.7 [sim] sparkfleet simulation, args {' '.join(argv)}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+def sim_node_init(argv: list[str], root: Path) -> int:
+    """The node's init: earlyoom (unless the earlyoom-off fault is on), in ssh mode the node's sshd,
+    then it waits; SIGTERM ends the node (and the pid namespace with it)."""
+    import subprocess
+
+    children: list[subprocess.Popen] = []
+    faults = load(root, "faults.json")["faults"]
+    if "earlyoom-off" not in faults:
+        start_earlyoom(root)
+    if argv[:1] == ["--sshd"]:
+        children.append(subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL))
+
+    def stop(signum: int, frame: Any) -> None:
+        for c in children:
+            with contextlib.suppress(ProcessLookupError):
+                c.terminate()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    write_bytes(root / STATE / "init.ready", f"{os.getpid()}\n".encode())
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            signal.pause()
+
+
 # -- entry point ------------------------------------------------------------------------------
 
 TOOLS = {"nvidia-smi": nvidia_smi, "docker": docker, "ibdev2netdev": ibdev2netdev, "sim-gpu-load": sim_gpu_load,
-         "ip": ip, "sysctl": sysctl}
+         "ip": ip, "sysctl": sysctl, "earlyoom": earlyoom, "sim-node-init": sim_node_init}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,18 +1,16 @@
-"""ssh mode: one real OpenSSH sshd per simulated node on a 127.0.0.1 port, with pinned host keys.
+"""ssh mode: one real OpenSSH sshd per simulated node, running inside that node, with pinned host keys.
 
-No root needed (TESTBED.md): each sshd runs as the invoking user with UsePAM no and StrictModes no,
-serves only that user, and puts the node's sandbox on the session's environment with SetEnv
-(SPARKFLEET_SIM_ROOT, SPARKFLEET_NODE, PATH with R/bin first, HOME=R/home). SFTP starts in R/home too,
-so `put` to `~/...` lands in the sandbox. Host keys are pinned in state_dir()/known_hosts, tagged so
-`sim down` removes exactly the lines the sim added.
+The sshd is a process of the node (node.py starts it with the node's init), so every session lands in
+the node's root, processes and hostname, and as root in its network namespace (port 22 on the node's
+management address); without root it listens on a 127.0.0.1 port (UsePAM no, StrictModes no, serving
+only the invoking user). Host keys are pinned in state_dir()/known_hosts, tagged so `sim down` removes
+exactly the lines the sim added.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -54,22 +52,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _no_space(*paths: Path) -> None:
-    for p in paths:
-        if any(ch.isspace() for ch in str(p)) or '"' in str(p):
-            raise UserError(f"ssh mode needs a state directory without spaces or quotes (sshd_config cannot say "
-                            f"{str(p)!r}); set SPARKFLEET_STATE to another directory")
-
-
-def write_config(conf: Path, *, node: str, root: Path, port: int, host_key: Path, authorized_keys: Path,
-                 pid_file: Path) -> None:
-    _no_space(conf, root, host_key, authorized_keys, pid_file)
-    env = (f"SPARKFLEET_SIM_ROOT={root} SPARKFLEET_NODE={node} PATH={root / 'bin'}:{SYSTEM_PATH} "
-           f"HOME={root / 'home'}")
+def write_config(conf: Path, *, node: str, listen: str, port: int, host_key: str, authorized_keys: str,
+                 pid_file: str) -> None:
+    """The node's sshd_config (paths are the node's own)."""
     conf.write_text(
-        f"# sparkfleet simulation: sshd for simulated node {node}\n"
+        f"# sparkfleet simulation: sshd of simulated node {node}\n"
         f"Port {port}\n"
-        "ListenAddress 127.0.0.1\n"
+        f"ListenAddress {listen}\n"
         f"HostKey {host_key}\n"
         f"PidFile {pid_file}\n"
         f"AuthorizedKeysFile {authorized_keys}\n"
@@ -78,134 +67,44 @@ def write_config(conf: Path, *, node: str, root: Path, port: int, host_key: Path
         "KbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\n"
         "UsePAM no\n"
-        "StrictModes no\n"  # the keys live in a state dir that may be group-writable (tests' tmp dirs)
+        "StrictModes no\n"
         "X11Forwarding no\n"
+        "AllowTcpForwarding yes\n"
         "PrintMotd no\n"
         "PrintLastLog no\n"
         "MaxStartups 100:30:200\n"
-        f"SetEnv {env}\n"
-        f"Subsystem sftp internal-sftp -d {root / 'home'}\n"
+        "Subsystem sftp internal-sftp\n"
     )
 
 
-def ensure_privsep_dir() -> None:
-    """Root's sshd refuses to start without /run/sshd (TESTBED.md); an unprivileged one does not need it."""
-    if os.geteuid() != 0 or os.path.isdir("/run/sshd"):
-        return
-    try:
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create /run/sshd for sshd: {exc}") from None
-
-
-def start(sshd: str, conf: Path, pid_file: Path, log: Path, port: int, timeout_s: float = 10.0) -> int:
-    """Start a daemonised sshd and wait until it answers with an SSH banner; returns its pid."""
-    ensure_privsep_dir()
-    with contextlib.suppress(FileNotFoundError):
-        pid_file.unlink()
-    proc = subprocess.run([sshd, "-f", str(conf), "-E", str(log)], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip() or _tail(log)).splitlines()[-1:] or ["no output"]
-        raise UserError(f"sshd for {conf.parent.name} did not start (exit {proc.returncode}): {tail[0]}")
+def wait_banner(node: str, host: str, port: int, timeout_s: float = 10.0) -> None:
+    """Wait until the node's sshd answers with an SSH banner."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if pid_file.is_file() and pid_file.read_text().strip() and _banner(port):
-            return int(pid_file.read_text().strip())
+        if _banner(host, port):
+            return
         time.sleep(0.02)
-    raise UserError(f"sshd for {conf.parent.name} did not answer on 127.0.0.1:{port} within {timeout_s:g} s: "
-                    f"{_tail(log)}")
+    raise UserError(f"sshd of simulated node {node} did not answer on {host}:{port} within {timeout_s:g} s")
 
 
-def _tail(log: Path) -> str:
+def _banner(host: str, port: int) -> bool:
     try:
-        lines = log.read_text().strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
-
-
-def _banner(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection((host, port), timeout=0.5) as s:
             return s.recv(8).startswith(b"SSH-")
     except OSError:
         return False
 
 
-def alive(pid: int) -> bool:
-    """Running and not a zombie (an orphaned sshd can linger as one until init reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+def host_entry(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (an sshd's per-connection children and the sessions they run)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def owned_pid(pid_file: Path, conf: Path) -> int | None:
-    """The pid in pid_file, only if that process is the sshd started with this config (pids get reused)."""
-    try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if alive(pid) and str(conf) in _cmdline(pid) else None
-
-
-def stop(pid_file: Path, conf: Path, timeout_s: float = 5.0) -> bool:
-    """Stop the node's sshd and whatever sessions it still runs; True when one was running."""
-    pid = owned_pid(pid_file, conf)
-    if pid is None:
-        with contextlib.suppress(FileNotFoundError):
-            pid_file.unlink()
-        return False
-    victims = [pid] + descendants(pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for v in victims:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(v, sig)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(alive(v) for v in victims):
-            time.sleep(0.02)
-        if not any(alive(v) for v in victims):
-            break
-    with contextlib.suppress(FileNotFoundError):
-        pid_file.unlink()
-    return True
-
-
-def pin_host_keys(known_hosts: Path, entries: dict[str, tuple[int, str]]) -> None:
-    """Add `[127.0.0.1]:PORT KEY sparkfleet-sim:NODE` per node, replacing older lines for those hosts."""
-    hosts = {f"[127.0.0.1]:{port}" for port, _ in entries.values()}
+def pin_host_keys(known_hosts: Path, entries: dict[str, tuple[str, int, str]]) -> None:
+    """Add `HOST KEY sparkfleet-sim:NODE` per node, replacing older lines for those hosts."""
+    hosts = {host_entry(h, p) for h, p, _ in entries.values()}
     kept = [line for line in _lines(known_hosts)
             if not (line.split() and line.split()[0] in hosts) and KNOWN_HOSTS_TAG not in line]
-    kept += [f"[127.0.0.1]:{port} {key} {KNOWN_HOSTS_TAG}{node}" for node, (port, key) in entries.items()]
+    kept += [f"{host_entry(h, p)} {key} {KNOWN_HOSTS_TAG}{node}" for node, (h, p, key) in entries.items()]
     _write_lines(known_hosts, kept)
 
 

@@ -113,8 +113,11 @@ class Node(Strict):
     rdma: Rdma | None = None
     storage: Storage
     rail2_alias: str | None = None  # runtime alias (CIDR) added on rail2_iface by rail-2 lanes
-    transport: Literal["ssh", "local"] = "ssh"  # local: run on this machine (the sim in local mode)
-    sim_root: str | None = None  # simulated lab only: the node's sandbox directory
+    transport: Literal["ssh", "local"] = "ssh"  # local: run on this machine
+    # local transport: the argv each command runs under (a script that enters a container or namespace);
+    # the command follows it as `bash -c COMMAND`. None: run directly on this machine.
+    wrapper: list[str] | None = None
+    simulation: bool = False  # a node of an inventory `sparkfleet sim up` wrote: output about it is tagged [sim]
 
     @field_validator("fabric_ip")
     @classmethod

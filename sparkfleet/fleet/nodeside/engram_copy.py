@@ -19,7 +19,7 @@ from the page cache and (unless --no-verify) read back from the disk and compare
 stopped; engram-manifest.json is written last and atomically, and only a complete copy has one.
 Output: JSON lines on stdout ({"event": "plan" | "progress" | "done" | "error" | "verify" | ...}).
 Exit 0 ok, 1 a fault (disk full, source changed, verify failed), 2 bad input.
-Paths are node paths, read through $SPARKFLEET_SIM_ROOT when set (the simulated lab).
+Paths are node paths (the library functions take `root=` to work under another directory, for tests).
 """
 
 from __future__ import annotations
@@ -1389,7 +1389,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(event) + "\n")
         sys.stdout.flush()
 
-    root = os.path.abspath(os.environ["SPARKFLEET_SIM_ROOT"]) if os.environ.get("SPARKFLEET_SIM_ROOT") else "/"
+    root = "/"
     try:
         if argv:
             ns = _parser().parse_args(argv)

@@ -3,8 +3,8 @@
 
 Runs on the node with the system python3 and the standard library only: it is copied to
 ~/.cache/sparkfleet/bin/ by the controller and must not import sparkfleet or anything third-party.
-Every host file is read through R = $SPARKFLEET_SIM_ROOT (else "/"), so the simulated lab can stand
-in for a real node (docs/sim-layout.md); commands (nvidia-smi, docker, ibdev2netdev) come from PATH.
+It reads the node's own files (/proc, /sys, /etc) and runs its commands (nvidia-smi, docker,
+ibdev2netdev) from PATH.
 A part that cannot be read adds a line to "errors" and the rest still reports. Exit 0 whenever a
 document was printed; exit 2 only for a request that is not valid JSON.
 """
@@ -23,8 +23,6 @@ import time
 from fractions import Fraction
 
 HELPER_VERSION = "1"
-SIM_ROOT = os.environ.get("SPARKFLEET_SIM_ROOT") or ""
-ROOT = os.path.abspath(SIM_ROOT) if SIM_ROOT else "/"
 
 # nvidia-smi can hang on a wedged GPU and docker on a stuck daemon: every command is bounded.
 GPU_TIMEOUT_S = 8.0
@@ -34,6 +32,7 @@ IB_TIMEOUT_S = 4.0
 GPU_FIELDS = ("index,name,pstate,clocks.sm,clocks.max.sm,clocks_event_reasons.active,power.draw,"
               "memory.total,memory.used")
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3")
+MOUNTS = "/etc/mtab"  # getmntent(3)'s table; on DGX OS (Ubuntu) a link to /proc/self/mounts
 EARLYOOM_DEFAULT_PERCENT = 10.0  # earlyoom's built-in -m default (MANPAGE: "default 10 %")
 # earlyoom's short options that take an argument (getopt string "m:s:M:S:kingN:dvr:ph" and the
 # older/newer variants); -P (pre-kill script) exists in newer releases.
@@ -41,24 +40,8 @@ EARLYOOM_ARG_SHORT = "msMSNPr"
 EARLYOOM_ARG_LONG = ("--prefer", "--avoid", "--ignore")
 
 
-def host(path: str) -> str:
-    """The path `path` of the node, as seen through the (possibly simulated) root."""
-    return os.path.join(ROOT, path.lstrip("/"))
-
-
-def node_path(real: str) -> str:
-    """Inverse of host(): a real filesystem path back to the node's view of it."""
-    if ROOT == "/":
-        return real
-    if real == ROOT:
-        return "/"
-    if real.startswith(ROOT + os.sep):
-        return real[len(ROOT):]
-    return real
-
-
 def read_text(path: str) -> str:
-    with open(host(path), encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
 
 
@@ -131,14 +114,6 @@ def uptime(errors: list[str]) -> float | None:
 
 
 def hostname() -> str:
-    # In the sim every sandbox names its node in etc/hostname; on a real node the kernel knows best.
-    if SIM_ROOT:
-        try:
-            name = first_line(read_text("/etc/hostname"))
-            if name:
-                return name
-        except OSError:
-            pass
     return socket.gethostname()
 
 
@@ -148,7 +123,7 @@ def processes() -> dict[int, str]:
     """pid -> comm for every process visible under R/proc."""
     out: dict[int, str] = {}
     try:
-        names = os.listdir(host("/proc"))
+        names = os.listdir("/proc")
     except OSError:
         return out
     for name in names:
@@ -163,7 +138,7 @@ def processes() -> dict[int, str]:
 
 def cmdline(pid: int) -> list[str]:
     try:
-        with open(host(f"/proc/{pid}/cmdline"), "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             raw = f.read()
     except OSError:
         return []
@@ -486,7 +461,7 @@ def _socket_owners(inodes: set[int], procs: dict[int, str]) -> dict[int, int]:
     if not inodes:
         return owners
     for pid in sorted(procs):
-        fd_dir = host(f"/proc/{pid}/fd")
+        fd_dir = f"/proc/{pid}/fd"
         try:
             fds = os.listdir(fd_dir)
         except OSError:
@@ -546,13 +521,13 @@ def _ibdev2netdev(errors: list[str]) -> dict[tuple[str, int], str]:
 def rdma(errors: list[str]) -> list[dict]:
     base = "/sys/class/infiniband"
     try:
-        hcas = sorted(os.listdir(host(base)))
+        hcas = sorted(os.listdir(base))
     except OSError:
         return []  # no RDMA devices: nothing to report (checks that need RDMA say so)
     ports = []
     for hca in hcas:
         try:
-            port_names = sorted((p for p in os.listdir(host(f"{base}/{hca}/ports")) if p.isdigit()), key=int)
+            port_names = sorted((p for p in os.listdir(f"{base}/{hca}/ports") if p.isdigit()), key=int)
         except OSError as exc:
             errors.append(f"rdma {hca}: cannot list ports: {why(exc)}")
             continue
@@ -563,7 +538,7 @@ def rdma(errors: list[str]) -> list[dict]:
                 state = state.split(":", 1)[1].strip()  # "4: ACTIVE" -> "ACTIVE"
             gids = []
             try:
-                idxs = sorted((i for i in os.listdir(host(pdir + "/gids")) if i.isdigit()), key=int)
+                idxs = sorted((i for i in os.listdir(pdir + "/gids") if i.isdigit()), key=int)
             except OSError:
                 idxs = []
             for i in idxs:
@@ -577,7 +552,7 @@ def rdma(errors: list[str]) -> list[dict]:
             netdev = next((g["netdev"] for g in gids if g["netdev"]), None)
             if netdev is None:
                 try:
-                    nets = os.listdir(host(f"{base}/{hca}/device/net"))
+                    nets = os.listdir(f"{base}/{hca}/device/net")
                 except OSError:
                     nets = []
                 if len(nets) == 1:
@@ -608,7 +583,7 @@ def _unescape(field: str) -> str:
 
 def read_mounts(errors: list[str]) -> list[dict]:
     try:
-        text = read_text("/proc/mounts")
+        text = read_text(MOUNTS)
     except OSError as exc:
         errors.append(f"mounts: {why(exc)}")
         return []
@@ -633,13 +608,11 @@ def mount_of(path: str, mounts: list[dict]) -> dict | None:
 
 
 def path_info(path: str, mounts: list[dict]) -> dict:
-    real = host(path)
+    real = path
     exists = os.path.exists(real)
     info: dict = {"path": path, "exists": exists, "is_dir": os.path.isdir(real)}
     # resolve symlinks so the mount is the one the data is on (a link into another filesystem)
-    resolved = node_path(os.path.realpath(real))
-    if not resolved.startswith("/"):
-        resolved = path  # a link that leaves the simulated root: judge the path as written
+    resolved = os.path.realpath(real)
     info["mount"] = mount_of(resolved, mounts)
     probe = real
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
@@ -844,7 +817,6 @@ def gather(request: dict) -> dict:
     return {
         "node": request.get("node") or name,
         "hostname": name,
-        "simulated": bool(SIM_ROOT),
         "collected_at": time.time(),
         "uptime_s": up,
         "helper_version": HELPER_VERSION,

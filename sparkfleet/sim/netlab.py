@@ -1,0 +1,104 @@
+"""The simulated lab's networks (root only, ssh mode): one network namespace per node, wired like the lab.
+
+- management: a bridge `sfsim0` on this machine (10.78.0.1/24); each node's `mgmt0` holds 10.78.0.(11+i)
+  and its sshd listens there on port 22, as a node's management address would;
+- fabric: a bridge `sfsimfab` inside a namespace of its own (`sfsim-fabric`, so this machine's own
+  network never carries it); each node's fabric interface, named as the inventory's rdma.fabric_iface,
+  holds the node's fabric IP (/24) with the lab's jumbo MTU, so a process on one node reaches another
+  node's fabric IP. Faults change these links for real (tc tbf for slow-link, the MTU for mtu-mismatch).
+
+Names are fixed (one simulated lab per machine); `remove` deletes exactly these names.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+
+from sparkfleet.spec.errors import UserError
+from sparkfleet.spec.inventory import Inventory
+
+PREFIX = "sfsim"
+MGMT_BRIDGE = "sfsim0"
+MGMT_NET = ipaddress.IPv4Network("10.78.0.0/24")
+FABRIC_NS = "sfsim-fabric"
+FABRIC_BRIDGE = "sfsimfab"
+FABRIC_MTU = 9000  # the lab's RoCE links run jumbo frames (the MTU the mtu-mismatch fault departs from)
+
+
+def netns_name(node: str) -> str:
+    return f"{PREFIX}-{node}"
+
+
+def mgmt_ip(index: int) -> str:
+    return str(MGMT_NET.network_address + 11 + index)
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise UserError(f"sim network: `ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+    return proc
+
+
+def ours() -> list[str]:
+    """The lab's namespaces that exist now."""
+    out = _ip("netns", "list", check=False).stdout.splitlines()
+    return [line.split()[0] for line in out if line.split() and line.split()[0].startswith(PREFIX + "-")]
+
+
+def check_free() -> None:
+    """Refuse to build over a management subnet somebody else routes."""
+    routes = _ip("-4", "route", "show", check=False).stdout
+    if str(MGMT_NET) in routes and MGMT_BRIDGE not in routes:
+        raise UserError(f"sim network: {MGMT_NET} is already routed on this machine; nothing was created")
+
+
+def create(inv: Inventory, names: list[str]) -> None:
+    """Namespaces, bridges and veth pairs for every node (see the module docstring)."""
+    _ip("link", "add", MGMT_BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{MGMT_NET.network_address + 1}/{MGMT_NET.prefixlen}", "dev", MGMT_BRIDGE)
+    _ip("link", "set", MGMT_BRIDGE, "up")
+    _ip("netns", "add", FABRIC_NS)
+    _ip("-n", FABRIC_NS, "link", "add", FABRIC_BRIDGE, "type", "bridge")
+    _ip("-n", FABRIC_NS, "link", "set", FABRIC_BRIDGE, "mtu", str(FABRIC_MTU))
+    _ip("-n", FABRIC_NS, "link", "set", FABRIC_BRIDGE, "up")
+    for i, name in enumerate(names):
+        ns = netns_name(name)
+        _ip("netns", "add", ns)
+        _ip("-n", ns, "link", "set", "lo", "up")
+        host_end = f"{PREFIX}m{i}"
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", "mgmt0", "netns", ns)
+        _ip("link", "set", host_end, "master", MGMT_BRIDGE, "up")
+        _ip("-n", ns, "addr", "add", f"{mgmt_ip(i)}/{MGMT_NET.prefixlen}", "dev", "mgmt0")
+        _ip("-n", ns, "link", "set", "mgmt0", "up")
+        n = inv.nodes[name]
+        if n.rdma is None or not n.fabric_ip:
+            continue
+        fab_end = f"{PREFIX}f{i}"
+        _ip("-n", FABRIC_NS, "link", "add", fab_end, "type", "veth", "peer", "name", n.rdma.fabric_iface,
+            "netns", ns)
+        _ip("-n", FABRIC_NS, "link", "set", fab_end, "mtu", str(FABRIC_MTU), "master", FABRIC_BRIDGE, "up")
+        _ip("-n", ns, "link", "set", n.rdma.fabric_iface, "mtu", str(FABRIC_MTU))
+        _ip("-n", ns, "addr", "add", f"{n.fabric_ip}/24", "dev", n.rdma.fabric_iface)
+        _ip("-n", ns, "link", "set", n.rdma.fabric_iface, "up")
+
+
+def remove() -> bool:
+    """Delete the lab's namespaces (their veths go with them) and the management bridge. True if any existed."""
+    found = False
+    for ns in ours():
+        pids = _ip("netns", "pids", ns, check=False).stdout.split()
+        for pid in pids:  # processes left in a namespace (the node's init ended them already)
+            subprocess.run(["kill", "-9", pid], capture_output=True)
+        _ip("netns", "del", ns, check=False)
+        found = True
+    if _ip("link", "show", MGMT_BRIDGE, check=False).returncode == 0:
+        _ip("link", "del", MGMT_BRIDGE, check=False)
+        found = True
+    return found
+
+
+def exec_argv(node: str) -> list[str]:
+    """Run a command in the node's namespace from this machine (tc, ip for faults)."""
+    return ["ip", "netns", "exec", netns_name(node)]

@@ -1,0 +1,263 @@
+"""A simulated node as a machine: its own root, processes and hostname (and, as root, its own network).
+
+Each node runs one long-lived init under bubblewrap (docs/sim-layout.md):
+
+- a tmpfs root; every top-level directory of the node's own tree `nodes/<node>/fs/` (the inventory's
+  model root, NFS mount, Engram and cache dirs, /home or /root, /var, /tmp, /run, /sys ...) bound
+  read-write at its node path, so `/nvme/engram-local` on the node is `fs/nvme/engram-local` here;
+- the host's /usr, /bin, /sbin, /lib* read-only; /etc entry by entry read-only, except the node's own
+  /etc/hostname, /etc/mtab and /etc/default/earlyoom; the Python that runs the sim engine read-only;
+- its own pid namespace with a fresh /proc, the node's /proc/meminfo and /proc/uptime bound over it;
+- the sim's shims (nvidia-smi, docker, ...) bound read-only at /usr/local/bin, first on every PATH;
+- its own hostname (uts namespace); as root, its own network namespace `sfsim-<node>` (lab.py wires it).
+
+Commands enter the running node with nsenter (the `enter` script sim up writes, which the local
+transport runs commands under); in ssh mode the node's sshd runs inside it, so sessions are in it too.
+Nothing is ever bound onto a path of the host: every mount point lies in the node's tmpfs or its tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sparkfleet.sim import shim
+from sparkfleet.spec.errors import UserError
+
+SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_TOP = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev"}
+SHIM_DIR = "/usr/local/bin"  # the shims, bound over the host's /usr/local/bin: first on the default PATH
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+OWN_ETC = {"hostname", "mtab", "default"}  # /etc entries the node has of its own (the rest: the host's, read-only)
+NSENTER = "/usr/bin/nsenter"
+BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/usr/local/bin/bwrap")
+START_TIMEOUT_S = 10.0
+
+
+def bwrap_path() -> str | None:
+    for c in BWRAP_CANDIDATES:
+        if os.access(c, os.X_OK):
+            return c
+    return shutil.which("bwrap")
+
+
+def missing_privileges(netns: bool) -> list[str]:
+    """What this machine lacks to run simulated nodes (empty: nothing). Checked before anything is created."""
+    missing = []
+    if bwrap_path() is None:
+        missing.append("bubblewrap (apt-get install bubblewrap)")
+    if not os.access(NSENTER, os.X_OK):
+        missing.append("nsenter (util-linux)")
+    if netns and os.geteuid() != 0:
+        missing.append("root (network namespaces)")
+    if os.geteuid() != 0 and not missing:
+        probe = subprocess.run([bwrap_path() or "bwrap", "--unshare-user", "--ro-bind", "/", "/", "true"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            why = (probe.stderr.strip().splitlines() or ["bwrap failed"])[-1]
+            missing.append(f"unprivileged user namespaces ({why}); or run as root")
+    return missing
+
+
+def home_dir() -> str:
+    """The node user's home (the same user as on this machine, as in the sim's ssh mode)."""
+    return pwd.getpwuid(os.getuid()).pw_dir
+
+
+def python_roots() -> list[str]:
+    """Directories the sim engine's Python needs, bound read-only into each node at the same paths."""
+    import sparkfleet
+
+    package_root = str(Path(sparkfleet.__file__).resolve().parent.parent)
+    out: list[str] = []
+    for p in (sys.base_prefix, sys.prefix, package_root):
+        p = os.path.realpath(p)
+        if any(p == s or p.startswith(s + "/") for s in SYSTEM_RO):
+            continue
+        if not any(p == o or p.startswith(o + "/") for o in out):
+            out = [o for o in out if not o.startswith(p + "/")] + [p]
+    return out
+
+
+def _ro_tree(host_dir: str, node_dir: str, skip: set[str]) -> list[str]:
+    """Bind each entry of a host directory read-only (symlinks copied as symlinks), except `skip`."""
+    args: list[str] = []
+    for name in sorted(os.listdir(host_dir)):
+        if name in skip:
+            continue
+        src = os.path.join(host_dir, name)
+        if os.path.islink(src):
+            args += ["--symlink", os.readlink(src), f"{node_dir}/{name}"]
+        elif os.path.isdir(src) or os.path.isfile(src):
+            args += ["--ro-bind", src, f"{node_dir}/{name}"]
+    return args
+
+
+def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool) -> list[str]:
+    """The bubblewrap command line of the node's init (everything the node is, as mounts)."""
+    fs = node_dir / "fs"
+    args = [bwrap_path() or "bwrap", "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--hostname", hostname]
+    if userns:
+        args += ["--unshare-user", "--uid", str(os.getuid()), "--gid", str(os.getgid())]
+    if caps:
+        args += ["--cap-add", "ALL"]  # root's node: its sshd drops privileges per session, as on a real node
+    args += ["--tmpfs", "/"]
+    for entry in sorted(os.listdir(fs)):
+        if entry in SYSTEM_TOP:
+            raise UserError(f"simulated node {hostname}: /{entry} is shared read-only with this machine; "
+                            "keep the inventory's paths out of it")
+        args += ["--bind", str(fs / entry), f"/{entry}"]
+    for p in SYSTEM_RO:
+        if os.path.islink(p):
+            args += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            args += ["--ro-bind", p, p]
+    args += ["--dir", "/etc"] + _ro_tree("/etc", "/etc", OWN_ETC)
+    args += ["--dir", "/etc/default"]
+    if os.path.isdir("/etc/default"):
+        args += _ro_tree("/etc/default", "/etc/default", {"earlyoom"})
+    for p in python_roots():
+        args += ["--ro-bind", p, p]
+    args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", "--dev", "/dev"]
+    for node_path in shim.BOUND_FILES:
+        args += ["--ro-bind", str(shim.bound_source(fs, node_path)), node_path]
+    args += ["--chdir", home_dir(), "--clearenv", "--setenv", "PATH", NODE_PATH, "--setenv", "HOME", home_dir()]
+    return args
+
+
+def init_path(node_dir: Path) -> Path:
+    return node_dir / "init.json"
+
+
+def start(node_dir: Path, hostname: str, *, netns: str | None, sshd: list[str] | None) -> int:
+    """Start the node's init (returns its pid on this machine) and wait until it says it is up."""
+    userns = os.geteuid() != 0
+    argv = bwrap_args(node_dir, hostname, userns=userns, caps=not userns)
+    info_r, info_w = os.pipe()
+    argv[1:1] = ["--info-fd", str(info_w)]
+    argv += ["--", "/usr/bin/python3", f"{SHIM_DIR}/sim-node-init", *(["--sshd", *sshd] if sshd else [])]
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    ready = node_dir / "fs" / shim.STATE / "init.ready"
+    ready.unlink(missing_ok=True)
+    with open(node_dir / "node.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                pass_fds=(info_w,), start_new_session=True)
+    os.close(info_w)
+    with os.fdopen(info_r) as fh:
+        info = fh.read()
+    try:
+        child = int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError):
+        proc.wait(5)
+        raise UserError(f"simulated node {hostname} did not start: {_tail(node_dir / 'node.log')}") from None
+    init_path(node_dir).write_text(json.dumps({"pid": child, "bwrap": proc.pid, "netns": netns,
+                                              "userns": userns}) + "\n")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if ready.is_file():
+            return child
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    stop(node_dir)
+    raise UserError(f"simulated node {hostname} did not come up: {_tail(node_dir / 'node.log')}")
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no output"
+
+
+def running_pid(node_dir: Path) -> int | None:
+    """The init's pid, only while that process is this node's (pids get reused)."""
+    try:
+        pid = int(json.loads(init_path(node_dir).read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        if os.path.isfile(f"/proc/{pid}/root/{shim.STATE}/node.json"):
+            return pid
+    except OSError:
+        pass
+    return None
+
+
+def stop(node_dir: Path, timeout_s: float = 5.0) -> bool:
+    """End the node: its init and with it every process in its pid namespace. True if it was running."""
+    try:
+        info = json.loads(init_path(node_dir).read_text())
+    except (OSError, ValueError):
+        return False
+    pids = [int(info["bwrap"]), int(info["pid"])]
+    was = running_pid(node_dir) is not None
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            _reap(pids)
+            time.sleep(0.02)
+        if not any(_alive(p) for p in pids):
+            break
+    _reap(pids)
+    init_path(node_dir).unlink(missing_ok=True)
+    return was
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _reap(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool) -> str:
+    """The wrapper the local transport runs each command under: it enters the running node (or answers
+    as ssh does for a host that cannot be reached, exit 255)."""
+    ns = "-m -u -i -p" + (" -n" if netns else "") + (" -U --preserve-credentials" if userns else "")
+    d = shlex.quote(str(node_dir))
+    state = shlex.quote(shim.STATE)
+    return (f"#!/bin/sh\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
+            f"d={d}\n"
+            f'pid=$(sed -n \'s/.*"pid": \\([0-9]*\\).*/\\1/p\' "$d/init.json" 2>/dev/null)\n'
+            f'if [ -e "$d/unreachable" ] || [ -z "$pid" ] || [ ! -f "/proc/$pid/root/"{state}/node.json ]; then\n'
+            f'  echo "ssh: connect to host {node} port 22: No route to host" >&2\n  exit 255\nfi\n'
+            f"exec {NSENTER} -t \"$pid\" {ns} -r -w -- /usr/bin/env PATH={NODE_PATH} "
+            f"HOME={shlex.quote(home_dir())} USER={shlex.quote(pwd.getpwuid(os.getuid()).pw_name)} "
+            f"LOGNAME={shlex.quote(pwd.getpwuid(os.getuid()).pw_name)} SHELL=/bin/bash LANG=C.UTF-8 \"$@\"\n")
+
+
+def enter_path(node_dir: Path) -> Path:
+    return node_dir / "enter"
+
+
+def run_in(node_dir: Path, argv: list[str], *, timeout_s: float = 30.0, detach: bool = False,
+           stdin: bytes | None = None) -> subprocess.CompletedProcess | None:
+    """Run a command inside the node from the controller's side (faults, heal); detach: leave it running."""
+    cmd = [str(enter_path(node_dir)), *argv]
+    if detach:
+        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, env={})
+        return None
+    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout_s, env={})
