@@ -227,10 +227,14 @@ def engine_state(profiles: list[Profile]) -> dict:
             "engram_layers": list(values.ENGRAM_LAYERS), "stop_wait_s": values.ENGINE_STOP_WAIT_S, "lanes": lanes}
 
 
-def install_shims(bin_dir: Path) -> None:
+def install_shims(bin_dir: Path, *, netns: bool = False) -> None:
+    """The shims, under each tool's name. A node with its own network namespace has real links: it gets
+    the real `ip` (no shim)."""
     source = Path(shim.__file__).read_bytes()
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in SHIM_NAMES:
+        if netns and name == "ip":
+            continue
         target = bin_dir / name
         target.write_bytes(source)
         target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
@@ -268,7 +272,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
             refs.parent.mkdir(parents=True, exist_ok=True)
             refs.write_text(p.model.revision)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
-    install_shims(node_dir / "bin")
+    install_shims(node_dir / "bin", netns=netns)
     shim.render(root)
 
 

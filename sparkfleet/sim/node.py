@@ -201,18 +201,17 @@ def stop(node_dir: Path, timeout_s: float = 5.0) -> bool:
         info = json.loads(init_path(node_dir).read_text())
     except (OSError, ValueError):
         return False
-    pids = [int(info["bwrap"]), int(info["pid"])]
+    pids = [int(info["pid"]), int(info["bwrap"])]
     was = running_pid(node_dir) is not None
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
-            _reap(pids)
-            time.sleep(0.02)
-        if not any(_alive(p) for p in pids):
-            break
+    # The namespace's init (bwrap's pid 1) takes only SIGKILL from outside; it takes every process of the
+    # node with it, and the bwrap monitor exits when it has.
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        _reap(pids)
+        time.sleep(0.01)
     _reap(pids)
     init_path(node_dir).unlink(missing_ok=True)
     return was
