@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 from sparkfleet.runner import autotune
+from tests.noderoot import run_in_root
 
 
 def test_new_hash_dirs_are_seeded_with_the_newest_configs(tmp_path: Path) -> None:
-    root = tmp_path / "R"  # a node's sandbox: node paths are read through $SPARKFLEET_SIM_ROOT
+    root = tmp_path / "R"  # the node's filesystem: the seed script runs with it as /
     cache = root / "home/milo/dsv41/vllm-cache/flashinfer"
     old, older, new = cache / "hash-old", cache / "hash-older", cache / "hash-new"
     for d in (old, older, new):
@@ -25,15 +25,13 @@ def test_new_hash_dirs_are_seeded_with_the_newest_configs(tmp_path: Path) -> Non
         os.utime(d, (past, past))
     since = time.time() - 5
     cmd = autotune.seed_command("/home/milo/dsv41/vllm-cache", since)
-    out = subprocess.run(["bash", "-c", cmd], env={**os.environ, "SPARKFLEET_SIM_ROOT": str(root)},
-                         capture_output=True, text=True, check=True).stdout
+    out = run_in_root(root, ["bash", "-c", cmd], capture_output=True, text=True, check=True).stdout
     res = autotune.parse(out)
     assert res == {"source": "/home/milo/dsv41/vllm-cache/flashinfer/hash-old/autotune_configs.json",
                    "seeded": ["/home/milo/dsv41/vllm-cache/flashinfer/hash-new"]}
     assert (new / autotune.CONFIGS).read_text() == '{"configs": 168}'
     # a second poll seeds nothing more
-    out = subprocess.run(["bash", "-c", cmd], env={**os.environ, "SPARKFLEET_SIM_ROOT": str(root)},
-                         capture_output=True, text=True, check=True).stdout
+    out = run_in_root(root, ["bash", "-c", cmd], capture_output=True, text=True, check=True).stdout
     assert autotune.parse(out)["seeded"] == []
 
 

@@ -17,6 +17,7 @@ from sparkfleet.bench import bracket as br
 from sparkfleet.bench.promptsets import PromptSet
 from sparkfleet.bench.runner import BenchOptions, BenchResult, Cell, run_bench
 from sparkfleet.cli.main import main
+from sparkfleet.sim import shim
 from tests.test_simengine_util import Lane, free_port
 
 PROSE = """
@@ -225,13 +226,14 @@ def test_bracket_cli_on_the_sim_lab_fails_a_slow_candidate_and_ends_with_the_con
         code = main(["bracket", "--control", "dcp2", "--candidate", "dcp1", "--bars", str(bars), "--inventory", "sim",
                      "--gates", "models", "--poll", "0.2", "--json", "--out", str(tmp_path / "out")])
         res = json.loads(capsys.readouterr().out)
-        docker = {n: json.loads((sim.root(n) / "state/docker.json").read_text())["containers"]
+        docker = {n: json.loads((sim.root(n) / shim.STATE / "docker.json").read_text())["containers"]
                   for n in ("reddie", "asusi", "bluey", "spark4")}
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
         # the control serves: bench it by its profile alone (endpoint from the inventory), probing first
         from sparkfleet.checks import probe
 
-        monkeypatch.setattr(probe, "sim_load", lambda seconds=0.5: f"sim-gpu-load {seconds:g}")  # a short load
+        image_load = probe.image_load
+        monkeypatch.setattr(probe, "image_load", lambda image, seconds=0.5: image_load(image, 0.5))  # a short load
         bench_code = main(["bench", "--profile", "dcp2", "--inventory", "sim", "--probe", "--concurrency", "1",
                            "--categories", "prose", "--max-tokens", "12", "--no-warmup", "--json",
                            "--out", str(tmp_path / "bench")])

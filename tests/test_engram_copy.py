@@ -88,7 +88,7 @@ def holes_supported(d: Path) -> bool:
 
 def run_helper(args: list[str], env_fault: str | None = None) -> subprocess.CompletedProcess:
     """Run the helper file the way a node does: `python3 engram_copy.py ...`, isolated from sparkfleet."""
-    env = {k: v for k, v in os.environ.items() if k != "SPARKFLEET_SIM_ROOT"}
+    env = dict(os.environ)
     if env_fault:
         env["SPARKFLEET_ENGRAM_FAULT"] = env_fault
     return subprocess.run([sys.executable, "-I", str(HELPER), *args], capture_output=True, text=True, env=env,
@@ -249,7 +249,7 @@ def test_written_but_unjournaled_chunks_are_copied_again(ckpt: Path, tmp_path: P
 
 def test_sigkill_at_a_random_moment_then_resume(ckpt: Path, tmp_path: Path) -> None:
     dest = tmp_path / "d"
-    env = {k: v for k, v in os.environ.items() if k != "SPARKFLEET_SIM_ROOT"}
+    env = dict(os.environ)
     env["SPARKFLEET_ENGRAM_FAULT"] = "sleep_per_chunk=0.01"
     proc = subprocess.Popen([sys.executable, "-I", str(HELPER), *cli_args(ckpt, dest)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -467,7 +467,7 @@ def test_the_checkpoint_is_never_the_destination(ckpt: Path, tmp_path: Path) -> 
 
 def test_two_copies_into_one_directory_are_refused(ckpt: Path, tmp_path: Path) -> None:
     dest = tmp_path / "d"
-    env = {k: v for k, v in os.environ.items() if k != "SPARKFLEET_SIM_ROOT"}
+    env = dict(os.environ)
     env["SPARKFLEET_ENGRAM_FAULT"] = "sleep_per_chunk=0.05"
     proc = subprocess.Popen([sys.executable, "-I", str(HELPER), *cli_args(ckpt, dest)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -495,7 +495,7 @@ def test_memory_stays_bounded_and_verification_reads_the_disk(tmp_path: Path) ->
     rows = 128 * 1024  # a 32 MiB table, copied whole by one rank
     fx = make_checkpoint(tmp_path / "ck", rows=rows, layers=(1,))
     dest = tmp_path / "d"
-    env = {k: v for k, v in os.environ.items() if k != "SPARKFLEET_SIM_ROOT"}
+    env = dict(os.environ)
     run = run_measured([sys.executable, "-I", str(HELPER), "copy", "--source", str(fx.root), "--dest", str(dest),
                         "--tensors", PATTERN, "--range", f"1:0:{rows}", "--chunk-mb", "0.5", "--window-mb", "1"],
                        env=env, stdout_path=str(tmp_path / "out.jsonl"))

@@ -19,6 +19,7 @@ from sparkfleet.fleet.connect import transport_for
 from sparkfleet.fleet.nodeside import engram_copy as ec
 from sparkfleet.placement import place
 from sparkfleet.spec.load import Spec
+from tests.noderoot import write_wrapper
 
 REV = "1bae0e1088993b9b82de08f59de5be5a34e42170"
 ROWS = 4096
@@ -37,7 +38,7 @@ NODE = """\
     ssh: {{host: 127.0.0.1}}
     hardware: gb10
     transport: local
-    sim_root: {root}
+    wrapper: [{wrapper}]
     storage:
       model_root: /models
       engram_local_dir: /nvme/engram-local
@@ -74,9 +75,11 @@ def lab(tmp_path: Path, monkeypatch) -> dict:
         snap.mkdir(parents=True)
         (snap / REV).symlink_to(ck)  # as an HF cache links a snapshot to its blobs
         (root / "home").mkdir()
+        (root / "nvme").mkdir()
         roots[name] = root
     (ops / "inventories" / "sim.yaml").write_text(INVENTORY.format(
-        nodes="".join(NODE.format(name=n, root=roots[n]) for n in NODES), names=", ".join(NODES)))
+        nodes="".join(NODE.format(name=n, wrapper=write_wrapper(roots[n], tmp_path / f"enter-{n}", extra=[ck]))
+                      for n in NODES), names=", ".join(NODES)))
     (ops / "profiles" / "lane.yaml").write_text(PROFILE.format(rev=REV, fmt="fp8"))
     (ops / "profiles" / "lane-nvfp4.yaml").write_text(PROFILE.format(rev=REV, fmt="nvfp4"))
     harvest = rng.Harvest(tp=2, ranks=RANGES, nodes=dict(enumerate(NODES)))
@@ -154,7 +157,9 @@ def test_whole_shards(lab: dict, capsys) -> None:
 
 
 def test_progress_lines_come_from_each_node_while_it_copies(lab: dict, monkeypatch) -> None:
-    monkeypatch.setenv("SPARKFLEET_ENGRAM_FAULT", "sleep_per_chunk=0.1")  # ~3 s a node: seen even on a busy machine
+    for n in NODES:  # ~3 s a node: seen even on a busy machine (the fault is the node's own environment)
+        write_wrapper(lab["roots"][n], lab["roots"][n].parent.parent / f"enter-{n}", extra=[lab["ck"]],
+                      env={"SPARKFLEET_ENGRAM_FAULT": "sleep_per_chunk=0.1"})
     sp = Spec(lab["ops"])
     loaded = sp.profile("lane")
     ranks = place(loaded, sp.inventory("sim"))

@@ -24,6 +24,7 @@ from sparkfleet.fleet.gather import facts_requests, gather, plan_for, resolve_gi
 from sparkfleet.fleet.transport import Result
 from sparkfleet.spec.inventory import Node
 from sparkfleet.spec.load import Spec
+from tests.noderoot import argv_in_root
 
 REPO = Path(__file__).resolve().parent.parent
 REVISION = "df42c109f1defefcbfcedbe7d905718a12266e40"
@@ -134,10 +135,11 @@ class FakeTransport:
                 out[n.name] = self.canned[n.name]
                 continue
             self.home(n).mkdir(parents=True, exist_ok=True)
-            p = subprocess.run(["/bin/sh", "-c", command], input=stdin or "", capture_output=True, text=True,
-                               timeout=timeout_s, cwd=self.home(n),
-                               env={"HOME": str(self.home(n)), "SPARKFLEET_SIM_ROOT": str(self.root(n)),
-                                    "PATH": f"{self.base / 'tools'}{os.pathsep}{PYTHON_DIR}"})
+            # the node's files are its root's; its home and the (empty) tools dir are bound where they are
+            argv = argv_in_root(self.root(n), ["/bin/sh", "-c", f'cd "$HOME" && {command}'],
+                                extra=[self.home(n), self.base / "tools"])
+            p = subprocess.run(argv, input=stdin or "", capture_output=True, text=True, timeout=timeout_s,
+                               env={"HOME": str(self.home(n)), "PATH": f"{self.base / 'tools'}{os.pathsep}{PYTHON_DIR}"})
             out[n.name] = Result(n.name, p.returncode == 0, p.stdout, p.stderr, p.returncode,
                                  None if p.returncode == 0 else "exit",
                                  "" if p.returncode == 0 else f"{n.name}: command exited with status {p.returncode}")
@@ -246,7 +248,7 @@ def test_gather_returns_others_when_nodes_fail(tmp_path: Path) -> None:
     facts = gather(t, nodes, reqs)
     assert list(facts) == ["good", "down", "garbage", "schema", "other", "good2"]
     good = facts["good"]
-    assert isinstance(good, NodeFacts) and good.node == "good" and good.simulated
+    assert isinstance(good, NodeFacts) and good.node == "good" and not good.simulated  # not a sim inventory
     assert good.meminfo.mem_total_bytes == 126701056 * 1024
     assert good.paths["/models"].exists and not good.paths["/absent"].exists
     assert isinstance(facts["good2"], NodeFacts) and list(facts["good2"].paths) == []  # default request
@@ -301,6 +303,7 @@ nodes:
     ssh: {host: 127.0.0.1}
     hardware: gb10
     storage: {model_root: /models, cache_dir: /cache}
+    simulation: true   # what `sim up` writes: output about the node is tagged [sim]
   beta:
     ssh: {host: 127.0.0.2}
     hardware: gb10

@@ -35,6 +35,7 @@ from sparkfleet.runner.record import Record
 from sparkfleet.simengine.metrics import COUNTERS, GAUGES, SPEC_COUNTERS, Metrics
 from sparkfleet.spec.load import Spec
 from tests.conftest import REPO
+from tests.noderoot import write_wrapper
 from tests.prom import promtool
 
 GIB = 2**30
@@ -309,14 +310,14 @@ def sandbox(tmp_path: Path, journalctl: str | None) -> tuple[LocalTransport, obj
     from sparkfleet.spec.inventory import Node
 
     root = tmp_path / "node"
-    (root / "bin").mkdir(parents=True)
-    (root / "home").mkdir()
+    for d in ("bin", "home", "nvme"):  # the node's top-level dirs (the wrapper binds what exists now)
+        (root / d).mkdir(parents=True)
     if journalctl is not None:
         j = root / "bin" / "journalctl"
         j.write_text(journalctl)
         j.chmod(j.stat().st_mode | stat.S_IEXEC)
     node = Node(name="n1", ssh={"host": "127.0.0.1"}, hardware="gb10", storage={"model_root": "/m", "cache_dir": "/c"},
-                transport="local", sim_root=str(root))
+                transport="local", wrapper=[str(write_wrapper(root, tmp_path / "enter"))])
     return LocalTransport(), node
 
 
@@ -328,27 +329,28 @@ def run_extras(transport, node, **req) -> extras.Extras:
 
 
 def test_journal_kills_are_counted_in_the_window_since_the_last_poll(tmp_path) -> None:
-    script = "#!/bin/sh\necho \"$@\" >> \"$SPARKFLEET_SIM_ROOT/args\"\ncat <<'EOF'\n" + KILL_LINES + "EOF\n"
+    script = "#!/usr/bin/sh\necho \"$@\" >> /home/args\ncat <<'EOF'\n" + KILL_LINES + "EOF\n"
     transport, node = sandbox(tmp_path, script)
     got = run_extras(transport, node, journal=True, since=1796000000.7, manifests=[])
     assert got.journal == {"readable": True, "since": 1796000000, "until": int(got.now),
                            "kills": {"SIGTERM": 2, "SIGKILL": 1}}
-    args = (tmp_path / "node" / "args").read_text().split()
+    args = (tmp_path / "node" / "home" / "args").read_text().split()
     assert args == ["-u", "earlyoom", "--since", "@1796000000", "--until", f"@{int(got.now)}", "--no-pager", "-o", "cat"]
 
 
-def test_journal_unreadable_when_missing_or_not_permitted(tmp_path) -> None:
-    transport, node = sandbox(tmp_path / "a", None)  # a simulated node: journalctl only inside the sandbox
+def test_journal_empty_or_not_permitted(tmp_path) -> None:
+    transport, node = sandbox(tmp_path / "a", None)  # this machine's journalctl on a node with an empty journal
     got = run_extras(transport, node, journal=True, since=None, manifests=[])
-    assert got.journal == {"readable": False, "why": "no journalctl on this simulated node"}
-    hint = ("#!/bin/sh\necho 'Hint: You are currently not seeing messages from other users and the system.' >&2\n"
+    assert got.journal == {"readable": True, "since": int(got.now), "until": int(got.now),
+                           "kills": {"SIGTERM": 0, "SIGKILL": 0}}
+    hint = ("#!/usr/bin/sh\necho 'Hint: You are currently not seeing messages from other users and the system.' >&2\n"
             "echo '-- No entries --'\n")
     transport, node = sandbox(tmp_path / "b", hint)
     got = run_extras(transport, node, journal=True, since=None, manifests=[])
     assert got.journal["readable"] is False and "not seeing messages" in got.journal["why"]
 
 
-def test_manifests_are_read_through_the_sandbox(tmp_path) -> None:
+def test_manifests_are_read_on_the_node(tmp_path) -> None:
     transport, node = sandbox(tmp_path, None)
     d = tmp_path / "node" / "nvme" / "engram-local" / REV
     d.mkdir(parents=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.fleet.facts import NodeFacts
+from tests.noderoot import argv_in_root
 
 HELPER = Path(__file__).resolve().parent.parent / "sparkfleet" / "fleet" / "nodeside" / "facts.py"
 
@@ -169,7 +170,7 @@ def build_sandbox(root: Path, *, earlyoom_argv: list[str] | None, defaults: str 
     os.symlink("/dev/null", root / "proc/900/fd/0")
     write(root / "proc/net/tcp", TCP)
     write(root / "proc/net/tcp6", TCP6)
-    write(root / "proc/mounts", MOUNTS)
+    write(root / "etc/mtab", MOUNTS)
     # RDMA: port 1 of the fabric HCA; index 3 is RoCE v2 but IPv6, the IPv4 RoCE v2 entry is 5
     port = root / "sys/class/infiniband/rocep1s0f0/ports/1"
     write(port / "state", "4: ACTIVE\n")
@@ -205,13 +206,16 @@ def make_bin(tmp: Path, name: str, *, docker: str | None, nvidia: bool = True) -
 
 
 def run_helper(request: dict, *, root: Path | None, path: str) -> tuple[dict, float]:
-    env = {k: v for k, v in os.environ.items() if k != "SPARKFLEET_SIM_ROOT"}
+    """The helper as a node runs it; with `root`, that directory is the node's whole filesystem."""
+    env = dict(os.environ)
     env["PATH"] = path
+    argv = [PYTHON3, str(HELPER)]
     if root is not None:
-        env["SPARKFLEET_SIM_ROOT"] = str(root)
+        hostname = (root / "etc/hostname").read_text().strip() if (root / "etc/hostname").is_file() else None
+        argv = argv_in_root(root, argv, extra=[Path(d) for d in path.split(":") if d.startswith(str(root.parent))],
+                            hostname=hostname)
     start = time.monotonic()
-    p = subprocess.run([PYTHON3, str(HELPER)], input=json.dumps(request), capture_output=True, text=True,
-                       env=env, timeout=60)
+    p = subprocess.run(argv, input=json.dumps(request), capture_output=True, text=True, env=env, timeout=60)
     elapsed = time.monotonic() - start
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("\n") == 1, "one JSON document, one line"
@@ -239,7 +243,7 @@ def lab(tmp_path: Path) -> dict:
 def test_validates_and_identifies_node(lab: dict) -> None:
     f = lab["facts"]
     assert f.node == "reddie" and f.hostname == "reddie"
-    assert f.simulated is True
+    assert f.simulated is False  # the helper never says so; gather sets it from the inventory
     assert f.helper_version == "1"
     assert f.uptime_s == pytest.approx(93784.52)
     assert f.errors == []

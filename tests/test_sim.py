@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.root import find_root
-from sparkfleet.sim import lab, paths, sshd, values
+from sparkfleet.sim import build, lab, netlab, paths, shim, sshd, values
+from sparkfleet.sim import node as simnode
 from sparkfleet.spec.load import Spec
 
 GIB_KB = 1024 * 1024
@@ -70,26 +72,29 @@ def source():
 
 
 def tool(root: Path, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a shim as a node-side helper would: found on PATH, sandbox from $SPARKFLEET_SIM_ROOT."""
-    # the node's PATH (as the sim's sshd sets it): the shims, then the system's dirs (python3 is /usr/bin's)
-    env = {**os.environ, "SPARKFLEET_SIM_ROOT": str(root),
-           "PATH": f"{root / 'bin'}:{sshd.SYSTEM_PATH}:{os.environ['PATH']}"}
-    proc = subprocess.run([name, *args], env=env, capture_output=True, text=True, timeout=30)
+    """Run a command on the node whose tree is `root`, as the local transport does (through its wrapper)."""
+    proc = subprocess.run([str(simnode.enter_path(root.parent)), name, *args], env={}, capture_output=True, text=True,
+                          timeout=30)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
 
 
+def cat(root: Path, path: str) -> str:
+    """A file as the node sees it."""
+    return tool(root, "cat", path).stdout
+
+
 def meminfo(root: Path) -> dict[str, int]:
     out = {}
-    for line in (root / "proc/meminfo").read_text().splitlines():
+    for line in cat(root, "/proc/meminfo").splitlines():
         key, value = line.split(":")
         out[key] = int(value.split()[0])
     return out
 
 
 def gid_table(root: Path, hca: str = "rocep1s0f0") -> dict[int, tuple[str, str | None]]:
-    base = root / f"sys/class/infiniband/{hca}/ports/1"
+    base = root / f"sys/class/infiniband/{hca}/ports/1"  # the node's /sys is its tree's sys/
     table = {}
     for f in (base / "gids").iterdir():
         types = base / "gid_attrs/types" / f.name
@@ -130,33 +135,52 @@ def changed(before: dict, after: dict) -> set[str]:
 # -- the sandbox layout -----------------------------------------------------------------------
 
 
-def test_up_builds_one_sandbox_per_node_with_the_contract_layout(ro_sim, source):
+def node_procs(root: Path) -> dict[int, tuple[str, list[str]]]:
+    """pid -> (comm, argv) of every process the node shows in its own /proc."""
+    out = tool(root, "python3", "-c", "import os, json; print(json.dumps({p: [open(f'/proc/{p}/comm').read().strip(), "
+               "open(f'/proc/{p}/cmdline','rb').read().decode().split(chr(0))[:-1]] for p in os.listdir('/proc') "
+               "if p.isdigit()}))").stdout
+    return {int(k): (v[0], v[1]) for k, v in json.loads(out).items()}
+
+
+def test_up_builds_one_node_per_inventory_node_with_the_contract_layout(ro_sim, source):
     assert sorted(p.name for p in paths.nodes_dir().iterdir()) == sorted(source.nodes)
     asusi = ro_sim.root("asusi")
-    # the top level: contract dirs plus exactly the absolute storage paths the inventory and lanes use
+    assert asusi == paths.node_dir("asusi") / "fs"
+    assert {p.name for p in asusi.parent.iterdir()} == {"fs", "bin", "enter", "init.json", "node.log"}
+    # the node's own tree: exactly the absolute storage paths the inventory and lanes use, plus its home,
+    # /tmp, /run, /var (the sim's state) and /sys (the RDMA files); /usr, /etc, /proc are not the node's
+    home = simnode.home_dir().strip("/").split("/")[0]
     assert {p.name for p in asusi.iterdir()} == {
-        "bin", "etc", "home", "proc", "state", "sys",
+        home, "tmp", "run", "sys", "var",
         "mnt",  # /mnt/models (model root, NFS)
         "nvme",  # /nvme/engram-local, /nvme/cache
-        "var",  # /var/lib/sparkfleet/patches (patch_root)
         "opt", "DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw",  # tf1017's recipe_dir and model_dir
     }
-    assert {p.name for p in (asusi / "proc").iterdir()} == {"meminfo", "uptime", "mounts", "net", "sys", "1034",
-                                                           "1187"}
-    assert {p.name for p in (ro_sim.root("reddie") / "proc").iterdir()} == {
-        "meminfo", "uptime", "mounts", "net", "sys", "812", "1034", "1187"}  # the head also runs rpcbind for NFS
-    assert (asusi / "proc/sys/vm/drop_caches").read_text() == "0\n"
-    assert {p.name for p in (asusi / "state").iterdir()} == {
-        "node.json", "gpu.json", "docker.json", "faults.json", "engine.json", "logs", "stash", ".lock"}
-    assert sorted(p.name for p in (asusi / "bin").iterdir()) == ["docker", "ibdev2netdev", "ip", "nvidia-smi",
-                                                                 "sim-gpu-load", "sysctl"]
-    for shim in (asusi / "bin").iterdir():
-        assert os.access(shim, os.X_OK)
-        assert shim.read_text().startswith("#!/usr/bin/env python3\n")
-    assert (asusi / "etc/hostname").read_text() == "asusi\n"
-    assert json.loads((asusi / "state/faults.json").read_text()) == {"faults": {}}
-    up, idle = (float(x) for x in (asusi / "proc/uptime").read_text().split())
+    assert {p.name for p in (asusi / shim.STATE).iterdir()} == {
+        "node.json", "gpu.json", "docker.json", "faults.json", "engine.json", "logs", "stash", ".lock", "node",
+        "init.ready"}
+    assert sorted(p.name for p in (asusi.parent / "bin").iterdir()) == sorted(build.SHIM_NAMES)
+    for s in (asusi.parent / "bin").iterdir():
+        assert os.access(s, os.X_OK) and s.read_text().startswith("#!/usr/bin/python3\n")
+    # inside, it is a machine of its own: its hostname, its files at the inventory's paths, shims on PATH
+    assert tool(asusi, "hostname").stdout == "asusi\n" and cat(asusi, "/etc/hostname") == "asusi\n"
+    assert tool(asusi, "bash", "-c", "command -v nvidia-smi docker").stdout == "/usr/local/bin/nvidia-smi\n" \
+        "/usr/local/bin/docker\n"
+    assert tool(asusi, "test", "-d", "/nvme/engram-local").returncode == 0
+    assert tool(asusi, "test", "-e", str(asusi), check=False).returncode == 1  # this machine's paths are not on the node
+    assert json.loads(cat(asusi, f"/{shim.STATE}/faults.json")) == {"faults": {}}
+    up, idle = (float(x) for x in cat(asusi, "/proc/uptime").split())
     assert up > 0 and idle > up
+    assert tool(asusi, "pwd").stdout == simnode.home_dir() + "\n"
+
+
+def test_each_node_has_its_own_processes(ro_sim):
+    procs = node_procs(ro_sim.root("asusi"))
+    comms = sorted(c for c, _ in procs.values())
+    assert comms == ["bwrap", "earlyoom", "python3", "sim-node-init"] or comms == [
+        "bwrap", "earlyoom", "python3", "python3"], procs  # pid 1, init, earlyoom, and this command
+    assert 1 in procs and procs[1][0] == "bwrap"
 
 
 def test_meminfo_from_the_hardware_class(ro_sim):
@@ -170,34 +194,39 @@ def test_meminfo_from_the_hardware_class(ro_sim):
     assert station["MemTotal"] == 494 * GIB_KB  # Grace host RAM (INV-50)
     assert station["SwapTotal"] == 0
     # the kernel's layout: label padded to 16 columns, value right-aligned in 8, then " kB"
-    first = (ro_sim.root("asusi") / "proc/meminfo").read_text().splitlines()[0]
+    first = cat(ro_sim.root("asusi"), "/proc/meminfo").splitlines()[0]
     assert first == f"MemTotal:       {121 * GIB_KB:>8} kB"
 
 
 def test_mounts_nfs4_on_workers_local_nvme_on_head_and_station(ro_sim, source):
     for node in ("asusi", "bluey", "spark4"):
-        rows = [line.split() for line in (ro_sim.root(node) / "proc/mounts").read_text().splitlines()]
+        rows = [line.split() for line in cat(ro_sim.root(node), "/etc/mtab").splitlines()]
         nfs = [r for r in rows if r[1] == "/mnt/models"]
         assert len(nfs) == 1
         src, target, fstype, opts, dump, passno = nfs[0]
         assert (src, fstype, dump, passno) == ("192.168.192.11:/nvme/hf", "nfs4", "0", "0")
         assert source.nodes[node].storage.nfs_mount.source == src
         assert f"clientaddr={source.nodes[node].fabric_ip}" in opts and "addr=192.168.192.11" in opts
-    reddie = [line.split() for line in (ro_sim.root("reddie") / "proc/mounts").read_text().splitlines()]
+    reddie = [line.split() for line in cat(ro_sim.root("reddie"), "/etc/mtab").splitlines()]
     assert not [r for r in reddie if r[2] in ("nfs", "nfs4", "cifs")]
     assert ["/dev/nvme0n1p2", "/", "ext4"] == [r for r in reddie if r[1] == "/"][0][:3]  # /nvme/hf lies on it
-    station = [line.split() for line in (ro_sim.root("station") / "proc/mounts").read_text().splitlines()]
+    station = [line.split() for line in cat(ro_sim.root("station"), "/etc/mtab").splitlines()]
     assert [r[:3] for r in station if r[1] == "/models"] == [["/dev/md0", "/models", "xfs"]]  # INV-53
 
 
+def earlyoom_argv(root: Path) -> list[str]:
+    [argv] = [argv for comm, argv in node_procs(root).values() if comm == "earlyoom"]
+    return argv
+
+
 def test_earlyoom_process_and_config(ro_sim):
-    for node in SPARKS:
-        root = ro_sim.root(node)
-        assert (root / "proc/1187/comm").read_text() == "earlyoom\n"
-        assert (root / "proc/1187/cmdline").read_bytes() == b"/usr/bin/earlyoom\0-m\x002\0-r\x003600\0"
-        assert 'EARLYOOM_ARGS="-m 2 -r 3600"\n' in (root / "etc/default/earlyoom").read_text()  # 2 % (INV-13)
-    station = ro_sim.root("station")  # no earlyoom percentage for GB300 in the seeds: Debian's defaults
-    assert (station / "proc/1187/cmdline").read_bytes() == b"/usr/bin/earlyoom\0-r\x003600\0"
+    for n in SPARKS:
+        root = ro_sim.root(n)
+        # a real process named earlyoom (the sim's stand-in script) with earlyoom's options
+        assert earlyoom_argv(root) == ["/usr/bin/python3", "/usr/local/bin/earlyoom", "-m", "2", "-r", "3600"]
+        assert 'EARLYOOM_ARGS="-m 2 -r 3600"\n' in cat(root, "/etc/default/earlyoom")  # 2 % (INV-13)
+    # no earlyoom percentage for GB300 in the seeds: Debian's defaults
+    assert earlyoom_argv(ro_sim.root("station"))[2:] == ["-r", "3600"]
 
 
 def test_gid_table_roce_v2_ipv4_entry_at_index_3(ro_sim, source):
@@ -219,17 +248,6 @@ def test_gid_table_roce_v2_ipv4_entry_at_index_3(ro_sim, source):
     assert not (ro_sim.root("station") / "sys/class/infiniband").exists()  # no rdma: in the inventory
     assert tool(ro_sim.root("asusi"), "ibdev2netdev").stdout == (
         "rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)\nroceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Up)\n")
-
-
-def test_listeners_in_proc_net_tcp(ro_sim):
-    tcp = (ro_sim.root("reddie") / "proc/net/tcp").read_text().splitlines()
-    assert tcp[0].split()[:4] == ["sl", "local_address", "rem_address", "st"]
-    listening = {int(r.split()[1].split(":")[1], 16) for r in tcp[1:] if r.split()[3] == "0A"}
-    assert listening == {22, 111, 2049}  # sshd, rpcbind and nfsd on the NFS head
-    six = (ro_sim.root("asusi") / "proc/net/tcp6").read_text().splitlines()
-    assert [r.split()[1] for r in six[1:]] == ["0" * 32 + ":0016"]
-    inode = (ro_sim.root("asusi") / "proc/net/tcp").read_text().splitlines()[1].split()[9]
-    assert os.readlink(ro_sim.root("asusi") / "proc/1034/fd/3") == f"socket:[{inode}]"
 
 
 def test_storage_dirs_for_the_shipped_lanes(ro_sim, source):
@@ -281,8 +299,8 @@ def test_generated_inventory_mirrors_the_source(ro_sim, source):
     assert inv.name == "sim"
     assert list(inv.nodes) == list(source.nodes) and inv.groups == source.groups
     for name, node in inv.nodes.items():
-        assert node.transport == "local"
-        assert node.sim_root == str(paths.node_root(name))
+        assert node.transport == "local" and node.simulation
+        assert node.wrapper == [str(paths.node_dir(name) / "enter")]
         assert node.storage == source.nodes[name].storage
         assert (node.hardware, node.fabric_ip, node.rdma) == (source.nodes[name].hardware,
                                                               source.nodes[name].fabric_ip, source.nodes[name].rdma)
@@ -317,8 +335,8 @@ def test_nvidia_smi_idle_then_under_load(sim):
 
 def test_sim_gpu_load_runs_like_a_load_and_prints_step_times(sim):
     root = sim.root("reddie")
-    env = {**os.environ, "SPARKFLEET_SIM_ROOT": str(root), "PATH": f"{root / 'bin'}:{sshd.SYSTEM_PATH}"}
-    load = subprocess.Popen(["sim-gpu-load", "1.5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    enter = str(simnode.enter_path(root.parent))
+    load = subprocess.Popen([enter, "sim-gpu-load", "1.5"], env={}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         seen = set()
@@ -337,12 +355,13 @@ def test_sim_gpu_load_runs_like_a_load_and_prints_step_times(sim):
     slow = json.loads(tool(root, "sim-gpu-load", "0.2").stdout)["step_ms"]
     assert slow["after_idle"][0] / slow["back_to_back"][0] == values.SLOW_AFTER_IDLE_MS / values.STEP_MS
     # a load that is killed stops loading the GPU
-    killed = subprocess.Popen(["sim-gpu-load", "60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killed = subprocess.Popen([enter, "sim-gpu-load", "60"], env={}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
     try:
         while "0x0000000000000000" not in tool(root, "nvidia-smi", QUERY, CSV).stdout:
             assert killed.poll() is None
-        killed.terminate()
-        assert killed.wait(timeout=10) == 128 + 15
+        os.killpg(killed.pid, signal.SIGTERM)  # the command's process group, as a transport's timeout does
+        assert killed.wait(timeout=10) in (-signal.SIGTERM, 128 + signal.SIGTERM)
     finally:
         killed.kill()
     assert tool(root, "nvidia-smi", QUERY, CSV).stdout.split(", ")[5] == "0x0000000000000001"
@@ -374,8 +393,9 @@ DCP2_RUN = ["run", "-d", "--name", "sf-dcp2-r1", "--label", "sparkfleet.profile=
 
 
 def listening_ports(root: Path) -> set[int]:
-    rows = (root / "proc/net/tcp").read_text().splitlines()[1:]
-    return {int(r.split()[1].split(":")[1], 16) for r in rows if r.split()[3] == "0A"}
+    """Ports something listens on, in the node's /proc/net/tcp and tcp6 (real sockets)."""
+    rows = (cat(root, "/proc/net/tcp") + cat(root, "/proc/net/tcp6")).splitlines()
+    return {int(r.split()[1].split(":")[1], 16) for r in rows if len(r.split()) > 3 and r.split()[3] == "0A"}
 
 
 def test_docker_run_inspect_stop_rm(sim):
@@ -396,9 +416,6 @@ def test_docker_run_inspect_stop_rm(sim):
                                                   "Capabilities": [["gpu"]], "Options": {}}]
     assert c["NetworkSettings"]["Ports"] == {}
     assert c["Config"]["Env"] == ["VLLM_HOST_IP=192.168.192.12"]
-    assert 8410 in listening_ports(root)  # a host-network server listens on its own --port
-    pid = c["State"]["Pid"]
-    assert (root / f"proc/{pid}/cmdline").read_bytes().split(b"\0")[-3:] == [b"1", b"--headless", b""]
     assert tool(root, "docker", "ps", "--filter", "label=sparkfleet.profile=dcp2", "--format",
                 "{{.Names}} {{.Label \"sparkfleet.rank\"}}").stdout == "sf-dcp2-r1 1\n"
     conflict = tool(root, "docker", *DCP2_RUN, check=False)
@@ -408,11 +425,9 @@ def test_docker_run_inspect_stop_rm(sim):
     assert tool(root, "docker", "stop", "sf-dcp2-r1").stdout == "sf-dcp2-r1\n"
     [c] = json.loads(tool(root, "docker", "inspect", cid).stdout)
     assert c["State"]["Status"] == "exited" and c["State"]["ExitCode"] == values.STOP_EXIT_CODE
-    assert 8410 not in listening_ports(root) and not (root / f"proc/{pid}").exists()
     assert tool(root, "docker", "ps", "-q").stdout == ""
     tool(root, "docker", "start", cid[:12])
-    assert 8410 in listening_ports(root)
-    (root / f"state/logs/{cid}.log").write_text("INFO Starting vLLM API server 0 on http://0.0.0.0:8410\n")
+    (root / shim.STATE / f"logs/{cid}.log").write_text("INFO Starting vLLM API server 0 on http://0.0.0.0:8410\n")
     assert tool(root, "docker", "logs", "sf-dcp2-r1").stdout.startswith("INFO Starting vLLM")
     tool(root, "docker", "rm", "-f", "sf-dcp2-r1")
     assert tool(root, "docker", "ps", "-aq", "--no-trunc").stdout == ""
@@ -431,8 +446,7 @@ def test_docker_published_port_and_missing_bind_source(sim):
     assert c["NetworkSettings"]["Ports"] == {"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "8000"},
                                                           {"HostIp": "::", "HostPort": "8000"}]}
     assert c["HostConfig"]["DeviceRequests"] is None
-    assert 8000 in listening_ports(root)
-    assert (root / "srv/missing").is_dir()  # dockerd creates a missing bind source, empty (FM-12)
+    assert tool(root, "test", "-d", "/srv/missing").returncode == 0  # dockerd creates a missing bind source, empty (FM-12)
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -442,24 +456,19 @@ def sandbox_snapshot() -> dict[str, object]:
     return snapshot(paths.nodes_dir())
 
 
-GIDS = "asusi/sys/class/infiniband/rocep1s0f0/ports/1"
+ST = f"asusi/fs/{shim.STATE}"
+GIDS = "asusi/fs/sys/class/infiniband/rocep1s0f0/ports/1"
 EXPECTED_CHANGES: dict[str, tuple[dict, set[str]]] = {
-    "clock-latch": ({}, {"asusi/state/faults.json"}),
-    "slow-state": ({}, {"asusi/state/faults.json"}),
-    "low-memory": ({}, {"asusi/state/faults.json", "asusi/proc/meminfo"}),
-    "earlyoom-off": ({}, {"asusi/state/faults.json", "asusi/proc/1187", "asusi/proc/1187/comm",
-                          "asusi/proc/1187/cmdline"}),
-    "wrong-gid": ({}, {"asusi/state/faults.json"} | {f"{GIDS}/gids/{i}" for i in (2, 3, 4, 5)}
+    "clock-latch": ({}, {f"{ST}/faults.json"}),
+    "slow-state": ({}, {f"{ST}/faults.json"}),
+    "low-memory": ({}, {f"{ST}/faults.json", f"{ST}/node/proc/meminfo"}),
+    "earlyoom-off": ({}, {f"{ST}/faults.json"}),  # and the node's earlyoom process stops (below)
+    "wrong-gid": ({}, {f"{ST}/faults.json"} | {f"{GIDS}/gids/{i}" for i in (2, 3, 4, 5)}
                   | {f"{GIDS}/gid_attrs/{kind}/{i}" for kind in ("types", "ndevs") for i in (4, 5)}),
-    "missing-mount-source": ({}, {"asusi/state/faults.json", "asusi/nvme/engram-local",
-                                  "asusi/state/stash/engram"}),
-    "cifs-model": ({}, {"asusi/state/faults.json", "asusi/proc/mounts"}),
-    "port-taken": ({"port": 8410}, {"asusi/state/faults.json", "asusi/state/docker.json", "asusi/proc/net/tcp",
-                                    "asusi/proc/net/tcp6"}
-                   | {f"asusi/proc/{pid}{sub}" for pid in (values.FOREIGN_PID, values.FOREIGN_PID + 1)
-                      for sub in ("", "/comm", "/cmdline")}
-                   | {f"asusi/proc/{values.FOREIGN_PID + 1}/fd{n}" for n in ("", "/3", "/4")}),
-    "docker-down": ({}, {"asusi/state/faults.json", "asusi/state/docker.json"}),
+    "missing-mount-source": ({}, {f"{ST}/faults.json", "asusi/fs/nvme/engram-local", f"{ST}/stash/engram"}),
+    "cifs-model": ({}, {f"{ST}/faults.json", f"{ST}/node/etc/mtab"}),
+    "port-taken": ({"port": 8410}, {f"{ST}/faults.json", f"{ST}/docker.json", f"{ST}/foreign-8410.pid"}),
+    "docker-down": ({}, {f"{ST}/faults.json", f"{ST}/docker.json"}),
 }
 
 
@@ -471,8 +480,13 @@ def test_fault_changes_exactly_what_it_should_and_heal_restores(sim, kind):
     after = sandbox_snapshot()
     assert changed(before, after) == expected
     assert kind in sim.faults("asusi") and sim.faults("asusi")[kind] == recorded
+    procs = {c for c, _ in node_procs(sim.root("asusi")).values()}
+    assert ("earlyoom" in procs) == (kind != "earlyoom-off")
+    assert (8410 in listening_ports(sim.root("asusi"))) == (kind == "port-taken")
     assert sim.heal("asusi", kind) == [("asusi", kind)]
     assert sandbox_snapshot() == before  # byte for byte, modes and symlinks included
+    assert "earlyoom" in {c for c, _ in node_procs(sim.root("asusi")).values()}
+    assert 8410 not in listening_ports(sim.root("asusi"))
     assert sim.heal("asusi", kind) == []
 
 
@@ -488,20 +502,20 @@ def test_fault_effects_as_the_helpers_see_them(sim):
     sim.fault("bluey", "low-memory", gib=2)
     assert meminfo(sim.root("bluey"))["MemAvailable"] == 2 * GIB_KB
     sim.fault("asusi", "earlyoom-off")
-    assert not any((p / "comm").is_file() and (p / "comm").read_text() == "earlyoom\n"
-                   for p in (asusi / "proc").iterdir())
-    assert (asusi / "etc/default/earlyoom").is_file()
+    assert "earlyoom" not in {c for c, _ in node_procs(asusi).values()}
+    assert "EARLYOOM_ARGS" in cat(asusi, "/etc/default/earlyoom")
     sim.fault("asusi", "wrong-gid")
     table = gid_table(asusi)
     assert roce_v2_ipv4_index(table) == 5
     assert ipaddress.IPv6Address(table[3][0]).ipv4_mapped is None and table[3][1] == "RoCE v2"
     sim.fault("asusi", "missing-mount-source", what="cache")
-    assert not (asusi / "nvme/cache").exists() and (asusi / "nvme/engram-local").is_dir()
+    assert tool(asusi, "test", "-e", "/nvme/cache", check=False).returncode == 1
+    assert tool(asusi, "test", "-d", "/nvme/engram-local").returncode == 0
     sim.fault("reddie", "cifs-model")
-    rows = [r.split() for r in (sim.root("reddie") / "proc/mounts").read_text().splitlines()]
+    rows = [r.split() for r in cat(sim.root("reddie"), "/etc/mtab").splitlines()]
     assert [r[2] for r in rows if r[1] == "/nvme/hf"] == ["cifs"]
     sim.fault("asusi", "cifs-model")
-    rows = [r.split() for r in (asusi / "proc/mounts").read_text().splitlines()]
+    rows = [r.split() for r in cat(asusi, "/etc/mtab").splitlines()]
     assert [r[2] for r in rows if r[1] == "/mnt/models"] == ["cifs"]
     sim.fault("spark4", "port-taken")
     spark4 = sim.root("spark4")
@@ -535,20 +549,16 @@ def test_unreachable_local_node_fails_like_an_unreachable_host(sim):
     root = paths.node_root("bluey")
     before = sandbox_snapshot()
     sim.fault("bluey", "unreachable")
-    assert not root.exists() and not sim.reachable("bluey")
-    # every path under R is gone, so a local transport cannot even start a command there (cwd=R fails);
-    # a shim reached some other way answers like an unreachable host
-    with pytest.raises(FileNotFoundError):
-        subprocess.run(["true"], cwd=root)
-    parked = paths.parked_root("bluey") / "bin/nvidia-smi"
-    env = {**os.environ, "SPARKFLEET_SIM_ROOT": str(root), "SPARKFLEET_NODE": "bluey"}
-    fails = subprocess.run([str(parked), QUERY, CSV], env=env, capture_output=True, text=True)
+    assert not sim.reachable("bluey")
+    # the node's wrapper answers as ssh does for a host with no route (exit 255), whatever the command
+    fails = tool(root, "nvidia-smi", QUERY, CSV, check=False)
     assert fails.returncode == 255 and fails.stderr == "ssh: connect to host bluey port 22: No route to host\n"
     assert sim.faults("bluey") == {"unreachable": {}}
-    sim.fault("bluey", "low-memory")  # other faults still apply to the parked sandbox
+    sim.fault("bluey", "low-memory")  # other faults still apply to the node
     sim.heal("bluey", "low-memory")
     sim.heal("bluey")
-    assert sim.reachable("bluey") and sandbox_snapshot() == before
+    assert sim.reachable("bluey") and tool(root, "hostname").stdout == "bluey\n"
+    assert sandbox_snapshot() == before
 
 
 def test_fault_refusals(sim):
@@ -567,7 +577,7 @@ def test_fault_refusals(sim):
 def test_cli_up_status_fault_heal_down(state, capsys):
     assert main(["sim", "up"]) == 0
     out = capsys.readouterr().out
-    assert out and all(line.startswith("[sim]") for line in out.splitlines())
+    assert out and all("[sim]" in line for line in out.splitlines())
     assert main(["sim", "up"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "already exists" in err and "--force" in err
@@ -624,56 +634,56 @@ def need_sshd() -> None:
         pytest.skip("OpenSSH server/client not installed (apt-get install openssh-server); CI unset")
 
 
-def test_ssh_mode_real_sshd_pinned_keys_and_environment(state):
+def test_ssh_mode_sshd_inside_each_node_pinned_keys(state):
     need_sshd()
     sim = lab.up("lab", transport="ssh")
     try:
         inv = sim.inventory()
         known_hosts = state / "known_hosts"
         assert paths.known_hosts_path() == known_hosts
-        pids = {}
-        for name, node in inv.nodes.items():
-            assert node.transport == "ssh" and node.ssh.host == "127.0.0.1"
-            assert f"[127.0.0.1]:{node.ssh.port} ssh-ed25519 " in known_hosts.read_text()
-            pids[name] = sim.status()["nodes"][name]["sshd"]["pid"]
-            assert pids[name] and sshd.alive(pids[name])
+        for name, n in inv.nodes.items():
+            assert n.transport == "ssh" and n.wrapper is None
+            assert f"{sshd.host_entry(n.ssh.host, n.ssh.port)} ssh-ed25519 " in known_hosts.read_text()
+            assert sim.status()["nodes"][name]["sshd"]["pid"]
+        if os.geteuid() == 0:  # each node in its own network namespace, reached on its management address
+            assert [n.ssh.host for n in inv.nodes.values()] == [netlab.mgmt_ip(i) for i in range(5)]
 
-        def ssh(node_name: str, command: str) -> subprocess.CompletedProcess:
+        def ssh(node_name: str, command: str, kh: Path = known_hosts) -> subprocess.CompletedProcess:
             n = inv.nodes[node_name]
             return subprocess.run(
                 ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
-                 f"UserKnownHostsFile={known_hosts}", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
+                 f"UserKnownHostsFile={kh}", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
                  "-i", n.ssh.key, "-p", str(n.ssh.port), f"{n.ssh.user}@{n.ssh.host}", command],
                 capture_output=True, text=True, timeout=30)
 
-        r = ssh("asusi", 'echo "$SPARKFLEET_NODE $SPARKFLEET_SIM_ROOT $HOME"; command -v nvidia-smi; '
-                         f"nvidia-smi {QUERY} {CSV}")
+        r = ssh("asusi", f"hostname; command -v nvidia-smi; nvidia-smi {QUERY} {CSV}; cat /etc/hostname")
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
-        root = paths.node_root("asusi")
-        assert lines[0] == f"asusi {root} {root / 'home'}"
-        assert lines[1] == str(root / "bin/nvidia-smi")
+        assert lines[0] == "asusi" and lines[1] == "/usr/local/bin/nvidia-smi" and lines[3] == "asusi"
         assert CSV_LINE.match(lines[2]) and lines[2].startswith("0, NVIDIA GB10, ")
-        assert ssh("station", "echo $SPARKFLEET_NODE").stdout == "station\n"
-        # bluey's sshd presents its own key: a known_hosts that pins asusi's key for bluey's port is refused
-        asusi_key = sshd.public_key(paths.ssh_dir() / "asusi/ssh_host_ed25519_key")
+        assert ssh("station", "hostname").stdout == "station\n"
+        if os.geteuid() == 0:  # the fabric: asusi reaches reddie's fabric IP on its own fabric interface
+            fab = inv.nodes["reddie"].fabric_ip
+            r = ssh("asusi", f"ip -br addr show {inv.nodes['asusi'].rdma.fabric_iface}; "
+                             f"python3 -c 'import socket; s=socket.create_connection((\"{fab}\", 22), 3); "
+                             "print(s.recv(4).decode())'")
+            assert inv.nodes["asusi"].fabric_ip in r.stdout and "SSH-" in r.stdout, r.stderr
+        # bluey's sshd presents its own key: a known_hosts that pins asusi's key for bluey's address is refused
+        asusi_key = sshd.public_key(paths.node_root("asusi") / shim.STATE / "ssh/ssh_host_ed25519_key")
         n = inv.nodes["bluey"]
         bad_kh = state / "bad_known_hosts"
-        bad_kh.write_text(f"[127.0.0.1]:{n.ssh.port} {asusi_key}\n")
-        refused = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
-                                  f"UserKnownHostsFile={bad_kh}", "-i", n.ssh.key, "-p", str(n.ssh.port),
-                                  f"{n.ssh.user}@127.0.0.1", "true"], capture_output=True, text=True, timeout=30)
+        bad_kh.write_text(f"{sshd.host_entry(n.ssh.host, n.ssh.port)} {asusi_key}\n")
+        refused = ssh("bluey", "true", bad_kh)
         assert refused.returncode == 255 and "HOST IDENTIFICATION HAS CHANGED" in refused.stderr
 
         sim.fault("asusi", "unreachable")
-        assert not sshd.alive(pids["asusi"]) and not sim.reachable("asusi")
+        assert not sim.reachable("asusi")
         assert ssh("asusi", "true").returncode == 255
         sim.heal("asusi")
         assert sim.reachable("asusi")
-        assert ssh("asusi", "echo $SPARKFLEET_NODE").stdout == "asusi\n"  # same port, same pinned key
-        pids["asusi"] = sim.sshd_pid("asusi")
+        assert ssh("asusi", "hostname").stdout == "asusi\n"  # same address, same pinned key
     finally:
         lab.down()
-    assert not any(sshd.alive(p) for p in pids.values())
     assert "sparkfleet-sim:" not in known_hosts.read_text()
     assert not paths.sim_dir().exists()
+    assert not [ns for ns in netlab.ours()]

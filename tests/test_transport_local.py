@@ -1,4 +1,4 @@
-"""LocalTransport (the sim in local mode) and transport_for: the same Result semantics as SSH."""
+"""LocalTransport (plain, and under a node `wrapper` as the sim uses) and transport_for: SSH's Result semantics."""
 
 from __future__ import annotations
 
@@ -17,26 +17,42 @@ from sparkfleet.spec.inventory import Node
 NAMES = ["reddie", "asusi", "bluey", "spark4", "station"]
 
 
-def make_node(name: str, sim_root: Path | None = None, transport: str = "local", port: int = 22) -> Node:
+def make_node(name: str, wrapper: Path | None = None, transport: str = "local", port: int = 22) -> Node:
     return Node.model_validate({
-        "name": name, "transport": transport, "sim_root": str(sim_root) if sim_root else None,
+        "name": name, "transport": transport, "wrapper": [str(wrapper)] if wrapper else None,
         "ssh": {"host": "127.0.0.1", "port": port}, "hardware": "gb10",
         "storage": {"model_root": "/tmp/models", "cache_dir": "/tmp/cache"},
     })
 
 
+WRAPPER = """#!/bin/sh
+# a node behind a wrapper: its own home and PATH (as a login would give), nothing else of the caller's env
+[ -e {home}/../down ] && {{ echo "ssh: connect to host {name} port 22: No route to host" >&2; exit 255; }}
+export NODE_NAME={name} HOME={home} PATH={home}/../bin:/usr/bin:/bin
+cd "$HOME" && exec "$@"
+"""
+
+
 @pytest.fixture
 def sim_nodes(tmp_path: Path) -> list[Node]:
-    """Five simulated nodes, each with a sandbox holding a `nvidia-smi` shim that names its node."""
+    """Five nodes behind wrappers, each with a home and a `nvidia-smi` on its PATH that names its node."""
     nodes = []
     for name in NAMES:
-        root = tmp_path / "sim" / name
+        root = tmp_path / "nodes" / name
         (root / "bin").mkdir(parents=True)
+        (root / "home").mkdir()
         shim = root / "bin" / "nvidia-smi"
-        shim.write_text('#!/bin/sh\necho "sim nvidia-smi on $SPARKFLEET_NODE"\n')
+        shim.write_text('#!/bin/sh\necho "nvidia-smi on $NODE_NAME"\n')
         shim.chmod(0o755)
-        nodes.append(make_node(name, root))
+        wrapper = root / "enter"
+        wrapper.write_text(WRAPPER.format(name=name, home=root / "home"))
+        wrapper.chmod(0o755)
+        nodes.append(make_node(name, wrapper))
     return nodes
+
+
+def home(node: Node) -> Path:
+    return Path(node.wrapper[0]).parent / "home"
 
 
 @pytest.fixture
@@ -53,30 +69,30 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_runs_in_parallel_with_the_sim_environment(sim_nodes, local, tmp_path):
+def test_runs_in_parallel_under_each_wrapper(sim_nodes, local, tmp_path, monkeypatch):
+    monkeypatch.setenv("LEAKED_FROM_HOST", "yes")
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     # each command waits until all five started: serial execution would time out instead
-    command = (f'touch {barrier}/"$SPARKFLEET_NODE"; '
+    command = (f'touch {barrier}/"$NODE_NAME"; '
                f'while [ "$(ls {barrier} | wc -l)" -lt 5 ]; do sleep 0.02; done; '
-               'nvidia-smi; echo "$SPARKFLEET_SIM_ROOT"; echo "$HOME"; pwd; command -v nvidia-smi')
+               'nvidia-smi; echo "$HOME"; pwd; command -v nvidia-smi; echo "[$LEAKED_FROM_HOST]"')
     results = local.run(sim_nodes, command, timeout_s=15)
     assert list(results) == NAMES
     for node in sim_nodes:
         r = results[node.name]
         assert r.ok and r.exit_code == 0, r.message
-        shim_line, sim_root, home, cwd, which = r.stdout.splitlines()
-        assert shim_line == f"sim nvidia-smi on {node.name}"  # the sandbox's bin comes first on PATH
-        assert sim_root == node.sim_root
-        assert home == cwd == f"{node.sim_root}/home"
-        assert which == f"{node.sim_root}/bin/nvidia-smi"
+        shim_line, home_dir, cwd, which, leaked = r.stdout.splitlines()
+        assert shim_line == f"nvidia-smi on {node.name}"  # the wrapper's PATH
+        assert home_dir == cwd == str(home(node))
+        assert which == f"{home(node)}/../bin/nvidia-smi"
+        assert leaked == "[]"  # like SSH, nothing of this machine's environment reaches the node
 
 
-def test_plain_local_node_has_no_sim_environment(local, monkeypatch):
-    monkeypatch.delenv("SPARKFLEET_SIM_ROOT", raising=False)
-    monkeypatch.delenv("SPARKFLEET_NODE", raising=False)
-    r = local.run([make_node("plain")], 'echo "[$SPARKFLEET_SIM_ROOT][$SPARKFLEET_NODE]"; echo "$HOME"')["plain"]
-    assert r.ok and r.stdout == f"[][]\n{os.environ['HOME']}\n"
+def test_plain_local_node_runs_here(local, monkeypatch):
+    monkeypatch.setenv("SEEN_HERE", "yes")
+    r = local.run([make_node("plain")], 'echo "[$SEEN_HERE]"; echo "$HOME"')["plain"]
+    assert r.ok and r.stdout == f"[yes]\n{os.environ['HOME']}\n"
 
 
 def test_stdin_and_env_arrive_literally(sim_nodes, local):
@@ -97,7 +113,7 @@ def test_command_without_stdin_sees_eof(sim_nodes, local):
 
 
 def test_nonzero_exit(sim_nodes, local):
-    results = local.run(sim_nodes, '[ "$SPARKFLEET_NODE" = bluey ] && { echo out; echo oops >&2; exit 7; }; echo ok')
+    results = local.run(sim_nodes, '[ "$NODE_NAME" = bluey ] && { echo out; echo oops >&2; exit 7; }; echo ok')
     bad = results["bluey"]
     assert not bad.ok and bad.error == "exit" and bad.exit_code == 7
     assert bad.stdout == "out\n" and bad.stderr == "oops\n" and "bluey" in bad.message and "oops" in bad.message
@@ -106,7 +122,7 @@ def test_nonzero_exit(sim_nodes, local):
 
 def test_timeout_kills_the_whole_command(sim_nodes, local, tmp_path):
     pidfile = tmp_path / "child.pid"
-    command = (f'if [ "$SPARKFLEET_NODE" = asusi ]; then echo started; sleep 30 & echo $! > {pidfile}; wait; fi; '
+    command = (f'if [ "$NODE_NAME" = asusi ]; then echo started; sleep 30 & echo $! > {pidfile}; wait; fi; '
                'echo done')
     results = local.run(sim_nodes, command, timeout_s=0.5)
     slow = results["asusi"]
@@ -128,12 +144,12 @@ def test_background_child_holding_stdout_does_not_hold_the_result(sim_nodes, loc
         os.kill(int(pidfile.read_text()), 9)
 
 
-def test_put_lands_in_the_sandbox_home(sim_nodes, local):
+def test_put_lands_in_the_nodes_home(sim_nodes, local):
     data = bytes(range(256)) * 16
     results = local.put(sim_nodes, data, "~/.cache/sparkfleet/bin/facts.py", mode=0o750)
     for node in sim_nodes:
         r = results[node.name]
-        target = Path(node.sim_root) / "home/.cache/sparkfleet/bin/facts.py"
+        target = home(node) / ".cache/sparkfleet/bin/facts.py"
         assert r.ok and r.extra["path"] == str(target), r.message
         assert target.read_bytes() == data and target.stat().st_mode & 0o7777 == 0o750
         assert os.listdir(target.parent) == ["facts.py"]
@@ -141,17 +157,15 @@ def test_put_lands_in_the_sandbox_home(sim_nodes, local):
     seen = local.run(sim_nodes, "sha256sum < ~/.cache/sparkfleet/bin/facts.py; stat -c %a ~/.cache/sparkfleet/bin/facts.py")
     assert len({r.stdout for r in seen.values()}) == 1 and next(iter(seen.values())).stdout.endswith("750\n")
     local.put(sim_nodes, b"v2", "~/.cache/sparkfleet/bin/facts.py", mode=0o600)
-    target = Path(sim_nodes[0].sim_root) / "home/.cache/sparkfleet/bin/facts.py"
+    target = home(sim_nodes[0]) / ".cache/sparkfleet/bin/facts.py"
     assert target.read_bytes() == b"v2" and target.stat().st_mode & 0o7777 == 0o600
 
 
-def test_put_outside_the_sandbox_is_refused(sim_nodes, local, tmp_path):
-    outside = tmp_path / "outside.txt"
-    r = local.put(sim_nodes[:1], b"x", str(outside))["reddie"]
-    assert not r.ok and r.error == "error" and "sandbox" in r.message
-    assert not outside.exists()
-    inside = Path(sim_nodes[0].sim_root) / "nvme/engram-local/rows.bin"
-    assert local.put(sim_nodes[:1], b"rows", str(inside))["reddie"].ok and inside.read_bytes() == b"rows"
+def test_put_with_an_absolute_path_goes_through_the_wrapper(sim_nodes, local, tmp_path):
+    target = tmp_path / "abs" / "rows.bin"
+    r = local.put(sim_nodes[:1], b"rows", str(target))["reddie"]
+    assert r.ok and r.extra["path"] == str(target) and target.read_bytes() == b"rows"
+    assert local.put(sim_nodes[:1], b"x", "~other/f")["reddie"].error == "error"
 
 
 def test_put_on_plain_local_node(local, tmp_path):
@@ -160,10 +174,15 @@ def test_put_on_plain_local_node(local, tmp_path):
     assert r.ok and target.read_bytes() == b"plain" and target.stat().st_mode & 0o777 == 0o640
 
 
-def test_missing_sandbox_is_unreachable(local, tmp_path):
-    ghost = make_node("ghost", tmp_path / "never-created")
-    r = local.run([ghost], "true")["ghost"]
-    assert not r.ok and r.error == "unreachable" and "sparkfleet sim up" in r.message
+def test_wrapper_exit_255_is_unreachable(sim_nodes, local):
+    (home(sim_nodes[0]).parent / "down").touch()
+    r = local.run(sim_nodes[:2], "echo up")
+    assert r["reddie"].error == "unreachable" and "No route to host" in r["reddie"].message
+    assert r["asusi"].ok and r["asusi"].stdout == "up\n"
+    assert local.put(sim_nodes[:1], b"x", "~/f")["reddie"].error == "unreachable"
+    # a command of its own that exits 255 after printing is an exit, not a lost node
+    (home(sim_nodes[0]).parent / "down").unlink()
+    assert local.run(sim_nodes[:1], "echo out; exit 255")["reddie"].error == "exit"
 
 
 # -- transport_for ---------------------------------------------------------------------------------
@@ -181,7 +200,7 @@ def test_mixed_group_runs_both_kinds_in_one_call(sim_nodes, tmp_path):
     ssh_node = make_node("remote", transport="ssh", port=1)
     mixed = transport_for([sim_nodes[0], ssh_node, sim_nodes[1]], known_hosts=tmp_path / "kh")
     try:
-        results = mixed.run([sim_nodes[0], ssh_node, sim_nodes[1]], 'echo "$SPARKFLEET_NODE"')
+        results = mixed.run([sim_nodes[0], ssh_node, sim_nodes[1]], 'echo "$NODE_NAME"')
         assert list(results) == ["reddie", "remote", "asusi"]
         assert results["reddie"].stdout == "reddie\n" and results["asusi"].stdout == "asusi\n"
         assert results["remote"].error == "unreachable" and "refused" in results["remote"].message

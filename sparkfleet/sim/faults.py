@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -242,14 +243,20 @@ def _unlisten(t: Target, params: dict[str, Any]) -> None:
     _in_node(t, ["/bin/sh", "-c", f"kill $(cat {pid_file}) 2>/dev/null; rm -f {pid_file}"])
 
 
+_EARLYOOM_PIDS = ("import os\nfor p in os.listdir('/proc'):\n try:\n  "
+                  "print(p) if p.isdigit() and open(f'/proc/{p}/comm').read().strip() == 'earlyoom' else None\n"
+                  " except OSError:\n  pass")
+
+
 def _earlyoom_stop(t: Target, params: dict[str, Any]) -> None:
-    _in_node(t, ["/bin/sh", "-c", f"kill $(cat /{shim.STATE}/earlyoom.pid) 2>/dev/null; "
-                 f"rm -f /{shim.STATE}/earlyoom.pid"])
+    """Stop the node's earlyoom process (found in the node's own /proc)."""
+    _in_node(t, ["/bin/sh", "-c", f"for p in $(python3 -c \"{_EARLYOOM_PIDS}\"); do kill $p; done; "
+                 f"while [ -n \"$(python3 -c \"{_EARLYOOM_PIDS}\")\" ]; do sleep 0.01; done"])
 
 
 def _earlyoom_start(t: Target, params: dict[str, Any]) -> None:
-    _in_node(t, shim.earlyoom_argv(t.root()), detach=True)
-    _wait_file(t.root() / shim.STATE / "earlyoom.pid")
+    _in_node(t, ["/bin/sh", "-c", " ".join(shlex.quote(a) for a in shim.earlyoom_argv(t.root()))
+                 + f" >/dev/null 2>&1 & while [ -z \"$(python3 -c \"{_EARLYOOM_PIDS}\")\" ]; do sleep 0.01; done"])
 
 
 def _wait_file(path: Path, timeout_s: float = 5.0) -> None:

@@ -193,7 +193,8 @@ def _ssh_config(nodes: list[str], netns: bool) -> dict[str, dict[str, Any]]:
         info = {"host": host, "port": port, "config": f"{inside_dir}/sshd_config", "pid_file": "/run/sshd.pid",
                 "log": f"{inside_dir}/sshd.log", "key": str(client_key), "user": getpass.getuser(),
                 "host_key": sshd.public_key(host_key)}
-        sshd.write_config(host_dir / "sshd_config", node=name, listen=host, port=port,
+        # as on a real node, the netns node's sshd listens on every address it has (management and fabric)
+        sshd.write_config(host_dir / "sshd_config", node=name, listen="0.0.0.0" if netns else host, port=port,
                           host_key=f"{inside_dir}/ssh_host_ed25519_key",
                           authorized_keys=f"{inside_dir}/authorized_keys", pid_file=info["pid_file"])
         out[name] = info

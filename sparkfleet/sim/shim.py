@@ -1398,9 +1398,20 @@ def start_earlyoom(root: Path) -> None:
                      stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def earlyoom_pids() -> list[int]:
+    """The node's earlyoom processes (inside a node, /proc is the node's own)."""
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and Path(f"/proc/{p}/comm").read_text().strip() == "earlyoom":
+                out.append(int(p))
+        except OSError:
+            continue
+    return out
+
+
 def earlyoom(argv: list[str], root: Path) -> int:
     """earlyoom's stand-in: its startup line, then it waits (the sim's memory pressure is only reported)."""
-    write_bytes(root / STATE / "earlyoom.pid", f"{os.getpid()}\n".encode())
     print(f"earlyoom v1.7 [sim] sparkfleet simulation, args {' '.join(argv)}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
@@ -1416,6 +1427,9 @@ def sim_node_init(argv: list[str], root: Path) -> int:
     faults = load(root, "faults.json")["faults"]
     if "earlyoom-off" not in faults:
         start_earlyoom(root)
+        deadline = time.monotonic() + 5.0
+        while not earlyoom_pids() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the node is up once its earlyoom runs
     if argv[:1] == ["--sshd"]:
         children.append(subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL))
 
