@@ -1,14 +1,15 @@
 #!/usr/bin/python3
-"""The simulated lab's stand-ins for `nvidia-smi`, `docker`, `ibdev2netdev` and `sim-gpu-load`.
+"""The simulated lab's stand-ins for `nvidia-smi`, `docker`, `ibdev2netdev`, `sim-gpu-load`, `earlyoom`
+and the node's init.
 
 THIS IS A SIMULATION: no GPU, container or RDMA device exists behind these commands.
 
-One stdlib-only file, copied into every sandbox's `bin/` under each tool's name; it dispatches on the
-name it runs as. It finds its sandbox R through $SPARKFLEET_SIM_ROOT, keeps the node's state in
-R/state/*.json, and re-renders R/proc and R/sys (`render`) after anything that changes what a node
-would show there (a container starts, a fault is injected). The sim controller (`sparkfleet.sim`)
-imports this module for the same rendering, so the shims and the controller never disagree.
-Output shapes follow docs/sim-layout.md (the contract with the node-side helpers).
+One stdlib-only file, bound into every node at /usr/local/bin under each tool's name; it dispatches on
+the name it runs as. Inside a node its root R is `/` and the node's state is R/var/lib/sparkfleet-sim
+(STATE); it re-renders the files the node shows (`render`: /proc/meminfo, /etc/mtab, /sys/class/...)
+after anything that changes them. The sim controller (`sparkfleet.sim`) imports this module and calls
+the same functions with R = the node's tree on this machine, so the shims and the controller never
+disagree. Output shapes follow docs/sim-layout.md.
 """
 
 from __future__ import annotations
