@@ -687,3 +687,25 @@ def test_ssh_mode_sshd_inside_each_node_pinned_keys(state):
     assert "sparkfleet-sim:" not in known_hosts.read_text()
     assert not paths.sim_dir().exists()
     assert not [ns for ns in netlab.ours()]
+
+
+def test_the_sim_engine_takes_its_moe_line_from_the_launch_not_the_profile(tmp_path):
+    """The MoE backend line comes from the launch's --moe-backend (HLT-21's kernel for b12x), whatever the
+    profile expects: a lane whose flag changed under an unchanged expectation prints another line."""
+    root = tmp_path / "R"
+    shim.save(root, "node.json", {"netns": False})
+    cfg = {"python": "python3", "boot_seconds": 1, "engram_table_rows": 10, "engram_layers": [1],
+           "moe_kernels": dict(values.MOE_KERNELS), "lanes": {"dcp2": {"kv_tokens": 5}}}
+
+    def argv(*flags: str) -> list[str]:
+        c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": [],
+                        "Cmd": ["/models/repo", "--port", "8410", *flags]}, "HostConfig": {}}
+        return shim.engine_argv(root, c, cfg, {})
+
+    a = argv("--moe-backend", "b12x")
+    assert a[a.index("--moe-backend") + 1] == "B12X_MXFP4_MXFP8"
+    a = argv("--moe-backend", "marlin")
+    assert a[a.index("--moe-backend") + 1] == "MARLIN"
+    assert "--moe-backend" not in argv()
+    prod = Spec(find_root()).profile("production-1.2").profile
+    assert prod.expect.moe_backend and "moe_backend" not in build.engine_state([prod])["lanes"]["production-1.2"]

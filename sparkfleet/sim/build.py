@@ -220,11 +220,12 @@ def engine_state(profiles: list[Profile]) -> dict:
     lanes = {}
     for p in profiles:
         kv = p.expect.kv_tokens.min if p.expect.kv_tokens else values.ENGINE_DEFAULT_KV_TOKENS
-        lanes[p.name] = {"kv_tokens": kv, "moe_backend": p.expect.moe_backend,
+        lanes[p.name] = {"kv_tokens": kv,
                          "rehome_layers": 40 if any("rehome done layers=40" in x for x in p.expect.log_lines) else None}
     return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
             "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
-            "engram_layers": list(values.ENGRAM_LAYERS), "stop_wait_s": values.ENGINE_STOP_WAIT_S, "lanes": lanes}
+            "engram_layers": list(values.ENGRAM_LAYERS), "stop_wait_s": values.ENGINE_STOP_WAIT_S,
+            "moe_kernels": dict(values.MOE_KERNELS), "lanes": lanes}
 
 
 def install_shims(bin_dir: Path, *, netns: bool = False) -> None:

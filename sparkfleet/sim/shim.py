@@ -1004,8 +1004,9 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     model = (f.get("") or f.get("--model") or [None])[0]
     if model:
         argv += ["--model", model]
-    if lane.get("moe_backend") and f.get("--moe-backend"):
-        argv += ["--moe-backend", lane["moe_backend"]]
+    if f.get("--moe-backend"):  # the backend the launch asked for, never what the profile expects to see
+        name = f["--moe-backend"][0]
+        argv += ["--moe-backend", cfg.get("moe_kernels", {}).get(name, name.upper())]
     if lane.get("rehome_layers"):
         argv += ["--rehome-layers", str(lane["rehome_layers"])]
     if env.get("DSV41_ENGRAM_DISK") == "1":

@@ -116,3 +116,8 @@ ENGINE_DEFAULT_KV_TOKENS = 1_000_000  # for a lane whose profile states no KV ex
 ENGRAM_TABLE_ROWS = 384_000_000  # ENG-01: 384 million rows per table; a rank reads its 1/TP share (ENG-03)
 ENGRAM_LAYERS = (1, 14)  # ENG-01
 ENGINE_STOP_WAIT_S = 10.0  # `docker stop`'s default grace before SIGKILL
+
+# `--moe-backend NAME` -> the kernel vLLM names in its MoE line, for the lab's MXFP4 checkpoint: b12x prints
+# "Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend." (CATALOG HLT-21, [003]). A backend not listed here gets
+# its own name upper-cased: the sim cannot know what another image prints.
+MOE_KERNELS = {"b12x": "B12X_MXFP4_MXFP8"}
