@@ -709,3 +709,22 @@ def test_the_sim_engine_takes_its_moe_line_from_the_launch_not_the_profile(tmp_p
     assert "--moe-backend" not in argv()
     prod = Spec(find_root()).profile("production-1.2").profile
     assert prod.expect.moe_backend and "moe_backend" not in build.engine_state([prod])["lanes"]["production-1.2"]
+
+
+def test_the_sim_engine_sizes_kv_from_the_launch_not_the_profile(tmp_path):
+    """KV tokens from --kv-cache-memory-bytes and the DCP size (the seeds' pairs reproduce exactly, HLT-20);
+    a changed budget under an unchanged expectation gives another number, so `expect` fails for real."""
+    root = tmp_path / "R"
+    shim.save(root, "node.json", {"netns": False})
+    cfg = build.engine_state([]) | {"python": "python3", "lanes": {"dcp2": {"kv_tokens": 1_888_800}}}
+
+    def kv(*flags: str) -> int:
+        c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": [],
+                        "Cmd": ["/models/repo", "--port", "8410", *flags]}, "HostConfig": {}}
+        a = shim.engine_argv(root, c, cfg, {})
+        return int(a[a.index("--kv-tokens") + 1])
+
+    assert kv("--kv-cache-memory-bytes", str(8 * 2**30)) == 1_263_118  # dcp1 (OQ-05)
+    assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "2") == 1_888_800  # dcp2
+    assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "4") == 3_777_600
+    assert kv("--kv-cache-memory-bytes", str(5 * 2**30), "--decode-context-parallel-size", "2") < 1_888_800

@@ -225,7 +225,8 @@ def engine_state(profiles: list[Profile]) -> dict:
     return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
             "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
             "engram_layers": list(values.ENGRAM_LAYERS), "stop_wait_s": values.ENGINE_STOP_WAIT_S,
-            "moe_kernels": dict(values.MOE_KERNELS), "lanes": lanes}
+            "moe_kernels": dict(values.MOE_KERNELS), "kv_bytes_per_token": list(values.KV_BYTES_PER_TOKEN),
+            "kv_reserved_bytes": list(values.KV_RESERVED_BYTES), "lanes": lanes}
 
 
 def install_shims(bin_dir: Path, *, netns: bool = False) -> None:

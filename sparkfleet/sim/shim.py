@@ -996,7 +996,7 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     argv = [cfg["python"], "-m", "sparkfleet.simengine", "--rank", str(rank), "--world-size", str(world),
             "--master-addr", master, "--master-port", (f.get("--master-port") or [str(port + 20000)])[0],
             "--host", host, "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
-            "--kv-tokens", str(lane.get("kv_tokens") or 0)]
+            "--kv-tokens", str(kv_tokens(f, cfg) or lane.get("kv_tokens") or 0)]
     for name in f.get("--served-model-name") or ["model"]:
         argv += ["--served-name", name]
     if f.get("--max-model-len"):
@@ -1024,6 +1024,20 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
         if fault in ENGINE_FAULT_NAMES:
             argv += ["--fault", fault]
     return argv
+
+
+def kv_tokens(flags: dict[str, list[str]], cfg: dict) -> int | None:
+    """The KV cache a rank profiles from its launch: --kv-cache-memory-bytes and the DCP size (values.py says
+    how the per-token cost was calibrated); None when the launch sizes KV by memory utilisation instead."""
+    from fractions import Fraction
+
+    raw = (flags.get("--kv-cache-memory-bytes") or [None])[0]
+    if raw is None or "kv_bytes_per_token" not in cfg:
+        return None
+    dcp = int((flags.get("--decode-context-parallel-size") or flags.get("-dcp") or ["1"])[0])
+    per_token = Fraction(*cfg["kv_bytes_per_token"])
+    reserved = Fraction(*cfg["kv_reserved_bytes"])
+    return max(0, int((int(raw) - reserved) * dcp / per_token))
 
 
 ENGINE_FAULT_NAMES = frozenset({

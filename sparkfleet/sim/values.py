@@ -121,3 +121,11 @@ ENGINE_STOP_WAIT_S = 10.0  # `docker stop`'s default grace before SIGKILL
 # "Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend." (CATALOG HLT-21, [003]). A backend not listed here gets
 # its own name upper-cased: the sim cannot know what another image prints.
 MOE_KERNELS = {"b12x": "B12X_MXFP4_MXFP8"}
+
+# KV cache size from the launch's --kv-cache-memory-bytes B and DCP size D: tokens = floor((B - KV_RESERVED_BYTES)
+# * D / KV_BYTES_PER_TOKEN). Both constants are calibrated once, exactly, from the seeds' two published pairs
+# (CATALOG HLT-20, OQ-05): 8 GiB at DCP1 gives 1,263,118 tokens and 6 GiB at DCP2 gives 1,888,800. Two GiB
+# more at DCP1 buy 1,263,118 - 1,888,800/2 = 318,718 tokens, so a token costs 2 GiB / 318,718 bytes, and
+# what the budget keeps back is 8 GiB - 1,263,118 tokens' worth (about 75 MiB).
+KV_BYTES_PER_TOKEN = (2 * 2**30, 318_718)  # as a fraction (numerator, denominator): 6,737.88 bytes
+KV_RESERVED_BYTES = (8 * 2**30 * 318_718 - 1_263_118 * 2 * 2**30, 318_718)  # fraction: 79,197,041.9 bytes
