@@ -728,3 +728,42 @@ def test_the_sim_engine_sizes_kv_from_the_launch_not_the_profile(tmp_path):
     assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "2") == 1_888_800  # dcp2
     assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "4") == 3_777_600
     assert kv("--kv-cache-memory-bytes", str(5 * 2**30), "--decode-context-parallel-size", "2") < 1_888_800
+
+
+def test_up_without_bubblewrap_says_what_is_missing_and_creates_nothing(state, monkeypatch, capsys):
+    monkeypatch.setattr(simnode, "BWRAP_CANDIDATES", ())
+    monkeypatch.setattr(simnode.shutil, "which", lambda name: None)
+    assert main(["sim", "up"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bubblewrap (apt-get install bubblewrap)" in err
+    assert "nothing was created" in err
+    assert not paths.sim_dir().exists() and not netlab.ours()
+
+
+def _mounts_and_processes() -> tuple[list[str], set[str]]:
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    procs = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                procs.add(Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                pass
+    return mounts, procs
+
+
+def test_down_leaves_no_mount_namespace_process_or_directory(state):
+    mounts, _ = _mounts_and_processes()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    sim = lab.up("lab")
+    nodes_dir = paths.nodes_dir()
+    _, during = _mounts_and_processes()
+    assert any(str(nodes_dir) in c for c in during)  # the nodes' inits run
+    tool(sim.root("asusi"), "docker", "run", "-d", "--name", "x", "nvcr.io/nvidia/pytorch:26.07-py3", "sleep")
+    lab.down()
+    after_mounts, after = _mounts_and_processes()
+    assert after_mounts == mounts
+    assert not any(str(nodes_dir) in c or "sim-node-init" in c for c in after)
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == netns
+    assert not paths.sim_dir().exists()
+    assert sorted(p.name for p in state.iterdir()) in ([], ["known_hosts"])
