@@ -84,7 +84,7 @@ def one(sim: lab.Sim, ops: Path, env: dict, fault: str, poll: float) -> dict:
     record = json.loads((Path(env["SPARKFLEET_STATE"]) / "runs" / f"{result['run_id']}.json").read_text())
     launch = next(x for x in record["data"]["launches"] if x["rank"] == RANK)
     if fault != "rank-vanish":  # the rank's engine exit, as the sim's supervisor recorded it
-        docker = json.loads((sim.root(NODE) / "state/docker.json").read_text())
+        docker = json.loads((sim.state_dir(NODE) / "docker.json").read_text())
         c = next(c for c in docker["containers"] if c["Name"].lstrip("/") == launch["container"])
         injected = os.stat(c["SimProcess"]["exit_file"]).st_mtime
     said = next(e["t"] for e in events if e["event"] == "message" and "stopping every rank" in e.get("text", ""))

@@ -56,7 +56,7 @@ def ops_root(tmp: Path) -> Path:
 
 
 def container(sim: lab.Sim, node: str, rank: int) -> dict:
-    docker = json.loads((sim.root(node) / "state/docker.json").read_text())
+    docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
     return next(c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == LANE
                 and c["Config"]["Labels"].get("sparkfleet.rank") == str(rank) and c["State"]["Running"])
 

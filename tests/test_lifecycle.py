@@ -56,7 +56,7 @@ def containers(sim, profile: str = "dcp2") -> dict[str, list[dict]]:
     """Every node's containers of a lane, straight from the sim's docker state."""
     out = {}
     for node in ("reddie", "asusi", "bluey", "spark4"):
-        docker = json.loads((sim.root(node) / "state/docker.json").read_text())
+        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
         out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == profile]
     return out
 
@@ -86,7 +86,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
         assert c["Config"]["Labels"] == {"sparkfleet.profile": "dcp2", "sparkfleet.rank": str(rank),
                                          "sparkfleet.run": rec["run_id"]}
     for node in ("reddie", "asusi", "bluey", "spark4"):  # caches dropped on every node before the launch
-        assert sim.root(node).joinpath("state/sysctl.log").read_text().split()[-1] == "vm.drop_caches=3"
+        assert sim.state_dir(node).joinpath("sysctl.log").read_text().split()[-1] == "vm.drop_caches=3"
 
     assert main(["status", "--inventory", "sim", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
@@ -97,7 +97,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0
     assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
-    engines = [json.loads((sim.root(n) / "state/docker.json").read_text()) for n in ("reddie", "asusi")]
+    engines = [json.loads((sim.state_dir(n) / "docker.json").read_text()) for n in ("reddie", "asusi")]
     assert all(not d["containers"] for d in engines)
 
 
@@ -138,7 +138,7 @@ def test_a_warning_line_is_not_fatal(sim, capsys) -> None:
     rec = record_of(events)
     assert rec["data"]["log_facts"]["1"]["fatal"] is None
     (c,) = containers(sim)["asusi"]
-    log = (sim.root("asusi") / "state/logs" / f"{c['Id']}.log").read_text()
+    log = (sim.state_dir("asusi") / "logs" / f"{c['Id']}.log").read_text()
     assert any("WARNING" in line and "CUDA error" in line for line in log.splitlines())
 
 
@@ -169,7 +169,7 @@ def test_a_foreign_container_on_the_port_refuses_before_anything_starts(sim, cap
     conflict = [f for f in fs if f["status"] == "fail"]
     assert len(conflict) == 1 and conflict[0]["node"] == "reddie" and "foreign-lane-8410" in conflict[0]["message"]
     assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
-    docker = json.loads((sim.root("reddie") / "state/docker.json").read_text())
+    docker = json.loads((sim.state_dir("reddie") / "docker.json").read_text())
     assert [c["State"]["Status"] for c in docker["containers"]] == ["running"]  # never touched
 
 
@@ -249,7 +249,7 @@ def test_rail2_aliases_are_added_for_the_lane_and_removed_on_down(sim, capsys, t
     assert code == 0, result(events)
 
     def aliases(node: str) -> list:
-        path = sim.root(node) / "state/net.json"
+        path = sim.state_dir(node) / "net.json"
         return json.loads(path.read_text())["aliases"] if path.exists() else []
 
     assert aliases("reddie") == [{"cidr": "192.168.193.11/24", "dev": "enP2p1s0f0np0"}]

@@ -38,7 +38,7 @@ def _launched(sim) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Each node's running dcp2 container: its argv and env, from the sim's docker state."""
     out = {}
     for node in ("reddie", "asusi", "bluey", "spark4"):
-        for c in json.loads((sim.root(node) / "state/docker.json").read_text())["containers"]:
+        for c in json.loads((sim.state_dir(node) / "docker.json").read_text())["containers"]:
             if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2" and c["State"]["Status"] == "running":
                 env = dict(e.partition("=")[::2] for e in c["Config"]["Env"] or [])
                 out[node] = ((c["Config"].get("Entrypoint") or []) + (c["Config"].get("Cmd") or []), env)

@@ -63,7 +63,7 @@ def containers(sim) -> dict[str, list[dict]]:
     """Every node's dcp2 containers, straight from the sim's docker state."""
     out = {}
     for node in NODES:
-        docker = json.loads((sim.root(node) / "state/docker.json").read_text())
+        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
         out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
     return out
 

@@ -43,7 +43,7 @@ def hang_head(sim) -> None:
     if "rank-hang" in sim_faults.KINDS:
         sim.fault("reddie", "rank-hang")
         return
-    docker = json.loads((sim.root("reddie") / "state/docker.json").read_text())
+    docker = json.loads((sim.state_dir("reddie") / "docker.json").read_text())
     (c,) = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.rank") == "0"
             and c["State"]["Running"]]
     node = sim.inventory().nodes["reddie"]
@@ -82,7 +82,7 @@ def test_a_hung_head_is_detected_after_k_probes_and_the_lane_serves_again_over_s
     assert sorted((c["node"], c["rank"], c["state"]) for c in status["containers"]) == [
         ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
     assert status["lanes"]["dcp2"]["health"] == 200
-    docker = json.loads((ssh_sim.root("reddie") / "state/docker.json").read_text())
+    docker = json.loads((ssh_sim.state_dir("reddie") / "docker.json").read_text())
     assert [c["Config"]["Labels"]["sparkfleet.run"] for c in docker["containers"]
             if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"] == [served["run_id"]]
     assert main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"]) == 0

@@ -64,6 +64,10 @@ class Sim:
         self._node(name)
         return paths.node_root(name)
 
+    def state_dir(self, name: str) -> Path:
+        """The node's sim state on this machine (docker.json, logs/, net.json, ...): R/var/lib/sparkfleet-sim."""
+        return self.root(name) / shim.STATE
+
     def faults(self, name: str) -> dict[str, dict[str, Any]]:
         return faults.active(self.root(name))
 
