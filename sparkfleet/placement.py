@@ -49,6 +49,11 @@ def place(loaded: Loaded, inventory: Inventory) -> list[Rank]:
     return [Rank(i, inventory.nodes[name]) for i, name in enumerate(order[: p.world_size])]
 
 
+def loopback_bound(host: str | None) -> bool:
+    """Whether a lane's API binds to the head's loopback only (reachable from here only through SSH)."""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def endpoint(head: Node, port: int | None) -> str:
     """The lane's OpenAI-compatible base URL as seen from this machine: the head's SSH address (this
     machine itself for a local-transport node) and the lane's port."""

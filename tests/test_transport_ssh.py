@@ -423,3 +423,28 @@ def test_lab_removes_leftovers_of_a_crashed_run(lab):
         answer = subprocess.run(again.ssh_argv("y", "echo $SPARKFLEET_NODE"), capture_output=True, text=True)
         assert answer.stdout == "y\n", answer.stderr
     assert not (LOCK_DIR / f"slot-{slot}.json").exists()
+
+
+def test_forward_reaches_a_loopback_only_server_on_the_node_and_closes(lab, nodes, ssh, tmp_path):
+    """`ssh -L` over the node's pinned connection: how a loopback-bound head's API is reached. The server
+    binds the node's 127.0.0.1 (its own network namespace when the lab has them)."""
+    import httpx
+
+    (tmp_path / "index.html").write_text("served on node2's loopback")
+    (node,) = by_name(nodes, "node2")
+    port = 18080
+    started = ssh.run([node], f"cd {tmp_path} && (setsid python3 -m http.server {port} --bind 127.0.0.1 "
+                      f">/dev/null 2>&1 & echo $!)")["node2"]
+    assert started.ok, started
+    pid = started.stdout.strip()
+    try:
+        ready = ssh.run([node], f"for i in $(seq 100); do python3 -c 'import socket; socket.create_connection("
+                        f"(\"127.0.0.1\", {port}), 1)' 2>/dev/null && exit 0; sleep 0.1; done; exit 1")["node2"]
+        assert ready.ok, ready
+        with ssh.forward(node, port) as local:
+            assert local != port
+            assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text == "served on node2's loopback"
+        with pytest.raises(httpx.ConnectError):  # the tunnel is gone with the block
+            httpx.get(f"http://127.0.0.1:{local}/", timeout=5)
+    finally:
+        ssh.run([node], f"kill {pid}")

@@ -110,15 +110,23 @@ def _kv_usage(text: str) -> float | None:
 
 def run_status(args: argparse.Namespace) -> int:
     sp, inv, nodes, transport, facts = _fleet(args)
-    transport.close()
-    from sparkfleet.placement import endpoint
+    from sparkfleet.placement import endpoint, loopback_bound
 
     rows = [r for r in _ours(facts) if not args.profile or r.get("profile") in (None, args.profile)]
     lanes = {}
-    for r in rows:
-        if r.get("rank") == 0 and r.get("state") == "running":
-            p = sp.profile(r["profile"]).profile
-            lanes[r["profile"]] = _endpoint_status(endpoint(inv.nodes[r["node"]], p.port))
+    try:
+        for r in rows:
+            if r.get("rank") == 0 and r.get("state") == "running":
+                p = sp.profile(r["profile"]).profile
+                head = inv.nodes[r["node"]]
+                if loopback_bound(p.host) and head.transport == "ssh" and p.port is not None:
+                    with transport.forward(head, p.port) as local:  # the head serves on its loopback only
+                        lanes[r["profile"]] = _endpoint_status(f"http://127.0.0.1:{local}")
+                    lanes[r["profile"]]["endpoint"] = f"{head.name}:127.0.0.1:{p.port} (SSH tunnel)"
+                else:
+                    lanes[r["profile"]] = _endpoint_status(endpoint(head, p.port))
+    finally:
+        transport.close()
     unreachable = [r for r in rows if "error" in r]
     if args.json:
         print_json({"containers": rows, "lanes": lanes})

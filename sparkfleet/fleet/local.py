@@ -16,6 +16,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sparkfleet.fleet.hostkeys import write_atomic
@@ -35,6 +37,11 @@ class LocalTransport:
         self.shell = shell
 
     # -- public interface --------------------------------------------------------------
+    @contextmanager
+    def forward(self, node: Node, remote_port: int, remote_host: str = "127.0.0.1") -> Iterator[int]:
+        """A local node's loopback is this machine's: nothing to forward."""
+        yield remote_port
+
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
         """Run `command` with bash -c for every node at once; one Result per node, in input order."""

@@ -21,6 +21,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import paramiko
@@ -113,6 +115,19 @@ class SshTransport:
         `~/...` and relative paths are taken from the login shell's $HOME on the node.
         """
         return self._each(nodes, lambda conn, node: self._put(conn, node, data, remote_path, mode))
+
+    @contextmanager
+    def forward(self, node: Node, remote_port: int, remote_host: str = "127.0.0.1") -> Iterator[int]:
+        """A local port on 127.0.0.1 forwarded to remote_host:remote_port as the node sees it, over the
+        node's pinned connection (host key checked as for every command); closed when the block ends.
+        How a loopback-bound head's API is reached from here (`ssh -L`)."""
+        conn = self._connection(node)
+        with socket.socket() as s:  # a free local port (the forward binds it again at once)
+            s.bind(("127.0.0.1", 0))
+            local_port = s.getsockname()[1]
+        with conn.forward_local(local_port, remote_port=remote_port, remote_host=remote_host,
+                                local_host="127.0.0.1"):
+            yield local_port
 
     def close(self) -> None:
         """Close every open connection; the transport can still be used (it reconnects)."""

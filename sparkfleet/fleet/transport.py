@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -38,6 +39,10 @@ class Transport(Protocol):
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]: ...
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]: ...
+
+    def forward(self, node: Node, remote_port: int, remote_host: str = "127.0.0.1") -> AbstractContextManager[int]:
+        """A local port reaching remote_host:remote_port as `node` sees it, for the block's duration."""
+        ...
 
     def close(self) -> None: ...
 

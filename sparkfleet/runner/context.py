@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,8 @@ class RunContext:
     logs_tail: dict[int, list[str]] = field(default_factory=dict)
     caches_dropped: dict | None = None  # node -> True, or why the drop failed
     rendered: bool = False  # plan re-rendered with this run's id and resolved GID indexes
+    tunnel: str | None = None  # base URL of the SSH local forward to a loopback-bound head, once opened
+    closers: ExitStack = field(default_factory=ExitStack)  # what the run opened (tunnels): closed at its end
 
     @property
     def profile(self):
@@ -79,12 +82,24 @@ class RunContext:
         return self.inventory.nodes[name]
 
     def endpoint(self) -> str:
-        """The head's OpenAI-compatible base URL as seen from this machine."""
+        """The head's OpenAI-compatible base URL as seen from this machine: --endpoint; else, for a head
+        that binds its API to loopback (`host: 127.0.0.1`) behind SSH, a local port forward over the
+        head's pinned connection (opened once, closed when the run ends); else the head's address."""
         if self.options.endpoint:
             return self.options.endpoint.rstrip("/")
-        from sparkfleet.placement import endpoint
+        from sparkfleet.placement import endpoint, loopback_bound
 
-        return endpoint(self.head, self.profile.port)
+        if self.tunnel is None and loopback_bound(self.profile.host) and self.head.transport == "ssh" \
+                and self.profile.port is not None and not self.options.dry_run:
+            local = self.closers.enter_context(self.transport.forward(self.head, self.profile.port))
+            self.tunnel = f"http://127.0.0.1:{local}"
+            self.events.emit("message", text=f"{self.head.name} serves on 127.0.0.1:{self.profile.port} only: "
+                             f"reaching it through an SSH tunnel at {self.tunnel}")
+        return self.tunnel or endpoint(self.head, self.profile.port)
+
+    def close(self) -> None:
+        """Close what the run opened (SSH tunnels)."""
+        self.closers.close()
 
     def engram_dirs(self) -> dict[str, tuple[int, str]]:
         """node -> (rank, node-local Engram copy dir) for the ranks that read a node-local copy."""

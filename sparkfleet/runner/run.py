@@ -50,6 +50,7 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
                 record.reason += "; every rank of this launch was stopped"
             events.step("interrupt", "fail", record.reason)
         finally:
+            ctx.close()
             transport.close()
             record.finished = time.time()
             if not options.dry_run:
