@@ -12,11 +12,13 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import httpx
 
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
+from sparkfleet.engram.manifest import check_rank, falls_back
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.facts import NodeFacts
@@ -272,38 +274,33 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
                                     remedy="sparkfleet engram-local --profile ... (6-8 ms a step over NFS vs 3)"))
             continue
         res = results[name]
-        verdict = engram_verdict(ctx, res)
-        per_rank[r.rank] = "node-local" if verdict is None else "nfs"
-        if verdict is None:
+        manifest, problem = _manifest(res)
+        # the one Engram rule (engram/manifest.py): the same function fleet mode and the exporter call
+        verdicts = check_rank(manifest, rank=r.rank, node=name, dest=dirs[name][1],
+                              revision=ctx.profile.model.revision if ctx.profile.model else None, fmt=e.format,
+                              ranges=None, problem=problem)
+        nfs = falls_back(verdicts)
+        per_rank[r.rank] = "nfs" if nfs else "node-local"
+        if not nfs:
             sha = hashlib.sha256(res.stdout.encode()).hexdigest()
             ctx.record.data.setdefault("engram_manifests", {})[str(r.rank)] = sha
-            findings.append(Finding("engram", "ok", f"rank {r.rank}: node-local copy at {dirs[name][1]}", node=name))
-        else:
-            findings.append(Finding("engram", "warn", f"rank {r.rank} will fall back to NFS: {verdict}", node=name,
-                                    remedy=f"sparkfleet engram-local --profile {ctx.profile.name} --node {name}"))
+        # a copy that does not serve the rank is said before launch, as a warning (the rank falls back)
+        findings += [replace(f, status="warn") if f.status == "fail" else f for f in verdicts]
     ctx.record.data["engram"] = per_rank
     nfs = [str(k) for k, v in per_rank.items() if v == "nfs"]
     return StepResult("warn" if nfs else "ok",
                       "node-local on every rank" if not nfs else f"ranks on NFS: {', '.join(nfs)}", findings)
 
 
-def engram_verdict(ctx: RunContext, res: Result) -> str | None:
-    """None when the copy's manifest matches this lane's checkpoint and format; else why not."""
+def _manifest(res: Result) -> tuple[dict | None, str | None]:
+    """A rank's engram-manifest.json as read by `cat`, or why there is none."""
     if not res.ok:
-        return "no engram-manifest.json (no complete copy)"
+        return None, "no engram-manifest.json: the copy is missing or incomplete"
     try:
         m = json.loads(res.stdout)
     except ValueError:
-        return "engram-manifest.json is not JSON"
-    source = m.get("source") or {}
-    want_rev = ctx.profile.model.revision if ctx.profile.model else None
-    got_rev = source.get("revision") if isinstance(source, dict) else None
-    if want_rev and got_rev and got_rev != want_rev:
-        return f"copy is of checkpoint {got_rev[:12]}, the lane runs {want_rev[:12]} (FM-62)"
-    want_fmt = ctx.profile.engram.format if ctx.profile.engram else None
-    if want_fmt and m.get("format") and m.get("format") != want_fmt:
-        return f"copy format {m.get('format')} != lane format {want_fmt} (FM-24)"
-    return None
+        return None, "engram-manifest.json is not JSON"
+    return (m, None) if isinstance(m, dict) else (None, "engram-manifest.json is not a JSON object")
 
 
 def _rail2_commands(ctx: RunContext, add: bool) -> dict[str, str]:
