@@ -71,11 +71,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     play.add_argument("--save-as", metavar="NAME")
     play.set_defaults(func=run_playbook, playbook=None)
 
-    rs = sub.add_parser("restore", help="bring back a recorded known-good lane, every pin verified",
-                        formatter_class=fmt, description="Check a restore point's pins against the fleet "
-                        "(refuse on drift), then run playbooks/restore.yaml. Without a recorded point, a "
-                        "profile of that name is restored from its own pins.",
-                        epilog="examples:\n  sparkfleet restore boot10\n  sparkfleet restore --list")
+    rs = sub.add_parser("restore", help="relaunch a recorded known-good lane as it ran, every pin verified",
+                        formatter_class=fmt, description=_wrap(
+                            "Relaunch the launches a restore point recorded, verbatim "
+                        "(run playbooks/restore.yaml around them). Before anything is stopped: say per rank what "
+                        "today's profile, inventory and templates would change, and refuse (exit 1) when a pin "
+                        "drifted (hostname, image id, patch files, Engram copy, resolved GID index) unless --force. "
+                        "Without a recorded point, a profile of that name is restored from its own pins."),
+                        epilog="examples:\n  sparkfleet restore boot10\n  sparkfleet restore boot10 --force\n"
+                        "  sparkfleet restore --list\n  sparkfleet diff boot10   # what changed since")
     _common(rs)
     rs.add_argument("name", nargs="?")
     rs.add_argument("--list", action="store_true", help="list restore points")
@@ -83,6 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     rs.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
     rs.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
     rs.set_defaults(func=run_restore)
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, 78))
 
 
 def _options(args: argparse.Namespace, **extra) -> RunOptions:
@@ -133,7 +143,7 @@ def run_playbook(args: argparse.Namespace) -> int:
 
 def run_restore(args: argparse.Namespace) -> int:
     from sparkfleet.root import state_dir
-    from sparkfleet.runner.restore import list_points, load_point
+    from sparkfleet.runner.restore import list_points, load_point, point_names, unknown_nodes
 
     if args.list:
         points = list_points(state_dir())
@@ -141,7 +151,7 @@ def run_restore(args: argparse.Namespace) -> int:
             print_json(points)
         else:
             for p in points:
-                out.print(f"{p['name']:<20} {p['profile']:<16} {p['recorded_at']}  kv {p['kv_tokens']}  "
+                out.print(f"{p['name']:<20} {p['profile'] or '?':<16} {p['recorded_at']}  kv {p['kv_tokens']}  "
                           f"run {p['run_id']}", markup=False)
             if not points:
                 out.print("no restore points (record one with `up --save-as NAME`)")
@@ -152,16 +162,24 @@ def run_restore(args: argparse.Namespace) -> int:
     sp = spec(args)
     if point is None:
         if args.name not in sp.profile_names():
-            raise UserError(f"no restore point and no profile named {args.name!r} (see `sparkfleet restore --list`)")
+            known = point_names(state_dir())
+            raise UserError(f"no restore point and no profile named {args.name!r}; restore points: "
+                            + (", ".join(known) if known else "none (record one with `up --save-as NAME`)"))
         if not args.json:
             out.print(f"no recorded restore point {args.name!r}: restoring profile {args.name!r} from its own pins "
                       "(image digest, patch manifest)", markup=False)
-        profile = args.name
-    else:
-        profile = point["profile"]
-        if args.inventory is None and point.get("inventory"):
-            args.inventory = point["inventory"]
+        return _execute(args, args.name, "restore", _options(args, force=args.force), [])
+    if args.inventory is None and point.inventory:
+        args.inventory = point.inventory
+    missing = unknown_nodes(point, sp.inventory(args.inventory).nodes)
+    if missing:
+        raise UserError(f"restore point {args.name!r} ran on node(s) {', '.join(missing)}, which inventory "
+                        f"{args.inventory or 'lab'!r} does not have; nothing was done")
+    if point.profile not in sp.profile_names():
+        raise UserError(f"restore point {args.name!r} is of profile {point.profile!r}, which is not in "
+                        f"{sp.root / 'profiles'}; nothing was done")
     from sparkfleet.spec.overrides import from_mapping
 
-    over = from_mapping(point.get("overrides")) if point else []  # restore brings back the -o it served with
-    return _execute(args, profile, "restore", _options(args, restore_point=point, force=args.force), over)
+    over = from_mapping(point.overrides)  # restore brings back the -o it served with
+    return _execute(args, point.profile, "restore", _options(args, restore_point=point.options_view(),
+                                                                 force=args.force), over)

@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_overrides(p)
     p.add_argument("--profile", "-p", required=True, help="lane to plan")
     p.add_argument("--playbook", default="up", help="playbook name or file (default: up)")
+    p.add_argument("--against", metavar="NAME", help="also show, per rank, what differs from a restore point or run")
     p.set_defaults(func=run)
 
 
@@ -51,9 +52,18 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"sparkfleet: {args.profile} is a base for other lanes (abstract: true), not a lane; "
                   f"see `sparkfleet profiles`")
         return EXIT_USAGE
-    plan = make_plan(loaded, inventory, playbook, sp.root)
+    against = None
+    if args.against:
+        from sparkfleet.cli.diff import Side, compare, recorded_gids, side
+
+        other = side(args, args.against if ":" in args.against else f"point:{args.against}"
+                     if _is_point(args.against) else f"run:{args.against}")
+        plan = make_plan(loaded, inventory, playbook, sp.root, gid_index=recorded_gids(other.launches))
+        against = compare(other, Side("profile", args.profile, args.profile, [x.as_dict() for x in plan.launches]))
+    else:
+        plan = make_plan(loaded, inventory, playbook, sp.root)
     if args.json:
-        print_json(plan.as_dict())
+        print_json(plan.as_dict() | ({"against": against} if against is not None else {}))
         return EXIT_USAGE if plan.refused else EXIT_OK
     if plan.refused:
         print_findings([f for f in plan.findings if f.status == "fail"], err)
@@ -74,7 +84,33 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"      write {path}:", markup=False)
             out.print("\n".join("        " + line for line in content.splitlines()), markup=False)
         out.print("\n".join("      " + line for line in step["script"].rstrip().splitlines()), markup=False)
+        if against is not None:
+            _inline(against, step["rank"])
+    if against is not None and against["unrelated"]:
+        out.print(f"against {args.against}: a different lane ({against['a']['profile']}): everything differs",
+                  markup=False)
     if plan.findings:
         out.print()
         print_findings(plan.findings)
     return EXIT_OK
+
+
+def _is_point(name: str) -> bool:
+    from sparkfleet.root import state_dir
+    from sparkfleet.runner.restore import points_dir
+
+    return (points_dir(state_dir()) / f"{name}.json").is_file()
+
+
+def _inline(against: dict, rank: int) -> None:
+    """Under a launch: what differs from the recorded one (A = recorded, B = this plan)."""
+    rd = next((r for r in against["ranks"] if r["rank"] == rank), None)
+    name = against["a"]["name"]
+    if rd is None:
+        out.print(f"      = same as {name}", markup=False)
+        return
+    from sparkfleet.diff import show_value
+
+    for c in rd["changes"]:
+        out.print(f"      ~ vs {name}: {c['kind']} {c['key']}: {show_value(c['a'])} -> {show_value(c['b'])}",
+                  markup=False)

@@ -1,7 +1,8 @@
 """Run records (state_dir()/runs/*.json) as the exporter needs them: one small summary per run.
 
-A record is written once, atomically, when its run ends (runner/record.py), so a summary is parsed once
-per file and kept while the file's size and mtime stay the same; a poll only parses new records.
+A record is the typed model the runner writes (runner/record.py RunRecord), written once, atomically,
+when its run ends, so a summary is parsed once per file and kept while the file's size and mtime stay
+the same; a poll only parses new records.
 Records of other inventories are left out (one exporter watches one inventory).
 """
 
@@ -11,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sparkfleet.runner.record import RecordError, RunRecord, read_record
 
 STATUS_RANK = {"ok": 0, "warn": 1, "unknown": 2, "fail": 3}  # worst wins per (node, check)
 
@@ -38,52 +41,42 @@ class RunSummary:
     fabric_at: float | None = None
 
 
-def _step_ends(rec: dict[str, Any]) -> dict[str, float]:
+def _step_ends(rec: RunRecord) -> dict[str, float]:
     """When each step ended: the run's start plus the durations of the steps up to it (steps run in order)."""
-    t = float(rec.get("started") or 0.0)
+    t = rec.started
     out: dict[str, float] = {}
-    for st in rec.get("steps") or []:
-        t += float(st.get("elapsed_s") or 0.0)
-        out[str(st.get("step"))] = t
+    for st in rec.steps:
+        t += st.elapsed_s
+        out[st.step] = t
     return out
 
 
-def summarise(rec: dict[str, Any]) -> RunSummary:
-    """The parts of a record the exporter uses (raises KeyError/TypeError/ValueError on a malformed one)."""
-    data = rec.get("data") or {}
+def summarise(doc: dict[str, Any]) -> RunSummary:
+    """The parts of a record the exporter uses (the typed model the runner writes; RecordError if it is not one)."""
+    rec = read_record(doc)
+    data = rec.data
     ends = _step_ends(rec)
     checks = None
-    if isinstance(data.get("findings"), list):
+    if data.findings is not None:
         checks = {}
-        for f in data["findings"]:
-            key = (str(f.get("node") or ""), str(f["check"]))
-            status = str(f.get("status", "ok"))
-            if STATUS_RANK.get(status, 0) >= STATUS_RANK.get(checks.get(key, "ok"), 0):
-                checks[key] = status
-    gates = None
-    g = data.get("gates")
-    if isinstance(g, dict) and isinstance(g.get("results"), list):
-        gates = {str(r["name"]): str(r["status"]) for r in g["results"]}
-    engram = None
-    if isinstance(data.get("engram"), dict):
-        engram = {int(k): str(v) for k, v in data["engram"].items()}
-    rank_nodes = {int(x["rank"]): str(x["node"]) for x in data.get("launches") or [] if "rank" in x and "node" in x}
+        for f in data.findings:
+            key = (f.node or "", f.check)
+            if STATUS_RANK.get(f.status, 0) >= STATUS_RANK.get(checks.get(key, "ok"), 0):
+                checks[key] = f.status
+    gates = {r.name: r.status for r in data.gates.results} if data.gates is not None else None
+    rank_nodes = {x.rank: x.node for x in data.launches or []}
     patches = None
-    p = data.get("patches")
-    if isinstance(p, dict) and isinstance(p.get("nodes"), dict):
-        patches = {"set": str(p.get("set") or ""),
-                   "nodes": {str(n): bool(v.get("ok")) for n, v in p["nodes"].items() if isinstance(v, dict)}}
-    fabric = fabric_links(data.get("fabric_probe"))
-    finished = rec.get("finished")
+    if data.patches is not None:
+        patches = {"set": data.patches.set, "nodes": {n: v.ok for n, v in data.patches.nodes.items()}}
+    fabric = fabric_links(getattr(data, "fabric_probe", None))
     return RunSummary(
-        run_id=str(rec["run_id"]), playbook=str(rec.get("playbook") or ""), profile=str(rec.get("profile") or ""),
-        inventory=str(rec.get("inventory") or ""), outcome=str(rec.get("outcome") or "unknown"),
-        started=float(rec.get("started") or 0.0), finished=float(finished) if finished is not None else None,
-        duration_s=float(rec["duration_s"]) if rec.get("duration_s") is not None else None,
+        run_id=rec.run_id, playbook=rec.playbook, profile=rec.profile, inventory=rec.inventory,
+        outcome=rec.outcome, started=rec.started, finished=rec.finished, duration_s=rec.duration_s,
         checks=checks, checks_at=ends.get("check") if checks is not None else None,
         gates=gates, gates_at=ends.get("gates") if gates is not None else None,
-        engram=engram, rank_nodes=rank_nodes, patches=patches,
+        engram=dict(data.engram) if data.engram is not None else None, rank_nodes=rank_nodes, patches=patches,
         fabric=fabric, fabric_at=ends.get("fabric_probe") if fabric is not None else None)
+
 
 
 def fabric_links(probe: Any) -> list[dict[str, Any]] | None:
@@ -129,7 +122,7 @@ class RunIndex:
             else:
                 try:
                     summary: RunSummary | None = summarise(json.loads(path.read_text()))
-                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                except (OSError, ValueError, RecordError):
                     summary = None
                 seen[path] = (key, summary)
             if seen[path][1] is None:

@@ -14,13 +14,160 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkfleet.redact import REDACTED, SECRET_NAME, redact
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["REDACTED", "SECRET_NAME", "Record", "list_runs", "new_run_id", "redact"]
+from sparkfleet.redact import REDACTED, SECRET_NAME, redact
+from sparkfleet.spec.errors import UserError
+
+__all__ = ["REDACTED", "SECRET_NAME", "Record", "RunRecord", "list_runs", "new_run_id", "read_record", "redact"]
+
+# 1: the record as a free-form dict (before the typed model); 2: typed, with per-rank launches and pins
+SCHEMA_VERSION = 2
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+class _Open(BaseModel):
+    """A part of the record with typed known fields; other keys (step data others add) are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class FindingRecord(_Open):
+    check: str
+    status: str = "ok"
+    node: str | None = None
+    message: str = ""
+
+
+class GateRecord(_Open):
+    name: str
+    status: str
+
+
+class GatesRecord(_Open):
+    results: list[GateRecord] = Field(default_factory=list)
+
+
+class PatchNodeRecord(_Open):
+    ok: bool = False
+    missing: list[str] = Field(default_factory=list)
+    wrong: list[str] = Field(default_factory=list)
+
+
+class PatchesRecord(_Open):
+    set: str = ""
+    manifest_sha256: str | None = None
+    nodes: dict[str, PatchNodeRecord] = Field(default_factory=dict)
+
+
+class NodeSlice(_Open):
+    """The inventory facts that shaped one rank's launch (what `restore` compares against today's)."""
+
+    address: str | None = None  # SSH host
+    fabric_ip: str | None = None
+    hcas: list[str] = Field(default_factory=list)
+    fabric_iface: str | None = None
+    gid_index: int | str | None = None  # the resolved index (an int) once facts resolved `auto`
+    storage: dict[str, Any] = Field(default_factory=dict)  # model_root, engram_local_dir, cache_dir, patch_root...
+    hostname: str | None = None  # the node's own name for itself, from its facts
+
+
+class PatchFileRecord(_Open):
+    source: str
+    sha256: str | None = None
+    target: str
+
+
+class LaunchRecord(_Open):
+    """One rank's launch exactly as it ran: `restore` relaunches this, not a fresh render."""
+
+    node: str
+    rank: int
+    role: str = ""
+    wave: int = 0
+    container: str = ""
+    argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)  # secret values are redacted; their names stay
+    script: str = ""
+    files: dict[str, str] = Field(default_factory=dict)  # rendered files (TensorFold's config.env)
+    container_options: list[str] = Field(default_factory=list)  # docker options before the image
+    image_ref: str | None = None
+    image_digest: str | None = None
+    image_id: str | None = None  # the node's local image id for image_ref when the lane started
+    patch_set: str | None = None
+    patch_files: list[PatchFileRecord] = Field(default_factory=list)
+    engram_dir: str | None = None
+    engram_manifest_sha256: str | None = None
+    inventory: NodeSlice | None = None
+
+
+class RecordData(_Open):
+    findings: list[FindingRecord] | None = None
+    gates: GatesRecord | None = None
+    engram: dict[int, str] | None = None  # rank -> node-local | nfs
+    engram_manifests: dict[str, str] | None = None  # rank -> sha256 of its copy's manifest
+    launches: list[LaunchRecord] | None = None
+    patches: PatchesRecord | None = None
+
+
+class StepRecord(_Open):
+    step: str
+    status: str = ""
+    summary: str = ""
+    elapsed_s: float = 0.0
+
+
+class Served(_Open):
+    """What served: read back by `restore` and `diff`."""
+
+    kv_tokens: int | None = None
+    moe_backend_line: str | None = None
+    gates: dict[str, str] = Field(default_factory=dict)
+
+
+class RunRecord(_Open):
+    """A run record as written to state/runs/<run_id>.json; `read_record` is the one way to read one."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    playbook: str = ""
+    profile: str = ""
+    inventory: str = ""
+    command: str = ""
+    started: float = 0.0
+    finished: float | None = None
+    outcome: str = "unknown"
+    reason: str = ""
+    duration_s: float | None = None
+    steps: list[StepRecord] = Field(default_factory=list)
+    data: RecordData = Field(default_factory=RecordData)
+    profile_merged: dict[str, Any] | None = None  # the lane with its bases merged, as it ran
+    template_hashes: dict[str, str] | None = None  # sha256 of every template, as they were
+    served: Served | None = None
+    forced: bool = False  # restore --force went on despite drifted pins
+    restored_from: str | None = None  # the restore point this run relaunched
+
+
+class RecordError(UserError):
+    """A record or restore point this sparkfleet cannot read (newer schema, or not a record)."""
+
+
+def read_record(doc: Any, origin: str = "run record") -> RunRecord:
+    """Parse a record dict: schema 1 (no schema_version) and 2 read; a newer schema is refused, clearly."""
+    if not isinstance(doc, dict):
+        raise RecordError(f"{origin}: not a run record (expected a JSON object)")
+    version = doc.get("schema_version", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise RecordError(f"{origin}: schema_version {version!r} is newer than this sparkfleet reads "
+                          f"({SCHEMA_VERSION}); upgrade sparkfleet to read it")
+    try:
+        return RunRecord.model_validate({**doc, "schema_version": version})
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        raise RecordError(f"{origin}: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
 
 
 @dataclass
@@ -37,23 +184,54 @@ class Record:
     reason: str = ""
     finished: float | None = None
     secret_values: set[str] = field(default_factory=set)
+    profile_merged: dict | None = None
+    template_hashes: dict[str, str] | None = None
+    served: dict | None = None
+    forced: bool = False
+    restored_from: str | None = None
 
     def as_dict(self) -> dict:
-        d = {"run_id": self.run_id, "playbook": self.playbook, "profile": self.profile,
-             "inventory": self.inventory, "command": self.command, "started": self.started,
-             "finished": self.finished, "outcome": self.outcome, "reason": self.reason,
+        """The record as written: checked against the typed model (RunRecord), secrets redacted."""
+        d = {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, "playbook": self.playbook,
+             "profile": self.profile, "inventory": self.inventory, "command": self.command,
+             "started": self.started, "finished": self.finished, "outcome": self.outcome, "reason": self.reason,
              "duration_s": round((self.finished or time.time()) - self.started, 3),
              "steps": self.steps, "data": self.data}
-        return redact(d, self.secret_values)
+        for key in ("profile_merged", "template_hashes", "served", "restored_from"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        if self.forced:
+            d["forced"] = True
+        d = json.loads(json.dumps(redact(d, self.secret_values), default=str))
+        try:
+            return RunRecord.model_validate(d).model_dump(mode="json", exclude_unset=True)
+        except ValidationError as exc:  # never lose a record: keep it as it is and say why it is not typed
+            d["schema_errors"] = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)]
+            return d
 
     def write(self, runs_dir: Path) -> Path:
         """Atomic write: a reader never sees half a record."""
         runs_dir.mkdir(parents=True, exist_ok=True)
         path = runs_dir / f"{self.run_id}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.as_dict(), indent=1, default=str))
-        os.replace(tmp, path)
+        write_json(path, self.as_dict())
         return path
+
+
+def write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def load_run(runs_dir: Path, run_id: str) -> RunRecord | None:
+    path = runs_dir / f"{run_id}.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        raise RecordError(f"{path}: not valid JSON") from None
+    return read_record(doc, str(path))
 
 
 def list_runs(runs_dir: Path) -> list[dict]:

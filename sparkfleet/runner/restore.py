@@ -1,77 +1,288 @@
-"""Restore points: the pins of a lane that served, recorded after `up --save-as NAME`."""
+"""Restore points: a named run record holding every rank's launch as it ran, and the pins it served on.
+
+`up --save-as NAME` writes one (state/restore/NAME.json) when the lane serves. `restore NAME` relaunches
+the recorded launches verbatim (only the `sparkfleet.run` label becomes the new run's id), says per rank
+what today's profile, inventory and templates would render differently, and refuses (nothing stopped)
+only when the fleet no longer matches the pins: a node's identity, its image id, its patch files, its
+Engram copy, its resolved GID index.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
+import posixpath
+import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pydantic import Field, ValidationError
+
+from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.spec.errors import UserError
+from sparkfleet.naming import RUN_LABEL, engram_manifest_path
+from sparkfleet.runner.record import (
+    SCHEMA_VERSION,
+    LaunchRecord,
+    RecordError,
+    RunRecord,
+    _Open,
+    read_record,
+    write_json,
+)
 
 if TYPE_CHECKING:
+    from sparkfleet.engines.base import Launch
     from sparkfleet.runner.context import RunContext
+
+
+
+class RestorePoint(_Open):
+    """state/restore/NAME.json: the run record of the run that served, under a name."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    recorded_at: str = ""
+    record: RunRecord
+    overrides: dict[str, Any] = Field(default_factory=dict)  # the -o KEY=VALUE it served with (restore reapplies)
+
+    @property
+    def profile(self) -> str:
+        return self.record.profile
+
+    @property
+    def inventory(self) -> str:
+        return self.record.inventory
+
+    @property
+    def kv_tokens(self) -> int | None:
+        return self.record.served.kv_tokens if self.record.served else None
+
+    @property
+    def launches(self) -> list[LaunchRecord]:
+        return self.record.data.launches or []
+
+    def options_view(self) -> dict:
+        """What the runner's steps read from RunOptions.restore_point (expect: the recorded KV tokens)."""
+        return {"name": self.name, "profile": self.profile, "kv_tokens": self.kv_tokens, "point": self}
 
 
 def points_dir(state: Path) -> Path:
     return state / "restore"
 
 
-def profile_hash(ctx: RunContext) -> str:
-    data = ctx.profile.model_dump(mode="json")
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+# -- what a run records ------------------------------------------------------------------------------
+
+def template_hashes(root: Path) -> dict[str, str]:
+    d = root / "templates"
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.glob("*.j2"))} if d.is_dir() else {}
 
 
-def image_pins(ctx: RunContext) -> dict[str, str | None]:
-    """Each rank's local image id for the lane's image (a re-pulled tag changes it)."""
-    ref = ctx.profile.image.ref if ctx.profile.image else None
-    out: dict[str, str | None] = {}
-    for r in ctx.plan.ranks:
-        f = ctx.facts.get(r.node.name)
-        hit = None
-        if isinstance(f, NodeFacts) and f.docker is not None:
-            hit = next((i.id for i in f.docker.images if i.ref == ref), None)
-        out[r.node.name] = hit
+def _image_id(facts: Any, ref: str | None) -> str | None:
+    if isinstance(facts, NodeFacts) and facts.docker is not None and ref:
+        return next((i.id for i in facts.docker.images if i.ref == ref), None)
+    return None
+
+
+def _options(argv: list[str]) -> list[str]:
+    """The docker options of a launch: everything between `docker run` and the image, less -e/-v."""
+    from sparkfleet.diff import parse_docker_argv
+
+    return parse_docker_argv(argv)["options"]
+
+
+def launch_records(ctx: RunContext) -> list[dict]:
+    """Every rank's launch as this run renders it, with the pins it launches on."""
+    from sparkfleet.patches import manifest as pm
+
+    p = ctx.profile
+    patch_files: list[dict] = []
+    if p.patches and (pm.set_dir(ctx.spec.root, p.patches) / pm.MANIFEST).is_file():
+        m = pm.load(ctx.spec.root, p.patches)
+        patch_files = [f.model_dump() for f in m.files] if m.complete else []
+    ranks = {r.rank: r for r in ctx.plan.ranks}
+    manifests = ctx.record.data.get("engram_manifests") or {}
+    dirs = ctx.engram_dirs()
+    out = []
+    for launch in ctx.plan.launches:
+        r = ranks[launch.rank]
+        node = r.node
+        facts = ctx.facts.get(node.name)
+        engram_dir = dirs[node.name][1] if node.name in dirs else None
+        out.append({
+            **launch.as_dict(), "container_options": _options(launch.argv),
+            "container_spec": spec_to_dict(launch.spec) if launch.spec is not None else None,
+            "image_ref": p.image.ref if p.image else None, "image_digest": p.image.digest if p.image else None,
+            "image_id": _image_id(facts, p.image.ref if p.image else None),
+            "patch_set": p.patches, "patch_files": patch_files,
+            "engram_dir": engram_dir, "engram_manifest_sha256": manifests.get(str(launch.rank)) if engram_dir else None,
+            "inventory": {
+                "address": node.ssh.host, "fabric_ip": node.fabric_ip,
+                "hcas": list(node.rdma.hcas) if node.rdma else [],
+                "fabric_iface": node.rdma.fabric_iface if node.rdma else None,
+                "gid_index": ctx.gid_index.get(node.name, node.rdma.gid_index if node.rdma else None),
+                "storage": node.storage.model_dump(mode="json"),
+                "hostname": facts.hostname if isinstance(facts, NodeFacts) else None,
+            },
+        })
     return out
 
 
-def engram_pins(ctx: RunContext) -> dict[str, str | None]:
-    from sparkfleet.fleet.commands import read_file_command
-    from sparkfleet.naming import engram_manifest_path
-
-    e = ctx.profile.engram
-    if e is None or not e.node_local:
-        return {}
-    dirs = ctx.engram_dirs()
-    cmds = {n: read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}
-    ranks = {n: str(rank) for n, (rank, _) in dirs.items()}
-    res = ctx.run_each(cmds, timeout_s=30)
-    return {ranks[n]: (hashlib.sha256(x.stdout.encode()).hexdigest() if x.ok else None) for n, x in res.items()}
-
-
-def current_pins(ctx: RunContext) -> dict:
-    return {"profile_sha256": profile_hash(ctx), "images": image_pins(ctx),
-            "patch_manifest_sha256": ctx.patch_manifest_sha256(),
-            "engram_manifests": engram_pins(ctx), "ranks": {str(r.rank): r.node.name for r in ctx.plan.ranks}}
+def finish(ctx: RunContext) -> None:
+    """At the end of a good run: what served (KV, MoE line, gates), and image ids pulled during the launch."""
+    lf = ctx.log_facts.get(0)
+    gates = {}
+    for g in ((ctx.record.data.get("gates") or {}).get("results") or []):
+        gates[str(g.get("name"))] = str(g.get("status"))
+    ctx.record.served = {"kv_tokens": lf.kv_tokens if lf else None,
+                         "moe_backend_line": lf.moe_backend_line if lf else None, "gates": gates}
+    after = ctx.record.data.get("facts_after_load") or {}
+    for x in ctx.record.data.get("launches") or []:
+        if x.get("image_id") is None and x.get("node") in after:
+            images = ((after[x["node"]] or {}).get("docker") or {}).get("images") or []
+            x["image_id"] = next((i.get("id") for i in images if i.get("ref") == x.get("image_ref")), None)
 
 
-def diff_pins(recorded: dict, now: dict) -> list[str]:
-    """One line per difference, saying what was recorded and what is there now."""
+def save_point(ctx: RunContext, name: str) -> Path:
+    d = points_dir(ctx.state_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.json"
+    record = read_record(ctx.record.as_dict(), f"run {ctx.record.run_id}")
+    from sparkfleet.spec.overrides import as_mapping
+
+    point = RestorePoint(name=name, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), record=record,
+                         overrides=as_mapping(ctx.loaded.overrides))
+    write_json(path, point.model_dump(mode="json", exclude_unset=False))
+    return path
+
+
+# -- reading points ----------------------------------------------------------------------------------
+
+def load_point(state: Path, name: str) -> RestorePoint | None:
+    """The point, None when there is none; RecordError (exit 2) for one this sparkfleet cannot relaunch."""
+    path = points_dir(state) / f"{name}.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        raise RecordError(f"{path}: restore point is not valid JSON; remove it or record it again") from None
+    version = doc.get("schema_version", 1) if isinstance(doc, dict) else None
+    if version == 1 or (isinstance(doc, dict) and "record" not in doc and "pins" in doc):
+        raise RecordError(f"{path}: restore point {name!r} was saved by an older sparkfleet (schema 1: pins only, "
+                          "no recorded launches), so it cannot be relaunched as it ran; nothing was done. Bring the "
+                          f"lane up and record it again: sparkfleet up --profile {doc.get('profile', 'P')} "
+                          f"--save-as {name}")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema_version {version!r} is newer than this sparkfleet reads "
+                          f"({SCHEMA_VERSION}); upgrade sparkfleet to restore it")
+    try:
+        point = RestorePoint.model_validate(doc)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        raise RecordError(f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    if not point.launches:
+        raise RecordError(f"{path}: restore point {name!r} holds no launches; record it again with up --save-as")
+    return point
+
+
+def point_names(state: Path) -> list[str]:
+    return sorted(p.stem for p in points_dir(state).glob("*.json"))
+
+
+def list_points(state: Path) -> list[dict]:
     out = []
-    if recorded.get("profile_sha256") != now.get("profile_sha256"):
-        out.append("the merged profile changed since it was recorded (profile_sha256)")
-    for key, label in (("images", "image on"), ("engram_manifests", "Engram manifest of rank"),
-                       ("ranks", "node of rank")):
-        rec, cur = recorded.get(key) or {}, now.get(key) or {}
-        for k in sorted(set(rec) | set(cur)):
-            if rec.get(k) != cur.get(k):
-                out.append(f"{label} {k}: recorded {_short(rec.get(k))}, now {_short(cur.get(k))}")
-    if recorded.get("patch_manifest_sha256") != now.get("patch_manifest_sha256"):
-        out.append(f"patch manifest: recorded {_short(recorded.get('patch_manifest_sha256'))}, "
-                   f"now {_short(now.get('patch_manifest_sha256'))}")
+    for p in sorted(points_dir(state).glob("*.json")):
+        try:
+            d = json.loads(p.read_text())
+        except ValueError:
+            continue
+        rec = d.get("record") or d  # schema 1 kept these at the top
+        served = rec.get("served") or {}
+        out.append({"name": d.get("name", p.stem), "profile": rec.get("profile"), "inventory": rec.get("inventory"),
+                    "recorded_at": d.get("recorded_at"), "kv_tokens": served.get("kv_tokens", d.get("kv_tokens")),
+                    "run_id": rec.get("run_id"), "schema_version": d.get("schema_version", 1)})
+    return out
+
+
+# -- restoring ----------------------------------------------------------------------------------------
+
+def spec_to_dict(spec: Any) -> dict:
+    """A ContainerSpec as JSON data, every field kept (env None = passed through from the launching shell)."""
+    d = dataclasses.asdict(spec)
+    d["ports"] = {str(k): v for k, v in spec.ports.items()}
+    return d
+
+
+def spec_from_dict(d: dict, run_id: str) -> Any:
+    from sparkfleet.engines.container import Bind, ContainerSpec
+
+    labels = {k: (run_id if k == RUN_LABEL else v) for k, v in (d.get("labels") or {}).items()}
+    return ContainerSpec(d["name"], d["image"], list(d["command"]), d["command_text"], labels,
+                         [list(g) for g in d.get("options") or []], [Bind(**b) for b in d.get("mounts") or []],
+                         dict(d.get("env") or {}), {int(k): v for k, v in (d.get("ports") or {}).items()},
+                         d.get("entrypoint"))
+
+
+def relabel(launch: LaunchRecord, run_id: str) -> Launch:
+    """The recorded launch with this run's id in its `sparkfleet.run` label; nothing else changes."""
+    from sparkfleet.engines.base import Launch
+
+    old = next((t.split("=", 1)[1] for t in launch.argv if t.startswith(f"{RUN_LABEL}=")), None)
+    argv = [f"{RUN_LABEL}={run_id}" if t == f"{RUN_LABEL}={old}" else t for t in launch.argv]
+    script = launch.script
+    if old:
+        for form in (f"{RUN_LABEL}={old}", shlex.quote(f"{RUN_LABEL}={old}")):
+            script = script.replace(form, f"{RUN_LABEL}={run_id}")
+    raw = getattr(launch, "container_spec", None)
+    spec = spec_from_dict(raw, run_id) if raw else None
+    return Launch(launch.node, launch.rank, launch.role, launch.wave, launch.container, argv, dict(launch.env),
+                  script, dict(launch.files), spec)
+
+
+def adopt(ctx: RunContext, point: RestorePoint) -> None:
+    """Make the run launch the recorded lane: its ranks on their recorded nodes, its launches verbatim."""
+    from sparkfleet.placement import Rank
+
+    ctx.plan.ranks = [Rank(x.rank, ctx.inventory.nodes[x.node]) for x in sorted(point.launches, key=lambda x: x.rank)]
+    ctx.plan.launches = [relabel(x, ctx.record.run_id) for x in point.launches]
+    ctx.rendered = True  # the launch step must not render today's lane
+    records = []
+    for x in point.launches:
+        d = x.model_dump(mode="json")
+        launch = next(n for n in ctx.plan.launches if n.rank == x.rank)
+        d.update(argv=launch.argv, script=launch.script)
+        records.append(d)
+    ctx.record.data["launches"] = records
+    ctx.record.restored_from = point.name
+
+
+def today_changes(ctx: RunContext, point: RestorePoint) -> list[Finding]:
+    """What today's profile, inventory and templates would render differently, per rank (launch unchanged)."""
+    from sparkfleet.diff import diff_launches
+    from sparkfleet.fleet.gather import resolve_gid_indexes
+    from sparkfleet.plan import make_plan
+
+    gid = resolve_gid_indexes([ctx.inventory.nodes[x.node] for x in point.launches], ctx.facts)
+    for x in point.launches:  # a node that did not answer cannot resolve `auto`: that is its own finding
+        if x.node not in gid and x.inventory and isinstance(x.inventory.gid_index, int):
+            gid[x.node] = x.inventory.gid_index
+    today = make_plan(ctx.loaded, ctx.inventory, ctx.playbook, ctx.spec.root, run_id=point.record.run_id,
+                      gid_index=gid)
+    out = []
+    recorded = [x.model_dump(mode="json") for x in point.launches]
+    for rd in diff_launches(recorded, [x.as_dict() for x in today.launches]):
+        node = rd.node_a or rd.node_b
+        out += [Finding("restore-diff", "warn", f"rank {rd.rank} ({node}): today would change {c.line()}", node=node,
+                        remedy="restore launches the recorded lane; `sparkfleet diff` shows it all")
+                for c in rd.changes]
+    was, now = point.record.template_hashes or {}, template_hashes(ctx.spec.root)
+    for name in sorted(set(was) | set(now)):
+        if was.get(name) != now.get(name):
+            out.append(Finding("restore-diff", "warn", f"template {name} changed since the point was recorded "
+                               f"({_short(was.get(name))} -> {_short(now.get(name))})"))
     return out
 
 
@@ -82,39 +293,57 @@ def _short(v: object) -> str:
     return s.removeprefix("sha256:")[:12] if len(s) > 16 else s
 
 
-def save_point(ctx: RunContext, name: str) -> Path:
-    from sparkfleet.spec.overrides import as_mapping
+def pin_drift(ctx: RunContext, point: RestorePoint) -> list[Finding]:
+    """Per node, every pin the fleet no longer matches (facts gathered by the caller)."""
+    from sparkfleet.fleet.gather import resolve_gid_indexes
+    from sparkfleet.patches.manifest import PatchManifest
+    from sparkfleet.fleet.commands import read_file_command
+    from sparkfleet.patches.sync import inspect
 
-    head_kv = ctx.log_facts.get(0).kv_tokens if ctx.log_facts.get(0) else None
-    point = {"name": name, "profile": ctx.profile.name, "inventory": ctx.inventory.name,
-             "run_id": ctx.record.run_id, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "kv_tokens": head_kv, "pins": current_pins(ctx),
-             "overrides": as_mapping(ctx.loaded.overrides)}
-    d = points_dir(ctx.state_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{name}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(point, indent=1))
-    os.replace(tmp, path)
-    return path
+    out: list[Finding] = []
 
+    def drift(node: str, pin: str, was: object, now: object) -> None:
+        out.append(Finding("pins", "fail", f"{node}: {pin}: recorded {_short(was)}, now {_short(now)}", node=node,
+                           remedy="put it back, or restore anyway with --force", observed=str(now), expected=str(was)))
 
-def load_point(state: Path, name: str) -> dict | None:
-    path = points_dir(state) / f"{name}.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise UserError(f"{path}: restore point is not valid JSON; remove it or record it again") from None
-
-
-def list_points(state: Path) -> list[dict]:
-    out = []
-    for p in sorted(points_dir(state).glob("*.json")):
-        try:
-            d = json.loads(p.read_text())
-        except ValueError:
+    nodes = {x.node: ctx.inventory.nodes[x.node] for x in point.launches}
+    gids = resolve_gid_indexes(list(nodes.values()), ctx.facts)
+    engram_cmds = {x.node: read_file_command(engram_manifest_path(x.engram_dir))
+                   for x in point.launches if x.engram_dir and x.engram_manifest_sha256}
+    engram_now = ctx.run_each(engram_cmds, timeout_s=30)
+    for x in sorted(point.launches, key=lambda x: x.rank):
+        f = ctx.facts.get(x.node)
+        if not isinstance(f, NodeFacts):
+            out.append(Finding("pins", "fail", f"{x.node}: did not answer, so no pin can be checked", node=x.node,
+                               remedy="bring the node back (or fix its SSH), then restore again"))
             continue
-        out.append({k: d.get(k) for k in ("name", "profile", "inventory", "recorded_at", "kv_tokens", "run_id")})
+        inv = x.inventory
+        if inv and inv.hostname and f.hostname != inv.hostname:
+            drift(x.node, "node identity (hostname)", inv.hostname, f.hostname)
+        if x.image_id and _image_id(f, x.image_ref) != x.image_id:
+            drift(x.node, f"image id of {x.image_ref}", x.image_id, _image_id(f, x.image_ref))
+        if inv and isinstance(inv.gid_index, int) and gids.get(x.node) != inv.gid_index:
+            drift(x.node, "resolved GID index", inv.gid_index, gids.get(x.node))
+        if x.engram_dir and x.engram_manifest_sha256:
+            res = engram_now.get(x.node)
+            now = hashlib.sha256(res.stdout.encode()).hexdigest() if res is not None and res.ok else None
+            if now != x.engram_manifest_sha256:
+                drift(x.node, f"Engram copy manifest ({x.engram_dir})", x.engram_manifest_sha256, now)
+    by_set: dict[str, list[LaunchRecord]] = {}
+    for x in point.launches:
+        if x.patch_set and x.patch_files:
+            by_set.setdefault(x.patch_set, []).append(x)
+    for name, xs in by_set.items():
+        manifest = PatchManifest(name=name, files=[f.model_dump() for f in xs[0].patch_files])
+        states = inspect(ctx.transport, [nodes[x.node] for x in xs], manifest)
+        for node, st in sorted(states.items()):
+            for source in st.missing:
+                drift(node, f"patch file {name}/{source}", "present", "missing")
+            for source in st.wrong:
+                want = next(f.sha256 for f in manifest.files if f.source == source)
+                drift(node, f"patch file {name}/{source}", want, "a different sha256")
     return out
+
+
+def unknown_nodes(point: RestorePoint, inventory_nodes: dict) -> list[str]:
+    return sorted({x.node for x in point.launches} - set(inventory_nodes))

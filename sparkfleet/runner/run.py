@@ -28,6 +28,10 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     plan = make_plan(loaded, inventory, playbook, spec.root, run_id=run_id)
     record.data["plan_findings"] = [f.as_dict() for f in plan.findings]
     record.data["overrides"] = plan.overrides  # -o KEY=VALUE: restore reloads the profile with them
+    from sparkfleet.runner.restore import template_hashes
+
+    record.profile_merged = loaded.profile.model_dump(mode="json")
+    record.template_hashes = template_hashes(spec.root)
     events.emit("run", text=f"{playbook.name} {loaded.profile.name} (run {run_id}"
                 + (", dry run" if options.dry_run else "") + ")", run_id=run_id)
     if plan.refused:
@@ -80,6 +84,9 @@ def _steps(ctx: RunContext) -> None:
             record.outcome, record.reason = "failed", f"{name}: {result.summary}"
             return
     record.outcome = "ok"
+    from sparkfleet.runner.restore import finish
+
+    finish(ctx)
     if ctx.options.save_as and not ctx.options.dry_run:
         from sparkfleet.runner.restore import save_point
 

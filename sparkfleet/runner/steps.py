@@ -7,6 +7,7 @@ runner stops every rank of this launch before it gives up (and keeps their last 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -347,22 +348,29 @@ def rail2_down(ctx: RunContext, st: Step) -> StepGen:
 
 @step("pins")
 def pins(ctx: RunContext, st: Step) -> StepResult:
-    from sparkfleet.runner.restore import current_pins, diff_pins
+    """restore: adopt the recorded launches, say what today would render differently, refuse on drifted pins."""
+    from sparkfleet.runner import restore as rp
 
-    point = ctx.options.restore_point
-    if point is None:
+    view = ctx.options.restore_point
+    if view is None:
         return StepResult("warn", "no recorded restore point: restoring from the profile's own pins")
+    point = view["point"]
+    rp.adopt(ctx, point)
     ctx.facts = gather_facts(ctx)
-    now = current_pins(ctx)
-    drift = diff_pins(point["pins"], now)
-    ctx.record.data["pins"] = {"recorded": point["pins"], "now": now, "drift": drift}
+    changes = rp.today_changes(ctx, point)
+    drift = rp.pin_drift(ctx, point)
+    ctx.record.data["pins"] = {"drift": [f.message for f in drift], "today": [f.message for f in changes]}
     if drift and not ctx.options.force:
-        return StepResult("fail", f"{len(drift)} pin(s) drifted since {point['name']!r} was recorded", [
-            Finding("pins", "fail", d, "put it back, or restore anyway with --force") for d in drift])
+        return StepResult("fail", f"{len(drift)} pin(s) drifted since {point.name!r} was recorded: nothing was "
+                          "stopped", drift + changes)
     if drift:
-        return StepResult("warn", f"{len(drift)} pin(s) drifted; going on (--force)",
-                          [Finding("pins", "warn", d) for d in drift])
-    return StepResult("ok", f"every pin of {point['name']!r} matches the fleet")
+        ctx.record.forced = True
+        return StepResult("warn", f"{len(drift)} pin(s) drifted; relaunching the recorded lane anyway (--force)",
+                          [dataclasses.replace(f, status="warn") for f in drift] + changes)
+    if changes:
+        return StepResult("warn", f"every pin of {point.name!r} matches; today's lane would differ in "
+                          f"{len(changes)} place(s), relaunching the recorded lane", changes)
+    return StepResult("ok", f"every pin of {point.name!r} matches the fleet")
 
 
 # -- launch, wait_ready -------------------------------------------------------------------------------
@@ -373,7 +381,9 @@ def _render(ctx: RunContext) -> None:
         ctx.plan = make_plan(ctx.loaded, ctx.inventory, ctx.playbook, ctx.spec.root,
                              run_id=ctx.record.run_id, gid_index=ctx.gid_index)
         ctx.rendered = True
-        ctx.record.data["launches"] = [launch.as_dict() for launch in ctx.plan.launches]
+        from sparkfleet.runner.restore import launch_records
+
+        ctx.record.data["launches"] = launch_records(ctx)
 
 
 def _api_key(ctx: RunContext) -> str | None:
