@@ -17,7 +17,7 @@ from sparkfleet import __version__
 
 # command -> the module under sparkfleet/cli that registers it
 COMMANDS: dict[str, str] = {
-    "profiles": "profiles", "show": "profiles", "plan": "plan", "diff": "diff",
+    "profiles": "profiles", "show": "profiles", "plan": "plan",
     "up": "lifecycle", "down": "lifecycle", "play": "lifecycle", "restore": "lifecycle",
     "status": "observe", "logs": "observe", "runs": "observe", "facts": "facts", "check": "check",
     "patches": "patches", "gates": "gates", "engram-local": "engram", "exporter": "exporter",

@@ -87,9 +87,9 @@ def _resolve(args: argparse.Namespace, sp) -> tuple[str, str, dict | None]:
         known = ", ".join(p["name"] for p in list_points(state_dir())) or "none recorded"
         raise UserError(f"no restore point named {args.restore!r} in {state_dir() / 'restore'} (known: {known}); "
                         "record one with `sparkfleet up --profile NAME --save-as NAME`")
-    if args.inventory is None and point.get("inventory"):
-        args.inventory = point["inventory"]
-    return point["profile"], "restore", point
+    if args.inventory is None and point.inventory:
+        args.inventory = point.inventory
+    return point.profile, "restore", point.options_view()  # what RunOptions.restore_point carries
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import posixpath
 import shlex
 import time
 from pathlib import Path
@@ -295,9 +294,9 @@ def _short(v: object) -> str:
 
 def pin_drift(ctx: RunContext, point: RestorePoint) -> list[Finding]:
     """Per node, every pin the fleet no longer matches (facts gathered by the caller)."""
+    from sparkfleet.fleet.commands import read_file_command
     from sparkfleet.fleet.gather import resolve_gid_indexes
     from sparkfleet.patches.manifest import PatchManifest
-    from sparkfleet.fleet.commands import read_file_command
     from sparkfleet.patches.sync import inspect
 
     out: list[Finding] = []
