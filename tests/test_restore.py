@@ -184,26 +184,35 @@ def test_restore_relaunches_the_recorded_argv_and_says_what_today_would_change(e
 
 
 def test_force_restores_despite_a_drifted_pin_and_the_record_says_forced(env, capsys) -> None:
+    """The tag was re-pulled on every node (one new image id everywhere, so the lane's own drift check
+    passes): the pins refuse, --force relaunches the recorded lane and the record says forced."""
     sim, ops, state = env
-    launch = next(x for x in point(state)["record"]["data"]["launches"] if x["node"] == "spark4")
-    path = sim.root("spark4") / "state/docker.json"
-    saved = path.read_text()
-    docker = json.loads(saved)
-    next(i for i in docker["images"] if i["Id"] == launch["image_id"])["Id"] = "sha256:" + "f" * 64
-    path.write_text(json.dumps(docker))
+    image_id = point(state)["record"]["data"]["launches"][0]["image_id"]
+    new_id = "sha256:" + "f" * 64
+
+    def swap(a: str, b: str) -> None:
+        for node in NODES:
+            path = sim.root(node) / "state/docker.json"
+            docker = json.loads(path.read_text())
+            for i in docker["images"]:
+                if i["Id"] == a:
+                    i["Id"] = b
+            path.write_text(json.dumps(docker))
+
+    swap(image_id, new_id)
     try:
+        code, events = restore(capsys, ops)
+        assert code == 1 and step(events, "pins")["status"] == "fail"
         code, events = restore(capsys, ops, "--force")
     finally:
-        docker = json.loads(path.read_text())
-        for i in docker["images"]:
-            if i["Id"] == "sha256:" + "f" * 64:
-                i["Id"] = launch["image_id"]
-        path.write_text(json.dumps(docker))
+        swap(new_id, image_id)
     assert code == 0, result(events)
     pins = step(events, "pins")
     assert pins["status"] == "warn" and pins["summary"].endswith("(--force)")
-    (f,) = [f for f in findings(events, "pins") if f["check"] == "pins"]
-    assert f["status"] == "warn" and f["node"] == "spark4" and "image id" in f["message"]
+    fs = [f for f in findings(events, "pins") if f["check"] == "pins"]
+    assert sorted(f["node"] for f in fs) == sorted(NODES)
+    assert all(f["status"] == "warn" and "image id" in f["message"] and f["message"].endswith("now ffffffffffff")
+               for f in fs)
     assert run_record(state, events)["forced"] is True
 
 
