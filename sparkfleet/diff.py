@@ -113,6 +113,16 @@ def _list_changes(kind: str, a: list, b: list) -> list[Change]:
     return out + [Change(kind, x, None, x) for x in b if x not in a]
 
 
+def _by_target(mounts: list[str]) -> dict[str, str]:
+    """`-v SRC:DST[:ro]` as DST -> SRC[:ro], so a moved source reads as one change of that mount."""
+    out = {}
+    for m in mounts:
+        src, _, rest = m.partition(":")
+        dst, _, opts = rest.partition(":")
+        out[dst or src] = src + (f" ({opts})" if opts else "")
+    return out
+
+
 def launch_changes(a: dict | None, b: dict | None) -> list[Change]:
     """One rank's launch `a` against `b` (dicts with argv and files, as plans and records hold them)."""
     if a is None or b is None:
@@ -124,7 +134,7 @@ def launch_changes(a: dict | None, b: dict | None) -> list[Change]:
     if pa["image"] != pb["image"]:
         out.append(Change("image", "image", pa["image"], pb["image"]))
     out += _list_changes("option", pa["options"], pb["options"])
-    out += _list_changes("mount", pa["mounts"], pb["mounts"])
+    out += _dict_changes("mount", _by_target(pa["mounts"]), _by_target(pb["mounts"]))
     out += _dict_changes("env", pa["env"], pb["env"])
     if pa["command"] != pb["command"]:
         out.append(Change("command", "command", pa["command"], pb["command"]))
