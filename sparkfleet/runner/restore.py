@@ -65,7 +65,8 @@ class RestorePoint(_Open):
 
     def options_view(self) -> dict:
         """What the runner's steps read from RunOptions.restore_point (expect: the recorded KV tokens)."""
-        return {"name": self.name, "profile": self.profile, "kv_tokens": self.kv_tokens, "point": self}
+        return {"name": self.name, "profile": self.profile, "kv_tokens": self.kv_tokens, "inventory": self.inventory,
+                "overrides": self.overrides, "point": self}
 
 
 def points_dir(state: Path) -> Path:
