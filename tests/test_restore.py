@@ -73,7 +73,7 @@ def point(state: Path) -> dict:
 def lane_containers(sim) -> dict[str, list[tuple[str, str, str]]]:
     out = {}
     for node in NODES:
-        docker = json.loads((sim.root(node) / "state/docker.json").read_text())
+        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
         out[node] = sorted((c["Id"], c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"])
                            for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2")
     return out
@@ -112,7 +112,7 @@ def test_restore_refuses_a_drifted_pin_naming_node_and_pin_and_stops_nothing(env
     before = lane_containers(sim)
     assert all(len(v) == 1 and v[0][1] == "running" for v in before.values())
     launch = next(x for x in point(state)["record"]["data"]["launches"] if x["node"] == "bluey")
-    path = sim.root("bluey") / "state/docker.json"
+    path = sim.state_dir("bluey") / "docker.json"
     saved = path.read_text()
     if pin == "image":  # the tag was re-pulled on bluey: its local image id moved
         docker = json.loads(saved)
@@ -192,7 +192,7 @@ def test_force_restores_despite_a_drifted_pin_and_the_record_says_forced(env, ca
 
     def swap(a: str, b: str) -> None:
         for node in NODES:
-            path = sim.root(node) / "state/docker.json"
+            path = sim.state_dir(node) / "docker.json"
             docker = json.loads(path.read_text())
             for i in docker["images"]:
                 if i["Id"] == a:
