@@ -9,15 +9,6 @@ from sparkfleet.spec.load import Spec
 from tests.test_checks import check, healthy, lane, of
 
 
-@pytest.fixture(autouse=True)
-def fabric_check(monkeypatch):
-    """The fabric check runs with the others once the simulated lab has fabric interfaces (issue 11)."""
-    import sparkfleet.checks as checks
-
-    if "fabric" not in checks.MODULES:
-        monkeypatch.setattr(checks, "MODULES", checks.MODULES + ("fabric",))
-
-
 @pytest.fixture
 def dcp2(repo_spec: Spec):
     profile, inv, plan = lane(repo_spec, "dcp2")

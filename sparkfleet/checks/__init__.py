@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sparkfleet.spec.profile import Profile
 
 # The modules, in the order their findings are listed for each node.
-MODULES = ("memory", "earlyoom", "clock", "rdma", "storage", "image", "drift", "mounts", "conflicts")
+MODULES = ("memory", "earlyoom", "clock", "rdma", "fabric", "storage", "image", "drift", "mounts", "conflicts")
 # Check names in display order (a module may emit more than one: clock also emits slow-state).
 ORDER = ("reach", "facts", "drop-caches", "memory", "earlyoom", "clock", "slow-state", "rdma", "fabric",
          "fabric-probe", "storage", "image", "drift", "mounts", "conflicts")

@@ -200,6 +200,9 @@ def fleet(latch_band: tuple[int, int] | None = (630, 950)) -> dict[str, Any]:
               [target(f"{n.FABRIC_LINK_UP}{NODE_SEL}", "{{node}} {{iface}}"),
                target(f"{n.RDMA_PORT_ACTIVE}{NODE_SEL}", "{{node}} {{hca}}/{{port}} active")],
               kind="state-timeline", thresholds=RED_GREEN, mappings=UP_MAPPING),
+        panel("Fabric MTU", "MTU of each node's fabric interface: every rank of a lane needs the same one (a "
+              "smaller MTU on one rank slows or breaks RoCE for the whole lane).",
+              [target(f"{n.FABRIC_LINK_MTU}{NODE_SEL}", "{{node}} {{iface}}")]),
         panel("Clock offset", "Each node's clock minus the exporter's when its facts arrived: nodes far apart "
               "put the ranks' log lines and records out of order.",
               [target(f"{n.NODE_CLOCK_OFFSET}{NODE_SEL}", "{{node}}")], unit="s"),
