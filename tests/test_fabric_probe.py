@@ -219,10 +219,6 @@ def test_check_fabric_names_the_slow_nodes_links_through_the_command(lab, tmp_pa
                     "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
     inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
     monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
-    import sparkfleet.checks as checks
-
-    if "fabric" not in checks.MODULES:  # until the simulated lab has fabric interfaces (issue 11)
-        monkeypatch.setattr(checks, "MODULES", checks.MODULES + ("fabric",))
     lab.shape("n1", "50mbit")
     code = main(["check", "--profile", "dcp2", "--inventory", str(inv), "--fabric", "--fabric-bytes", str(BULK),
                  "--json"])
@@ -285,10 +281,6 @@ def test_check_fails_a_fabric_link_taken_down(lab, tmp_path, monkeypatch, capsys
                     "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
     inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
     monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
-    import sparkfleet.checks as checks
-
-    if "fabric" not in checks.MODULES:  # until the simulated lab has fabric interfaces (issue 11)
-        monkeypatch.setattr(checks, "MODULES", checks.MODULES + ("fabric",))
     netnslab.ip("-n", lab.ns["n2"], "link", "set", lab.iface, "down")
     code = main(["check", "--profile", "dcp2", "--inventory", str(inv), "--json"])
     doc = json.loads(capsys.readouterr().out)
