@@ -788,3 +788,16 @@ def test_run_checks_without_the_profile_loads_it_by_the_plans_name(repo_spec: Sp
     facts = healthy(profile, inv, plan)
     facts["asusi"].meminfo.mem_available_bytes = 80 * GiB
     assert run_checks(plan, inv, facts) == run_checks(plan, inv, facts, profile=profile)
+
+
+def test_a_file_the_launch_writes_first_is_not_a_missing_mount_source(repo_spec: Spec) -> None:
+    """A TensorFold rank's config.env is written by the launch, then mounted: not missing before it."""
+    profile, inv, plan = lane(repo_spec, "tf1017")
+    facts = healthy(profile, inv, plan)
+    for launch in plan.launches:
+        for path in launch.files:
+            facts[launch.node].paths.pop(path, None)
+    findings = check(profile, inv, plan, facts)
+    assert [f for f in findings if f.check == "mounts" and f.status != "ok"] == []
+    launch = plan.launches[0]
+    assert launch.files and all(p in launch.spec.bind_sources for p in launch.files)

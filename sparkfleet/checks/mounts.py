@@ -26,7 +26,9 @@ def check(ctx: CheckContext) -> list[Finding]:
             if launch.spec is None:
                 continue  # a launch that is not a container (TensorFold's serve.sh)
             later = launch.spec.source_of(engram) if engram else None
-            sources = [s for s in launch.spec.bind_sources if s != later]
+            # files the launch itself writes first (a TensorFold rank's config.env) exist by then
+            written = {posixpath.normpath(path) for path in launch.files}
+            sources = [s for s in launch.spec.bind_sources if s != later and s not in written]
             if not sources:
                 continue
             missing = [s for s in sources if s in f.paths and not f.paths[s].exists]
