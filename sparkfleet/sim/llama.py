@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from sparkfleet.sim.shim import STATE  # the node's sim state dir, as the docker shim keeps it
+
 SERVER, RPC = "llama-server", "rpc-server"
 TOOLS = (SERVER, RPC)
 WAIT_RECORD_S = 10.0  # the shim saves the container's record just after starting us
@@ -40,7 +42,7 @@ def _record(root: Path, cid: str) -> dict:
     deadline = time.monotonic() + WAIT_RECORD_S
     while True:
         try:
-            docker = json.loads((root / "state" / "docker.json").read_text())
+            docker = json.loads((root / STATE / "docker.json").read_text())
             found = next((c for c in docker["containers"] if c["Id"] == cid), None)
         except (OSError, ValueError, KeyError):
             found = None
@@ -73,8 +75,10 @@ def _int(v: str, flag: str) -> int:
         raise Refused(f"error: invalid argument: {flag} {v}") from None
 
 
-def params_from_args(args: list[str], model_path: str | None = None):
-    """CommonParams for llama-server arguments `args`; `model_path` replaces --model (the node's file)."""
+def params_from_args(args: list[str], model_path: str | None = None, own_net: bool = False):
+    """CommonParams for llama-server arguments `args`; `model_path` replaces --model (the node's file).
+    `own_net`: the node has its own network (ssh mode as root), so the server binds where --host says;
+    otherwise every node shares this machine's network and it stays on loopback, as the sim engine does."""
     import xllamacpp
 
     p = xllamacpp.CommonParams()
@@ -114,8 +118,7 @@ def params_from_args(args: list[str], model_path: str | None = None):
         elif key == "--port":
             p.port = _int(value, key)
         elif key == "--host":
-            # the lab keeps every engine on the node's loopback, as the sim engine does
-            p.hostnames = ["127.0.0.1"]
+            p.hostnames = [value if own_net else "127.0.0.1"]
         elif key in ("-b", "--batch-size"):
             p.n_batch = _int(value, key)
         elif key in ("-n", "--n-predict"):
@@ -140,7 +143,8 @@ def serve(root: Path, cid: str) -> int:
     local = None
     if model is not None:
         local = str(root / node_path(model, binds).lstrip("/"))
-    params = params_from_args(args, local)
+    node = json.loads((root / STATE / "node.json").read_text())
+    params = params_from_args(args, local, own_net=bool(node.get("netns")))
     env = dict(e.partition("=")[::2] for e in c["Config"].get("Env") or [])
     if env.get("LLAMA_API_KEY"):  # llama-server reads its key from LLAMA_API_KEY, as the lane sets it
         params.api_keys = [env["LLAMA_API_KEY"]]
