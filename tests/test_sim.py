@@ -676,6 +676,27 @@ def test_ssh_mode_sshd_inside_each_node_pinned_keys(state):
         refused = ssh("bluey", "true", bad_kh)
         assert refused.returncode == 255 and "HOST IDENTIFICATION HAS CHANGED" in refused.stderr
 
+        if os.geteuid() == 0:  # link faults change the node's real fabric link, and heal puts it back
+            iface = inv.nodes["bluey"].rdma.fabric_iface
+            before = snapshot(paths.node_root("bluey") / shim.STATE / "node")
+            sysfs = snapshot(paths.node_root("bluey") / "sys")
+            sim.fault("bluey", "slow-link", rate="20mbit")
+            assert "tbf" in ssh("bluey", f"tc qdisc show dev {iface}").stdout
+            assert "rate 20Mbit" in ssh("bluey", f"tc qdisc show dev {iface}").stdout
+            sim.fault("bluey", "mtu-mismatch")
+            assert ssh("bluey", f"cat /sys/class/net/{iface}/mtu").stdout == "1500\n"
+            assert "mtu 1500" in ssh("bluey", f"ip link show dev {iface}").stdout
+            sim.fault("bluey", "driver-drift", driver="575.51.03")
+            assert ssh("bluey", "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout == "575.51.03\n"
+            assert "Driver Version: 575.51.03" in ssh("bluey", "nvidia-smi").stdout
+            assert sorted(sim.heal("bluey")) == [("bluey", "driver-drift"), ("bluey", "mtu-mismatch"),
+                                                 ("bluey", "slow-link")]
+            assert "tbf" not in ssh("bluey", f"tc qdisc show dev {iface}").stdout
+            assert "mtu 9000" in ssh("bluey", f"ip link show dev {iface}").stdout
+            assert snapshot(paths.node_root("bluey") / "sys") == sysfs
+            assert snapshot(paths.node_root("bluey") / shim.STATE / "node") == before
+            with pytest.raises(lab.UserError, match="--rate fast"):
+                sim.fault("bluey", "slow-link", rate="fast")
         sim.fault("asusi", "unreachable")
         assert not sim.reachable("asusi")
         assert ssh("asusi", "true").returncode == 255

@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--gib", type=float, help="low-memory: MemAvailable in GiB")
     f.add_argument("--what", choices=("engram", "cache"), help="missing-mount-source: which dir disappears")
     f.add_argument("--port", type=int, help="port-taken: the port the foreign container listens on")
+    f.add_argument("--rate", help="slow-link: tc tbf rate (e.g. 100mbit)")
+    f.add_argument("--mtu", type=int, help="mtu-mismatch: the node's fabric MTU")
+    f.add_argument("--driver", help="driver-drift: the driver version nvidia-smi reports")
     add_json(f)
     f.set_defaults(func=run_fault)
 
@@ -149,7 +152,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 def run_fault(args: argparse.Namespace) -> int:
     sim = lab.require()
-    params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port}
+    params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port, "rate": args.rate,
+              "mtu": args.mtu, "driver": args.driver}
     recorded = sim.fault(args.node, args.kind, **params)
     if args.json:
         print_json({"simulation": True, "node": args.node, "fault": args.kind, "params": recorded})

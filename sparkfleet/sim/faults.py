@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +49,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("unreachable", "the node cannot be reached: local mode's wrapper answers as ssh does for a host with no "
          "route, ssh mode stops the node's sshd (FM-25)"),
     Kind("docker-down", "the docker daemon is down: every docker command fails as the real CLI does"),
+    Kind("slow-link", f"the node's fabric link is rate-limited to --rate (default {values.SLOW_LINK_RATE}) with tc "
+         "tbf, in the node's own network namespace (ssh mode as root)", ("rate",)),
+    Kind("mtu-mismatch", f"the node's fabric interface has MTU --mtu (default {values.MTU_MISMATCH}) against the "
+         "lab's 9000", ("mtu",)),
+    Kind("driver-drift", "nvidia-smi on this node reports another driver version (--driver)", ("driver",)),
     *(Kind(name, f"sim engine fault for the next launch on this node: {what}") for name, what in (
         ("worker-crash", "the rank dies while loading weights"),
         ("slow-boot", "the boot takes ten times longer"),
@@ -289,7 +296,75 @@ def _daemon(state: str) -> Callable[[Path, dict[str, Any]], Any]:
     return change
 
 
+def _fabric_port(root: Path) -> dict:
+    node = shim.load(root, "node.json")
+    port = next((p for p in node["rdma"] if p.get("ipv4")), None)
+    if port is None:
+        raise UserError(f"{node['node']} has no fabric interface with a fabric IP (no rdma/fabric_ip in the inventory)")
+    return port
+
+
+def _own_net(root: Path, kind: str) -> None:
+    node = shim.load(root, "node.json")
+    if not node.get("netns"):
+        raise UserError(f"{kind} needs nodes with their own network: `sparkfleet sim up --transport ssh` as root")
+
+
+def _slow_link(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    _own_net(root, "slow-link")
+    rate = str(params.get("rate", values.SLOW_LINK_RATE))
+    if not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", rate):
+        raise UserError(f"--rate {rate}: expected a tc rate such as 100mbit or 1gbit")
+    return {"rate": rate, "iface": _fabric_port(root)["netdev"]}
+
+
+def _mtu_mismatch(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    mtu = int(params.get("mtu", values.MTU_MISMATCH))
+    if not 576 <= mtu <= 9216:
+        raise UserError(f"--mtu {mtu}: expected 576-9216")
+    port = _fabric_port(root)
+    return {"mtu": mtu, "iface": port["netdev"], "netns": bool(shim.load(root, "node.json").get("netns"))}
+
+
+def _driver_drift(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    node = shim.load(root, "node.json")
+    driver = str(params.get("driver") or values.DRIFTED_DRIVER[node["hardware"]])
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", driver):
+        raise UserError(f"--driver {driver}: expected a driver version such as 580.95.05")
+    return {"driver": driver}
+
+
+def _netns_run(t: Target, *argv: str) -> None:
+    from sparkfleet.sim import netlab
+
+    proc = subprocess.run([*netlab.exec_argv(t.node), *argv], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise UserError(f"{t.node}: `{' '.join(argv)}` failed: {proc.stderr.strip()}")
+
+
+def _tbf_on(t: Target, params: dict[str, Any]) -> None:
+    _netns_run(t, "tc", "qdisc", "add", "dev", params["iface"], "root", "tbf", "rate", params["rate"],
+               *values.SLOW_LINK_TBF)
+
+
+def _tbf_off(t: Target, params: dict[str, Any]) -> None:
+    _netns_run(t, "tc", "qdisc", "del", "dev", params["iface"], "root")
+
+
+def _mtu_on(t: Target, params: dict[str, Any]) -> None:
+    if params.get("netns"):
+        _netns_run(t, "ip", "link", "set", "dev", params["iface"], "mtu", str(params["mtu"]))
+
+
+def _mtu_off(t: Target, params: dict[str, Any]) -> None:
+    from sparkfleet.sim import netlab
+
+    if params.get("netns"):
+        _netns_run(t, "ip", "link", "set", "dev", params["iface"], "mtu", str(netlab.FABRIC_MTU))
+
+
 APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "slow-link": _slow_link, "mtu-mismatch": _mtu_mismatch, "driver-drift": _driver_drift,
     "clock-latch": _clock_latch, "slow-state": _nothing, "low-memory": _low_memory, "earlyoom-off": _nothing,
     "wrong-gid": _wrong_gid,
     "missing-mount-source": _missing_source, "cifs-model": _nothing, "port-taken": _port_taken,
@@ -298,9 +373,10 @@ APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
 }
 
 # Faults that act on the running node (processes, sockets), run after the state is recorded / removed.
-ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {"port-taken": _listen, "earlyoom-off": _earlyoom_stop}
-UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {"port-taken": _unlisten,
-                                                              "earlyoom-off": _earlyoom_start}
+ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
+    "port-taken": _listen, "earlyoom-off": _earlyoom_stop, "slow-link": _tbf_on, "mtu-mismatch": _mtu_on}
+UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
+    "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }

@@ -287,6 +287,11 @@ QUERY_FIELDS: dict[str, tuple[str, str | None]] = {
 NA = "[N/A]"
 
 
+def driver_version(gpu: dict, faults: dict) -> str:
+    """The driver nvidia-smi reports: the node's, or the driver-drift fault's."""
+    return str(faults["driver-drift"]["driver"]) if "driver-drift" in faults else gpu["driver"]
+
+
 def gpu_readings(root: Path, now: float | None = None) -> list[dict[str, Any]]:
     """What each GPU reads now: idle clocks with reason GpuIdle, or (under sim-gpu-load) load clocks."""
     gpu = load(root, "gpu.json")
@@ -303,7 +308,7 @@ def gpu_readings(root: Path, now: float | None = None) -> list[dict[str, Any]]:
         total, used = g["memory_total_mib"], g["memory_used_mib"]
         out.append({
             "index": g["index"], "name": g["name"], "uuid": g["uuid"], "pstate": g["pstate"],
-            "count": len(gpu["gpus"]), "driver_version": gpu["driver"],
+            "count": len(gpu["gpus"]), "driver_version": driver_version(gpu, faults),
             "clocks.current.sm": sm, "clocks.max.sm": g["max_sm_mhz"], "clocks.max.graphics": g["max_sm_mhz"],
             "clocks_event_reasons.active": f"0x{0 if busy else 1:016x}",
             "clocks_event_reasons.gpu_idle": "Not Active" if busy else "Active",
@@ -373,7 +378,8 @@ def nvidia_smi(argv: list[str], root: Path) -> int:
 
 def banner(root: Path, gpus: list[dict]) -> str:
     node = load(root, "node.json")
-    gpu = load(root, "gpu.json")
+    gpu = dict(load(root, "gpu.json"))
+    gpu["driver"] = driver_version(gpu, load(root, "faults.json")["faults"])
     width = 89
     lines = [
         f"[sim] SPARKFLEET SIMULATION - node {node['node']}: no real GPU; readings come from "

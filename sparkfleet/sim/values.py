@@ -129,3 +129,9 @@ MOE_KERNELS = {"b12x": "B12X_MXFP4_MXFP8"}
 # what the budget keeps back is 8 GiB - 1,263,118 tokens' worth (about 75 MiB).
 KV_BYTES_PER_TOKEN = (2 * 2**30, 318_718)  # as a fraction (numerator, denominator): 6,737.88 bytes
 KV_RESERVED_BYTES = (8 * 2**30 * 318_718 - 1_263_118 * 2 * 2**30, 318_718)  # fraction: 79,197,041.9 bytes
+
+# Link faults (ssh mode as root, where each node has its own network namespace and fabric interface):
+SLOW_LINK_RATE = "100mbit"  # slow-link default: tc tbf's rate, far below the 200G fabric (INV-21)
+SLOW_LINK_TBF = ("burst", "32kbit", "latency", "400ms")  # the tbf shape TESTBED.md checked in a namespace
+MTU_MISMATCH = 1500  # mtu-mismatch default: the Ethernet default, against the lab's jumbo 9000
+DRIFTED_DRIVER = {"gb10": "580.82.07", "gb300": "590.44.01"}  # driver-drift default: another driver version
