@@ -77,7 +77,7 @@ def write_config(conf: Path, *, node: str, listen: str, port: int, host_key: str
     )
 
 
-def wait_banner(node: str, host: str, port: int, timeout_s: float = 10.0) -> None:
+def wait_banner(node: str, host: str, port: int, timeout_s: float = 30.0) -> None:
     """Wait until the node's sshd answers with an SSH banner."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
