@@ -76,7 +76,7 @@ def findings(events: list[dict], step: str) -> list[dict]:
 
 
 def docker_state(sim, node: str) -> dict:
-    return json.loads((sim.root(node) / "state/docker.json").read_text())
+    return json.loads((sim.state_dir(node) / "docker.json").read_text())
 
 
 def lane_containers(sim, profile: str) -> dict[str, list[dict]]:
@@ -108,7 +108,7 @@ def test_real_llama_server_through_up_gates_bench_and_down(sim, capsys, tmp_path
     assert gates == {"models": "pass", "streaming": "pass", "determinism": "pass"}
     # readiness came from the real server's own log: its lines are in the container log unchanged
     (c,) = lane_containers(sim, "local-gemma")["reddie"]
-    log = (sim.root("reddie") / "state/logs" / f"{c['Id']}.log").read_text()
+    log = (sim.state_dir("reddie") / "logs" / f"{c['Id']}.log").read_text()
     assert "srv          init: model loaded" in log and "listening on http://127.0.0.1:8080" in log
     assert rec["data"]["log_facts"]["0"]["api_up"] is True
 
