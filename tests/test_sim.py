@@ -32,7 +32,8 @@ SPARKS = ("reddie", "asusi", "bluey", "spark4")
 @pytest.fixture
 def state(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path))
-    return tmp_path
+    yield tmp_path
+    lab.down()  # a test that failed half-way leaves no running node behind
 
 
 @pytest.fixture
