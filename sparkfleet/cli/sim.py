@@ -61,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--rate", help="slow-link: tc tbf rate (e.g. 100mbit)")
     f.add_argument("--mtu", type=int, help="mtu-mismatch: the node's fabric MTU")
     f.add_argument("--driver", help="driver-drift: the driver version nvidia-smi reports")
+    f.add_argument("--sticky", action="store_true", default=None,
+                   help="rank-vanish, rank-hang, serve-crash: every later launch on the node too, until healed")
     add_json(f)
     f.set_defaults(func=run_fault)
 
@@ -153,7 +155,8 @@ def run_status(args: argparse.Namespace) -> int:
 def run_fault(args: argparse.Namespace) -> int:
     sim = lab.require()
     params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port, "rate": args.rate,
-              "mtu": args.mtu, "driver": args.driver}
+              "mtu": args.mtu, "driver": args.driver,
+              "sticky": args.sticky}
     recorded = sim.fault(args.node, args.kind, **params)
     if args.json:
         print_json({"simulation": True, "node": args.node, "fault": args.kind, "params": recorded})

@@ -24,7 +24,8 @@ from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.load import Spec
 from sparkfleet.spec.profile import Profile
 
-SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init")
+SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init",
+              "sim-fault")
 KIB_PER_GIB = 1024 * 1024
 
 

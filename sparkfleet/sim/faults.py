@@ -54,6 +54,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("mtu-mismatch", f"the node's fabric interface has MTU --mtu (default {values.MTU_MISMATCH}) against the "
          "lab's 9000", ("mtu",)),
     Kind("driver-drift", "nvidia-smi on this node reports another driver version (--driver)", ("driver",)),
+    Kind("rank-vanish", "the node's lane container is removed: at once if one runs, else as soon as the next one "
+         "starts (--sticky: every later launch too, until healed)", ("sticky",)),
+    Kind("rank-hang", "/health keeps answering 200 but no token is ever produced, on the running rank or else the "
+         "next one (--sticky: every later launch too)", ("sticky",)),
+    Kind("serve-crash", "the engine exits after it has served a few seconds, on the running rank or else the next "
+         "one (--sticky: every later launch too)", ("sticky",)),
     *(Kind(name, f"sim engine fault for the next launch on this node: {what}") for name, what in (
         ("worker-crash", "the rank dies while loading weights"),
         ("slow-boot", "the boot takes ten times longer"),
@@ -342,6 +348,30 @@ def _netns_run(t: Target, *argv: str) -> None:
         raise UserError(f"{t.node}: `{' '.join(argv)}` failed: {proc.stderr.strip()}")
 
 
+def _rank_fault(kind: str) -> Callable[[Path, dict[str, Any]], dict[str, Any]]:
+    def record(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+        return {"sticky": bool(params.get("sticky")), "acted": False}  # acted: it has hit a rank once
+    return record
+
+
+def _rank_act(t: Target, params: dict[str, Any], kind: str) -> None:
+    """Act on the node's running lane ranks (inside the node: its docker state, its processes)."""
+    from sparkfleet.sim import node
+
+    if t.dir is None:
+        return
+    proc = node.run_in(t.dir, ["/usr/bin/python3", f"{node.SHIM_DIR}/sim-fault", kind])
+    if proc is None or proc.returncode != 0:
+        raise UserError(f"{t.node}: sim-fault {kind} failed: {proc.stderr.decode().strip() if proc else ''}")
+    if int(proc.stdout.decode().strip() or 0) > 0:
+        root = t.root()
+        with shim.locked(root):
+            faults = shim.load(root, "faults.json")
+            if kind in faults["faults"]:
+                faults["faults"][kind]["acted"] = True
+                shim.save(root, "faults.json", faults)
+
+
 def _tbf_on(t: Target, params: dict[str, Any]) -> None:
     _netns_run(t, "tc", "qdisc", "add", "dev", params["iface"], "root", "tbf", "rate", params["rate"],
                *values.SLOW_LINK_TBF)
@@ -370,11 +400,13 @@ APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "missing-mount-source": _missing_source, "cifs-model": _nothing, "port-taken": _port_taken,
     "unreachable": _nothing, "docker-down": _daemon("down"),
     **{k: _nothing for k in ENGINE_FAULTS},
+    **{k: _rank_fault(k) for k in shim.RANK_FAULTS},
 }
 
 # Faults that act on the running node (processes, sockets), run after the state is recorded / removed.
 ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
-    "port-taken": _listen, "earlyoom-off": _earlyoom_stop, "slow-link": _tbf_on, "mtu-mismatch": _mtu_on}
+    "port-taken": _listen, "earlyoom-off": _earlyoom_stop, "slow-link": _tbf_on, "mtu-mismatch": _mtu_on,
+    **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
 UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {

@@ -902,10 +902,13 @@ def docker_run(argv: list[str], root: Path) -> int:
                 "DeviceRequests": _gpus((_get(opts, "--gpus") or [None])[-1]),
             })
         docker["next_seq"] = seq + 1
+        due = rank_faults_due(root) if running and _lane(container) else []
         if running:
             (root / STATE / "logs").mkdir(exist_ok=True)
-            start_engine(root, container)
-        if running or not container["HostConfig"]["AutoRemove"]:  # --rm and exited at once: nothing is left
+            start_engine(root, container, due)
+        if "rank-vanish" in due:  # the sim's rank-vanish fault: the container is gone as soon as it started
+            stop_engine(container, 0.0, signal.SIGKILL)
+        elif running or not container["HostConfig"]["AutoRemove"]:  # --rm and exited at once: nothing is left
             docker["containers"].append(container)
             (root / STATE / "logs").mkdir(exist_ok=True)
             (root / STATE / "logs" / f"{cid}.log").touch()
@@ -954,7 +957,9 @@ def run_gpu_load(root: Path, image_ref: str, seconds: float) -> int:
 # (THIS IS A SIMULATION: no GPU, no weights), its output going to the container's log; stop/kill/rm
 # end it, and ps/inspect/logs first notice a process that has exited (with its exit code).
 
-SUPERVISOR = ("import subprocess, sys\n"
+SUPERVISOR = ("import signal, subprocess, sys\n"
+              "for s in (signal.SIGUSR1, signal.SIGUSR2):\n"  # the rank faults' signals are for the engine only
+              "    signal.signal(s, lambda *a: None)\n"
               "rc = subprocess.call(sys.argv[2:])\n"
               "open(sys.argv[1], 'w').write(str(rc))\n")
 
@@ -1052,7 +1057,49 @@ ENGINE_FAULT_NAMES = frozenset({
     "memory-leak"})
 
 
-def start_engine(root: Path, container: dict) -> None:
+RANK_FAULTS = ("rank-vanish", "rank-hang", "serve-crash")  # act on a running rank, or on the next launch
+RANK_SIGNALS = {"rank-hang": signal.SIGUSR1, "serve-crash": signal.SIGUSR2}  # the sim engine's handlers
+
+
+def rank_faults_due(root: Path) -> list[str]:
+    """The rank faults this launch gets: sticky ones always, the others once (then marked acted)."""
+    faults = load(root, "faults.json")
+    due = [k for k in RANK_FAULTS if k in faults["faults"]
+           and (faults["faults"][k].get("sticky") or not faults["faults"][k].get("acted"))]
+    for k in due:
+        faults["faults"][k]["acted"] = True
+    if due:
+        save(root, "faults.json", faults)
+    return due
+
+
+def _lane(c: dict) -> bool:
+    return LABEL_PREFIX + "profile" in (c["Config"]["Labels"] or {})
+
+
+def sim_fault(argv: list[str], root: Path) -> int:
+    """`sim-fault KIND` (run inside the node by `sparkfleet sim fault`): act on the running lane containers;
+    prints how many it acted on."""
+    if len(argv) != 1 or argv[0] not in RANK_FAULTS:
+        raise ShimError(f"usage: sim-fault {'|'.join(RANK_FAULTS)}", 2)
+    with locked(root):
+        docker = _docker_ready(root)
+        reap(docker)
+        running = [c for c in docker["containers"] if _lane(c) and c["State"]["Running"]]
+        for c in running:
+            if argv[0] == "rank-vanish":
+                stop_engine(c, 0.0, signal.SIGKILL)
+                _remove(root, docker, c)
+            elif c.get("SimProcess"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(int(c["SimProcess"]["pid"]), RANK_SIGNALS[argv[0]])
+        save(root, "docker.json", docker)
+        render(root)
+    print(len(running))
+    return 0
+
+
+def start_engine(root: Path, container: dict, rank_faults: list[str] | None = None) -> None:
     import subprocess
 
     cfg_path = root / STATE / "engine.json"
@@ -1062,6 +1109,8 @@ def start_engine(root: Path, container: dict) -> None:
     argv = engine_argv(root, container, cfg, load(root, "faults.json")["faults"])
     if argv is None:
         return
+    if "sparkfleet.simengine" in argv:
+        argv += [a for k in rank_faults or () if k in RANK_SIGNALS for a in ("--fault", k)]
     cid = container["Id"]
     log = root / STATE / "logs" / f"{cid}.log"
     exit_file = root / STATE / "logs" / f"{cid}.exit"
@@ -1473,7 +1522,8 @@ def sim_node_init(argv: list[str], root: Path) -> int:
 # -- entry point ------------------------------------------------------------------------------
 
 TOOLS = {"nvidia-smi": nvidia_smi, "docker": docker, "ibdev2netdev": ibdev2netdev, "sim-gpu-load": sim_gpu_load,
-         "ip": ip, "sysctl": sysctl, "earlyoom": earlyoom, "sim-node-init": sim_node_init}
+         "ip": ip, "sysctl": sysctl, "earlyoom": earlyoom, "sim-node-init": sim_node_init,
+         "sim-fault": sim_fault}
 
 
 def main(argv: list[str] | None = None) -> int:

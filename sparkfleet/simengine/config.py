@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FAULTS = (
+    "rank-hang",  # /health stays 200 but no token is ever produced (also SIGUSR1 on a running rank)
+    "serve-crash",  # the rank exits --serve-crash-after seconds after it starts serving (also SIGUSR2)
     "worker-crash",  # this rank dies with a fatal line while loading weights
     "slow-boot",  # boot takes --slow-boot-factor times longer
     "kv-low",  # this rank profiles less KV memory; the lane prints a KV size below --kv-tokens
@@ -53,6 +55,7 @@ class Config:
     # How long a rank takes to notice a peer died: NCCL only finds out at its next collective (real
     # timeouts are minutes). Long enough that the crashed rank's own fatal line is always logged first.
     peer_timeout: float = 10.0
+    serve_crash_after: float = 3.0  # the sim's own "a few seconds" of serving before serve-crash ends the rank
     api_key_env: str | None = None
     faults: list[str] = field(default_factory=list)
     log: str | None = None
@@ -114,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--rendezvous-timeout", type=float)
     a("--peer-timeout", type=float, help="seconds before a rank notices a dead peer (default 10)")
     a("--api-key-env", help="name of the env var holding the API key (the key itself never goes on argv)")
+    a("--serve-crash-after", type=float, help="serve-crash: seconds of serving before the rank exits")
     a("--fault", dest="faults", action="append", choices=FAULTS)
     a("--log", help="also append every log line to this file")
     a("--leak-file", help="memory-leak fault: total leaked kB is written here")

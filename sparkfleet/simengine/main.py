@@ -47,6 +47,26 @@ class Rank:
         self.started = time.monotonic()
         self.scale = cfg.boot_seconds * (cfg.slow_boot_factor if cfg.has("slow-boot") else 1.0)
         self.worker_proc = f"Worker_TP{cfg.rank}"
+        self.hang = threading.Event()  # rank-hang, from --fault or SIGUSR1 on a running rank
+        if cfg.has("rank-hang"):
+            self.hang.set()
+        self.crash = threading.Event()  # serve-crash, from --fault or SIGUSR2 on a running rank
+        if cfg.has("serve-crash"):
+            self.crash.set()
+        self.crash_at: float | None = None
+        self.serving_since: float | None = None
+
+    def crash_due(self) -> bool:
+        """serve-crash: True once the rank has served --serve-crash-after seconds since it was asked to crash."""
+        if not self.crash.is_set() or self.serving_since is None:
+            return False
+        if self.crash_at is None:
+            self.crash_at = max(self.serving_since, time.monotonic()) + self.cfg.serve_crash_after
+        return time.monotonic() >= self.crash_at
+
+    def crash_line(self, proc: str) -> None:
+        served = time.monotonic() - (self.serving_since or time.monotonic())
+        self.log.error(proc, "simengine", f"sim fault serve-crash: the engine exits after serving {served:.1f} s")
 
     def check(self) -> None:
         """Raise Stop or Fatal when the rank must end now."""
@@ -226,6 +246,7 @@ class HeadRank(Rank):
         except Fatal:
             code = 1
         finally:
+            self.app.released.set()
             self.rdv.shutdown()
             httpd.shutdown()
             httpd.server_close()
@@ -262,8 +283,15 @@ class HeadRank(Rank):
         self.app.start_serving(self.lane_kv)
         log.raw(f"({api} pid={log.pid}) INFO:     Application startup complete.")
         threading.Thread(target=self._stats, daemon=True).start()
+        self.serving_since = time.monotonic()
         reported = 0
         while not self.stop.wait(0.1):
+            if self.hang.is_set() or (self.rdv and self.rdv.any_hung()):
+                self.app.hung.set()
+            if self.crash_due():
+                self.crash_line("EngineCore_DP0")
+                self.app.engine_died()
+                return 1
             lost = self.lost()
             if len(lost) > reported:
                 self.report_lost(lost[reported])
@@ -364,8 +392,15 @@ class WorkerRank(Rank):
             self.model_phases(lambda kv: self.link.send({"op": "kv", "tokens": kv}) if self.link else None)
             self.link.send({"op": "ready"})
             log.info(p, "simengine", "worker ready; serving through the head")
+            self.serving_since = time.monotonic()
+            told_hang = False
             while True:
                 self.check()
+                if self.hang.is_set() and not told_hang:
+                    told_hang = self.link.send({"op": "hang"})
+                if self.crash_due():
+                    self.crash_line(p)
+                    return 1
                 self.stop.wait(0.1)
         except Stop:
             why = "the head asked" if self.link.shutdown.is_set() else "stop signal"
@@ -387,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGUSR1, lambda *_: rank.hang.set())  # the sim's rank-hang fault on a running rank
+    signal.signal(signal.SIGUSR2, lambda *_: rank.crash.set())  # the sim's serve-crash fault on a running rank
     try:
         return rank.run()  # type: ignore[attr-defined]
     finally:

@@ -71,6 +71,7 @@ class Member:
     kv: int | None = None
     ready: bool = False
     lost_at: float | None = None  # monotonic time its connection closed
+    hung: bool = False  # the rank-hang fault: this worker stopped taking part in steps
 
 
 @dataclass
@@ -142,6 +143,8 @@ class Head:
                     member.kv = int(msg.get("tokens", 0))
                 elif msg.get("op") == "ready":
                     member.ready = True
+                elif msg.get("op") == "hang":
+                    member.hung = True
                 self.cond.notify_all()
         with self.cond:
             if not self.state.closing:
@@ -182,6 +185,11 @@ class Head:
             everyone = list(self.state.members.values()) + list(self.state.extras)
         for m in everyone:
             m.link.send({"op": "go"})
+
+    def any_hung(self) -> bool:
+        """A worker hit the rank-hang fault: the lane's steps never complete."""
+        with self.cond:
+            return any(m.hung for m in self.state.members.values())
 
     def shutdown(self) -> None:
         """Tell every connected worker to exit, then stop listening."""

@@ -51,6 +51,8 @@ class App:
         self.leak_lock = threading.Lock()
         self.leaked_kb = 0
         self.proc = "APIServer"
+        self.hung = threading.Event()  # rank-hang: requests are taken but no token is ever produced
+        self.released = threading.Event()  # set at shutdown, so hung request threads end
 
     def start_serving(self, kv_tokens: int) -> None:
         self.engine = Engine(kv_tokens, self.cfg.max_num_seqs, self.cfg.num_speculative_tokens,
@@ -329,6 +331,9 @@ class Handler(BaseHTTPRequestHandler):
                   finish="length" if api_finish == "length" else "stop")
         outcome: dict[str, str] = {}
         assert app.engine is not None
+        if app.hung.is_set():  # rank-hang: the request waits for a step that never comes
+            app.released.wait()
+            raise ApiError(503, "the engine is shutting down", "ServiceUnavailableError")
         try:
             steps = app.engine.run(job, on_finish=lambda r: outcome.__setitem__("reason", r))
             if body.get("stream"):
