@@ -60,8 +60,14 @@ def test_plan_launches_keep_the_structure(repo_spec: Spec) -> None:
     assert set(worker.spec.bind_sources) <= set(asked)
 
 
-def test_tensorfold_launch_is_not_a_container_yet(repo_spec: Spec) -> None:
-    assert all(x.spec is None for x in plan_of(repo_spec, "tf1017").launches)
+def test_tensorfold_ranks_are_containers_with_their_config_env(repo_spec: Spec) -> None:
+    launches = plan_of(repo_spec, "tf1017").launches
+    assert [x.rank for x in launches] == [3, 2, 1, 0]
+    recipe = "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10"
+    for x in launches:
+        assert x.spec is not None and x.argv == docker_argv(x.spec)
+        assert x.spec.source_of(f"{recipe}/config.env") is not None
+        assert x.spec.command == ["bash", f"{recipe}/scripts/serve.sh"]
 
 
 def test_registry_names_every_adapter_and_the_schema_uses_them(ops_root: Path) -> None:
