@@ -1,10 +1,10 @@
 """Fabric and drift preflight on the simulated lab with real network namespaces (ssh mode as root).
 
 Each node is its own machine with its own network namespace; its fabric interface holds its fabric
-IP on the lab's fabric bridge (in a namespace of its own), so the probe really crosses veths. The
-sim's slow-link, mtu-mismatch and driver-drift faults are not in the lab yet (issue 11): slow links
-and links taken down are tested on namespaces of the tests' own (test_fabric_probe.py), MTU and
-driver drift on facts (test_fabric_checks.py). Run under `flock /tmp/sparkfleet-lab.lock`.
+IP on the lab's fabric bridge (in a namespace of its own), so the probe really crosses veths and tc
+really shapes them. Faults through the sim (slow-link, mtu-mismatch, driver-drift), checks through
+the commands a user runs (`check`, `up`); a link taken down is tested on namespaces of the tests'
+own (test_fabric_probe.py). Run under `flock /tmp/sparkfleet-lab.lock`.
 """
 
 from __future__ import annotations
@@ -60,3 +60,34 @@ def test_a_healthy_fabric_passes_and_the_probe_stays_on_the_fabric_ips(healed, c
     assert {x["a_ip"] for x in links} | {x["b_ip"] for x in links} == fabric_ips
     assert {x["name"] for x in links} == {"reddie <-> asusi", "reddie <-> bluey", "reddie <-> spark4",
                                           "asusi <-> bluey", "asusi <-> spark4", "bluey <-> spark4"}
+
+
+def test_slow_link_on_one_node_names_exactly_its_links(healed, capsys) -> None:
+    healed.fault("bluey", "slow-link", rate="20mbit")
+    code, doc = check(capsys, "--fabric", "--fabric-bytes", PROBE_BYTES)
+    assert code == 1
+    assert sorted(m.split(":")[0] for _, m in failing(doc, "fabric-probe")) == [
+        "asusi <-> bluey", "bluey <-> spark4", "reddie <-> bluey"]
+
+
+def test_slow_link_fails_up_before_any_rank_starts(healed, capsys) -> None:
+    healed.fault("spark4", "slow-link", rate="20mbit")
+    code = main(["up", "--profile", "dcp2", "--inventory", "sim", "--json", "--poll", "0.2"])
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    steps = {e["step"]: e["status"] for e in events if e["event"] == "step" and e["status"] != "start"}
+    assert code == 1 and steps["fabric_probe"] == "fail"
+    assert "launch:workers" not in steps  # nothing was started
+
+
+def test_mtu_mismatch_names_the_node(healed, capsys) -> None:
+    healed.fault("asusi", "mtu-mismatch")
+    code, doc = check(capsys)
+    (bad,) = failing(doc, "fabric")
+    assert code == 1 and bad[0] == "asusi" and bad[1].startswith("MTU ")
+
+
+def test_driver_drift_fails_drift(healed, capsys) -> None:
+    healed.fault("spark4", "driver-drift")
+    code, doc = check(capsys)
+    assert code == 1
+    assert [(n, m.split(" ")[0:2]) for n, m in failing(doc, "drift")] == [("spark4", ["NVIDIA", "driver"])]
