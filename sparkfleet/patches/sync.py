@@ -37,6 +37,8 @@ class NodeState:
     missing: list[str] = field(default_factory=list)  # sources
     wrong: list[str] = field(default_factory=list)
     pushed: list[str] = field(default_factory=list)
+    found: dict[str, str | None] = field(default_factory=dict)  # source -> sha256 on the node (None: missing)
+    paths: dict[str, str] = field(default_factory=dict)  # source -> its path on the node
 
     @property
     def ok(self) -> bool:
@@ -72,7 +74,9 @@ def inspect(transport: Transport, nodes: list[Node], manifest: PatchManifest,
             continue
         st = NodeState(node.name, True)
         for f in manifest.files:
-            h = got.get(remote_path(node, manifest, f.source))
+            st.paths[f.source] = remote_path(node, manifest, f.source)
+            h = got.get(st.paths[f.source])
+            st.found[f.source] = h
             if h is None:
                 st.missing.append(f.source)
             elif h != f.sha256:
@@ -111,12 +115,14 @@ def findings(states: dict[str, NodeState], manifest: PatchManifest) -> list[Find
             out.append(Finding("patches", "fail", f"cannot check patch set {manifest.name!r}: {st.message}",
                                "bring the node back, then run again", node=name))
             continue
-        if st.missing:
-            out.append(Finding("patches", "fail", f"missing: {', '.join(st.missing)}",
-                               f"sparkfleet patches push --profile ... (set {manifest.name!r})", node=name))
-        if st.wrong:
-            out.append(Finding("patches", "fail", f"hash differs: {', '.join(st.wrong)}",
-                               f"sparkfleet patches push --profile ... (set {manifest.name!r})", node=name))
+        remedy = f"sparkfleet patches push --profile ... (set {manifest.name!r})"
+        for f in manifest.files:
+            if f.source not in st.missing and f.source not in st.wrong:
+                continue
+            found = st.found.get(f.source)
+            out.append(Finding("patches", "fail",
+                               f"{st.paths[f.source]}: expected sha256 {f.sha256}, found {found or 'no file'}",
+                               remedy, node=name, observed=found or "missing", expected=f.sha256))
         if st.ok:
             pushed = f"; pushed {len(st.pushed)} file(s)" if st.pushed else ""
             out.append(Finding("patches", "ok", f"{len(manifest.files)} file(s) verified{pushed}", node=name))

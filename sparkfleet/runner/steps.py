@@ -229,7 +229,7 @@ def patches(ctx: RunContext, st: Step) -> StepResult:
     states = sync.inspect(ctx.transport, ctx.nodes, manifest)
     findings = sync.findings(states, manifest)
     ctx.record.data["patches"] = {"set": name, "manifest_sha256": ctx.patch_manifest_sha256(), "nodes": {
-        k: {"ok": v.ok, "missing": v.missing, "wrong": v.wrong} for k, v in states.items()}}
+        k: {"ok": v.ok, "missing": v.missing, "wrong": v.wrong, "found": v.found} for k, v in states.items()}}
     if failed(findings):
         return StepResult("fail", f"a rank lacks patch set {name!r} files: the whole launch is aborted", findings)
     return StepResult("ok", f"patch set {name!r}: {len(manifest.files)} file(s) verified on every rank", findings)
