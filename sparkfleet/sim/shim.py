@@ -21,6 +21,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import posixpath
 import re
 import signal
 import sys
@@ -989,6 +990,10 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     if profile is not None and os.path.basename((container["Config"].get("Entrypoint") or [""])[0]) in (
             "llama-server", "rpc-server"):  # llama.cpp's real server stands in (sparkfleet/sim/llama.py)
         return [cfg["python"], "-m", "sparkfleet.sim.llama", str(root), container["Id"]]
+    if profile is not None and cmd[:2] != ["vllm", "serve"]:
+        tf = tensorfold_config(root, container)
+        if tf is not None:
+            return tensorfold_argv(root, tf, cfg)
     if profile is None or "--port" not in cmd:
         return None
     f = _vllm_flags(cmd)
@@ -1034,6 +1039,45 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     for fault in sorted(faults):
         if fault in ENGINE_FAULT_NAMES:
             argv += ["--fault", fault]
+    return argv
+
+
+def tensorfold_config(root: Path, container: dict) -> dict[str, str] | None:
+    """A TensorFold rank's config.env (the file bound at <dir>/config.env), read in the node as the recipe's
+    serve script sources it; None when the container has no such bind or the file is not there."""
+    import shlex
+
+    for b in container["HostConfig"].get("Binds") or []:
+        src, _, rest = b.partition(":")
+        if posixpath.basename(rest.split(":")[0]) != "config.env":
+            continue
+        path = root / src.lstrip("/")
+        if not path.is_file():
+            return None
+        env: dict[str, str] = {}
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not key.lstrip().startswith("#") and key.strip().isidentifier():
+                env[key.strip()] = " ".join(shlex.split(value)) if value else ""
+        return env
+    return None
+
+
+def tensorfold_argv(root: Path, env: dict[str, str], cfg: dict) -> list[str]:
+    """The sim engine in TensorFold mode from the rank's config.env: the API only on the head, on HOST."""
+    rank, world, port = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("PORT", "8000"))
+    own_net = bool(load(root, "node.json").get("netns"))
+    master = env.get("MASTER_ADDR", "127.0.0.1") if own_net else "127.0.0.1"
+    host = env.get("HOST", "127.0.0.1") if own_net else "127.0.0.1"
+    argv = [cfg["python"], "-m", "sparkfleet.simengine", "--tensorfold", "--rank", str(rank), "--world-size",
+            str(world), "--master-addr", master, "--master-port", env.get("MASTER_PORT") or str(port + 20000),
+            "--host", host, "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"])]
+    for name in (env.get("SERVED_NAMES") or "model").split(","):
+        argv += ["--served-name", name]
+    if env.get("MODEL_DIR"):
+        argv += ["--model", env["MODEL_DIR"]]
+    if env.get("SERVE_ARGS"):
+        argv += ["--serve-args", env["SERVE_ARGS"]]
     return argv
 
 

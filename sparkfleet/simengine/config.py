@@ -55,6 +55,8 @@ class Config:
     # How long a rank takes to notice a peer died: NCCL only finds out at its next collective (real
     # timeouts are minutes). Long enough that the crashed rank's own fatal line is always logged first.
     peer_timeout: float = 10.0
+    tensorfold: bool = False
+    serve_args: str = ""
     serve_crash_after: float = 3.0  # the sim's own "a few seconds" of serving before serve-crash ends the rank
     api_key_env: str | None = None
     faults: list[str] = field(default_factory=list)
@@ -117,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     a("--rendezvous-timeout", type=float)
     a("--peer-timeout", type=float, help="seconds before a rank notices a dead peer (default 10)")
     a("--api-key-env", help="name of the env var holding the API key (the key itself never goes on argv)")
+    a("--tensorfold", action="store_true", default=None, help="TensorFold mode: its load lines, no vLLM KV line")
+    a("--serve-args", help="TensorFold mode: the recipe's SERVE_ARGS (logged)")
     a("--serve-crash-after", type=float, help="serve-crash: seconds of serving before the rank exits")
     a("--fault", dest="faults", action="append", choices=FAULTS)
     a("--log", help="also append every log line to this file")

@@ -85,8 +85,13 @@ class Rank:
 
     def banner(self, proc: str) -> None:
         c = self.cfg
-        self.log.info(proc, "simengine", f"SIMULATION: sparkfleet-sim engine {SIM_VERSION} standing in for vLLM "
-                      f"(rank {c.rank} of {c.world_size}); no GPU and no model weights are used")
+        if c.tensorfold:  # the seeds show no TensorFold boot lines: these are the sim's own
+            self.log.info(proc, "simengine", f"SIMULATION: sparkfleet-sim engine {SIM_VERSION} standing in for "
+                          f"TensorFold (rank {c.rank} of {c.world_size}); no GPU and no model weights are used")
+            self.log.info(proc, "simengine", f"sim TensorFold: serve args: {c.serve_args}")
+        else:
+            self.log.info(proc, "simengine", f"SIMULATION: sparkfleet-sim engine {SIM_VERSION} standing in for vLLM "
+                          f"(rank {c.rank} of {c.world_size}); no GPU and no model weights are used")
         if c.faults:
             self.log.info(proc, "simengine", f"SIMULATION: injected faults: {', '.join(c.faults)}")
 
@@ -317,6 +322,9 @@ class HeadRank(Rank):
         with rdv.cond:
             kvs = [m.kv for m in rdv.state.members.values() if m.rank < c.world_size and m.kv is not None]
         self.lane_kv = min([own, *kvs])
+        if c.tensorfold:  # TensorFold prints no vLLM KV line
+            self.log.info("EngineCore_DP0", "simengine", f"sim TensorFold: {c.world_size} rank(s) loaded")
+            return
         self.log.info("EngineCore_DP0", "kv_cache_utils.py:1087", f"GPU KV cache size: {self.lane_kv:,} tokens")
         self.log.info("EngineCore_DP0", "kv_cache_utils.py:1091", f"Maximum concurrency for {c.max_model_len:,} "
                       f"tokens per request: {self.lane_kv / c.max_model_len:.2f}x")
