@@ -160,7 +160,8 @@ class Rank:
                  f"{time.monotonic() - loaded:.6f} seconds")
         self.pause(0.1)
         kv = int(c.kv_tokens * (KV_LOW_FACTOR if c.has("kv-low") else 1.0))
-        log.info(p, "gpu_worker.py:298", f"Available KV cache memory: {kv * BYTES_PER_KV_TOKEN / 2**30:.2f} GiB")
+        if not c.tensorfold:  # vLLM's KV line; TensorFold prints none
+            log.info(p, "gpu_worker.py:298", f"Available KV cache memory: {kv * BYTES_PER_KV_TOKEN / 2**30:.2f} GiB")
         report_kv(kv)
         if c.autotune_configs is not None:
             log.info(p, "autotuner.py:283", f"Loaded {c.autotune_configs} configs from the FlashInfer autotune cache")
