@@ -83,7 +83,9 @@ def test_tensorfold_lane_asks_its_own_dirs(spec: Spec) -> None:
     loaded = spec.profile("tf1017")
     reqs = facts_requests(inv, plan_for(loaded, inv, spec.root), loaded.profile)
     assert reqs["asusi"].paths == ["/mnt/models", "/nvme/engram-local", "/nvme/cache",
-                                   "/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw", "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10"]
+                                   "/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw", "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10",
+                                   # the rank's own config.env bind source (written by the launch; checks skip it)
+                                   "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10/.sparkfleet-tf1017-r1.config.env"]
 
 
 def test_unknown_node_is_a_user_error(spec: Spec) -> None:
