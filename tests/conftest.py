@@ -28,3 +28,17 @@ def ops_root(tmp_path: Path) -> Path:
         else:
             (root / name).mkdir(parents=True)
     return root
+
+
+def sim_lab(tmp_path_factory):
+    """A simulated lab of the repo's `lab` inventory in a state dir of its own, for a module's tests; down after."""
+    from sparkfleet.sim import lab
+
+    state = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKFLEET_STATE", str(state))
+        s = lab.up("lab")
+        try:
+            yield s
+        finally:
+            lab.down()

@@ -16,21 +16,14 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
-from tests.conftest import REPO
+from tests.conftest import REPO, sim_lab
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
 
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    state = tmp_path_factory.mktemp("state")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab")
-        try:
-            yield s
-        finally:
-            lab.down()
+    yield from sim_lab(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

@@ -19,8 +19,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.connect import transport_for
-from sparkfleet.sim import lab
-from tests.conftest import REPO
+from tests.conftest import REPO, sim_lab
 from tests.watchproc import FAST, WatchProc
 
 NODES = ("reddie", "asusi", "bluey", "spark4")
@@ -30,14 +29,7 @@ UP = ["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--p
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    state = tmp_path_factory.mktemp("state")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab")
-        try:
-            yield s
-        finally:
-            lab.down()
+    yield from sim_lab(tmp_path_factory)
 
 
 @pytest.fixture
