@@ -1,7 +1,11 @@
 """`sparkfleet watch` over real SSH: the simulated lab's nodes behind OpenSSH sshd, host keys checked strictly.
 
-A worker's container removed on its node while the lane serves: watch restarts the whole group over
-SSH and the lane serves again with one run on every node. THE LAB IS A SIMULATION.
+1. A worker hangs while the lane serves (the sim's rank-hang fault: /health keeps answering 200, no token
+is ever produced): watch sees K failed probes with every container running, restarts the whole group
+over SSH, and the lane serves again with one run on every node.
+2. tf1017 binds its API to the head's loopback (`host: 127.0.0.1`): watch probes it through the SSH local
+forward (fleet/ssh.py), and after a worker vanishes the restarted lane answers through it again.
+THE LAB IS A SIMULATION.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import signal
 import pytest
 
 from sparkfleet.cli.main import main
-from sparkfleet.fleet.connect import transport_for
 from sparkfleet.sim import lab
 from tests.conftest import REPO
 from tests.watchproc import FAST, WatchProc
@@ -22,31 +25,23 @@ from tests.watchproc import FAST, WatchProc
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 
 
-@pytest.fixture
-def ssh_sim(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def ssh_sim(tmp_path_factory):
     if SSHD is None:
         if os.environ.get("CI"):
             pytest.fail("CI needs openssh-server (sshd) for the real-SSH watch test; .ci/run installs it")
         pytest.skip("sshd is not installed")
-    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPARKFLEET_STATE", str(tmp_path_factory.mktemp("watch-ssh") / "state"))
     s = lab.up("lab", transport="ssh")
     try:
         yield s
     finally:
         lab.down()
+        mp.undo()
 
 
-def on_node(sim, node: str, command: str) -> None:
-    n = sim.inventory().nodes[node]
-    t = transport_for([n])
-    try:
-        r = t.run([n], command)[node]
-    finally:
-        t.close()
-    assert r.ok, r.message or r.stderr
-
-
-def test_a_worker_removed_is_restarted_with_the_group_over_ssh(ssh_sim, capsys) -> None:
+def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over_ssh(ssh_sim, capsys) -> None:
     inv = ssh_sim.inventory()
     assert {n.transport for n in inv.nodes.values()} == {"ssh"}
     assert main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--json"]) == 0
@@ -55,14 +50,21 @@ def test_a_worker_removed_is_restarted_with_the_group_over_ssh(ssh_sim, capsys) 
     w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *FAST, "--failures", "2"], env)
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
-        on_node(ssh_sim, "bluey", "docker rm -f sf-dcp2-r2")  # through the node's own docker, over SSH
+        ssh_sim.fault("bluey", "rank-hang")
         failure = w.event("watch.failure")
         served = w.event("watch.serving")
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
     finally:
         w.stop()
-    assert failure["reason"] == "rank-vanished" and failure["why"] == "rank 2's container on bluey is gone"
+    assert failure["reason"] == "probe-failed"
+    assert failure["why"].startswith("2 failed probe(s) in a row (--failures 2): ")
+    probes = [e for e in w.events if e["event"] == "watch.probe"]
+    last_ok = max(i for i, p in enumerate(probes) if p["ok"] and p["t"] < failure["t"])
+    hung = probes[last_ok + 1:last_ok + 3]
+    assert [p["ok"] for p in hung] == [False, False]  # exactly K failed, then it acted
+    assert [p["health"] for p in hung] == [200, 200]  # /health said all was well: the answer decided
+    assert all(r["state"] == "running" for p in hung for r in p["ranks"])
     assert main(["status", "--inventory", "sim", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert sorted((c["node"], c["rank"], c["state"]) for c in status["containers"]) == [
@@ -72,4 +74,35 @@ def test_a_worker_removed_is_restarted_with_the_group_over_ssh(ssh_sim, capsys) 
     assert [c["Config"]["Labels"]["sparkfleet.run"] for c in docker["containers"]
             if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"] == [served["run_id"]]
     assert main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"]) == 0
+    capsys.readouterr()
+
+
+def test_a_loopback_bound_head_is_probed_through_the_ssh_tunnel_and_restarted(ssh_sim, capsys) -> None:
+    up = ["up", "--profile", "tf1017", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--json"]
+    assert main(up) == 0, capsys.readouterr().out[-2000:]
+    capsys.readouterr()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    w = WatchProc(["--profile", "tf1017", "--inventory", "sim", *FAST], env)
+    try:
+        tunnel = w.event("watch.tunnel")
+        start = w.event("watch.start")
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe through the tunnel")
+        ssh_sim.fault("asusi", "rank-vanish")
+        failure = w.event("watch.failure")
+        served = w.event("watch.serving")
+        after = w.wait_for(lambda e: e["event"] == "watch.probe", "a probe after the restart")
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    finally:
+        w.stop()
+        ssh_sim.heal()
+    assert tunnel["text"].startswith("reddie serves on 127.0.0.1:8001 only: probing it through an SSH tunnel")
+    assert tunnel["endpoint"].startswith("http://127.0.0.1:") and start["endpoint"] == tunnel["endpoint"]
+    assert ssh_sim.inventory().nodes["reddie"].ssh.host != "127.0.0.1"  # the head is not this machine
+    assert failure["reason"] == "rank-vanished" and failure["why"] == "rank 1's container on asusi is gone"
+    assert after["ok"] and after["health"] == 200  # the new head answers through the same tunnel
+    docker = json.loads((ssh_sim.state_dir("reddie") / "docker.json").read_text())
+    assert [c["Config"]["Labels"]["sparkfleet.run"] for c in docker["containers"]
+            if c["Config"]["Labels"].get("sparkfleet.profile") == "tf1017"] == [served["run_id"]]
+    assert main(["down", "--profile", "tf1017", "--inventory", "sim", "--json"]) == 0
     capsys.readouterr()

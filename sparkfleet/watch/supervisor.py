@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections import deque
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import ApiClient
 from sparkfleet.metrics.records import RunIndex
-from sparkfleet.placement import Rank, endpoint, place
+from sparkfleet.placement import Rank, endpoint, loopback_bound, place
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock
@@ -51,6 +52,8 @@ class Outcome:
 class StandDown(Exception):
     """An operator (or another controller) acted on the lane: watch stops watching it."""
 
+    recorded = False  # an incident's record already says so
+
 
 class Watcher:
     def __init__(self, spec: Spec, loaded: Loaded, inventory: Inventory, settings: Settings, events: Events,
@@ -70,7 +73,9 @@ class Watcher:
         self.poll_s = poll_s
         self.command = command or f"sparkfleet watch --profile {self.profile.name}"
         self.ranks: list[Rank] = place(loaded, inventory)
-        self.endpoint = (endpoint_url or endpoint(self.ranks[0].node, self.profile.port)).rstrip("/")
+        self.endpoint_url = endpoint_url.rstrip("/") if endpoint_url else None  # --endpoint: used as given
+        self.endpoint = self.endpoint_url or endpoint(self.ranks[0].node, self.profile.port)
+        self.tunnel: ExitStack | None = None  # the SSH local forward to a loopback-bound head, while open
         self.api_key = api_key
         self.model = self.profile.served_names[0] if self.profile.served_names else None
         self.budget = Budget(settings.max_restarts, settings.window_s, settings.backoff_s)
@@ -116,11 +121,21 @@ class Watcher:
     def run(self) -> Outcome:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.transport = transport_for([r.node for r in self.ranks])
+        self.head_transport = None
         self.client = ApiClient(self.endpoint, self.api_key, timeout_s=self.settings.probe_timeout_s)
         self.prober = Prober(self.client, self.transport, self.ranks, self.profile, self.settings.probe_timeout_s)
+        if self.endpoint_url is None and loopback_bound(self.profile.host) and self.ranks[0].node.transport == "ssh" \
+                and self.profile.port is not None:
+            self.head_transport = transport_for([self.ranks[0].node])  # the forward's own connection
+            self.tunnel = ExitStack()
+            self.reopen_tunnel()
         try:
             return self._loop()
         except StandDown as exc:
+            if not exc.recorded:  # its own outcome in watch's records: who took the lane, and when
+                rec = Record(new_run_id(), "watch", self.profile.name, self.inventory.name, self.command)
+                rec.data["stand_down"] = {"why": str(exc)}
+                self.write(rec, "stood-down", str(exc))
             self.set_state("stood-down", str(exc))
             self.say("stand-down", f"stood down: {exc}")
             return Outcome(0, "stood-down", str(exc))
@@ -128,6 +143,10 @@ class Watcher:
             for s, h in old.items():
                 signal.signal(s, h)
             self.client.close()
+            if self.tunnel is not None:
+                self.tunnel.close()
+            if self.head_transport is not None:
+                self.head_transport.close()
             self.transport.close()
 
     def _loop(self) -> Outcome:
@@ -180,6 +199,8 @@ class Watcher:
             except Exception:  # noqa: BLE001 (any failure: the probe below reports the endpoint's state)
                 pass
         probe, facts = self.prober.probe(self.model or "", self.settings.interval_s)
+        if self.tunnel is not None and probe.health is None:  # the head or the forward's connection is gone:
+            self.reopen_tunnel()  # the next probe goes through a fresh forward (a dead one would fail forever)
         self.history.append(probe)
         self.status.probe_ok, self.status.probe_latency_s = probe.ok, probe.latency_s
         self.status.probe_at, self.status.probe_why = probe.at, probe.why
@@ -190,6 +211,35 @@ class Watcher:
                  health=probe.health,
                  why=probe.why, ranks=[_rank_dict(r) for r in probe.ranks])
         return probe, facts
+
+    # -- a loopback-bound head ------------------------------------------------------------------------
+    def open_tunnel(self) -> str:
+        """The head serves on its loopback only (`host: 127.0.0.1`): the probe reaches it through the SSH
+        local forward of fleet/ssh.py (`Transport.forward`, as the runner's readiness and `status` do),
+        over a connection of its own so a facts round trip that drops a connection cannot take it along."""
+        head = self.ranks[0].node
+        stack = ExitStack()
+        local = stack.enter_context(self.head_transport.forward(head, self.profile.port))
+        self.tunnel = stack
+        url = f"http://127.0.0.1:{local}"
+        self.say("tunnel", f"{head.name} serves on 127.0.0.1:{self.profile.port} only: probing it through an "
+                 f"SSH tunnel at {url}", endpoint=url)
+        return url
+
+    def reopen_tunnel(self) -> None:
+        assert self.tunnel is not None
+        self.tunnel.close()
+        self.tunnel = None
+        try:
+            url = self.open_tunnel()
+        except Exception as exc:  # noqa: BLE001 (an unreachable head: the next probe fails and says so)
+            self.say("tunnel", f"the SSH tunnel to {self.ranks[0].node.name} could not be reopened: {exc}")
+            self.tunnel = ExitStack()  # try again after the next probe
+            return
+        self.endpoint = url
+        self.client.close()
+        self.client = ApiClient(url, self.api_key, timeout_s=self.settings.probe_timeout_s)
+        self.prober.client = self.client
 
     # -- the operator wins ----------------------------------------------------------------------------
     def check_operator(self, probe: Probe | None = None) -> None:
@@ -231,7 +281,8 @@ class Watcher:
         try:
             return self._handle(incident, verdict, facts, count)
         except StandDown as exc:
-            self.write(incident, "interrupted", f"stood down: {exc}")
+            self.write(incident, "stood-down", str(exc))
+            exc.recorded = True
             raise
 
     def _handle(self, incident: Record, verdict: Verdict, facts: dict[str, NodeFacts | Result],
@@ -277,7 +328,7 @@ class Watcher:
         self.set_state("restarting", verdict.why)
         rec = self.run_playbook(self.playbook, f"restart ({verdict.reason})", RunOptions(
             gate_args={"only": self.gates}, stop_on_gate_failure=True, restore_point=self.restore_point,
-            boot_budget_s=self.boot_budget_s, poll_s=self.poll_s, endpoint=self.endpoint))
+            boot_budget_s=self.boot_budget_s, poll_s=self.poll_s, endpoint=self.endpoint_url))
         incident.steps.append({"step": f"restart:{self.playbook}", "status": "ok" if rec.outcome == "ok" else "fail",
                                "summary": rec.reason or rec.outcome, "run_id": rec.run_id})
         incident.data["restart"] = {"playbook": self.playbook, "run_id": rec.run_id, "outcome": rec.outcome,
