@@ -18,8 +18,11 @@ ENGRAM_MANIFEST = "engram-manifest.json"  # written last, atomically, by a compl
 PATCH_MANIFEST = "manifest.yaml"  # patches/NAME/manifest.yaml
 TENSORFOLD_CONFIG = "config.env"  # a TensorFold rank's rendered config, mounted as <recipe_dir>/config.env
 
-# The fleet lock on each node of a lane: a directory that survives no reboot (a reboot ends every run).
-NODE_LOCK_DIR = "/run/sparkfleet/locks"
+# The fleet lock on each node of a lane: one file per node (every lane on the node shares it), in the
+# FHS lock directory, which is a tmpfs (a reboot ends every run, and so every lock) and world-writable
+# with the sticky bit on Ubuntu/DGX OS, so a non-root SSH user (the Station's) can take it too.
+NODE_LOCK_DIR = "/run/lock"
+NODE_LOCK = "sparkfleet.lock"
 
 
 def container_name(profile: str, rank: int) -> str:
@@ -51,5 +54,5 @@ def tensorfold_rank_config(recipe_dir: str, profile: str, rank: int) -> str:
     return posixpath.join(recipe_dir, f".sparkfleet-{profile}-r{rank}.{TENSORFOLD_CONFIG}")
 
 
-def node_lock_path(inventory: str) -> str:
-    return posixpath.join(NODE_LOCK_DIR, f"{inventory}.lock")
+def node_lock_path() -> str:
+    return posixpath.join(NODE_LOCK_DIR, NODE_LOCK)

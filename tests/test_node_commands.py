@@ -172,3 +172,42 @@ def test_dry_run_prints_exactly_what_changes_nodes_and_runs_only_queries() -> No
     ctx.events = Events()
     result = drive(ctx, a_step(ctx, None))
     assert result.summary.startswith("listed ['a', 'b'], stopped {'a': Result(") and ctx.events.seen == []
+
+
+def test_the_fleet_lock_stale_rule() -> None:
+    from sparkfleet.runner.lock import stale_why
+
+    me = {"host": "ctl", "pid": 10}
+    alive = {11}.__contains__
+    assert stale_why({"host": "ctl", "pid": 11}, 1e9, me, alive) is None  # alive here: never, whatever its age
+    assert stale_why({"host": "ctl", "pid": 12}, 0.0, me, alive) == "its process 12 on ctl is gone"
+    assert stale_why({"host": "ctl", "pid": 10, "run_id": "r1"}, 0.0, me, alive) == \
+        "left by an earlier run of this process (run r1)"
+    assert stale_why({"host": "other", "pid": 12}, 99.0, me, alive, bound_s=100.0) is None
+    assert stale_why({"host": "other", "pid": 12}, None, me, alive, bound_s=100.0) is None
+    assert stale_why({}, 101.0, me, alive, bound_s=100.0) is not None  # unreadable: only its age judges it
+
+
+def sh(command: str) -> Result:
+    p = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    return Result("n", p.returncode == 0, p.stdout, p.stderr, p.returncode, None if p.returncode == 0 else "exit")
+
+
+def test_the_fleet_lock_commands_in_a_real_bash(tmp_path) -> None:
+    """Take, refuse, take over only the lock judged stale, give back only one's own: the exact commands."""
+    path = str(tmp_path / "lock" / "sparkfleet.lock")
+    a, b = json.dumps({"user": "o'neil", "pid": 1}), json.dumps({"user": "b", "pid": 2})
+    assert c.parse_lock_take(sh(c.lock_take_command(path, a))) == c.LockAnswer(True)
+    held = c.parse_lock_take(sh(c.lock_take_command(path, b)))
+    assert isinstance(held, c.LockAnswer) and not held.taken and held.holder == a and 0 <= held.age_s < 60
+    other = c.parse_lock_take(sh(c.lock_take_command(path, b, stale=json.dumps({"user": "x"}))))
+    assert not other.taken and other.holder == a  # not the lock judged stale: left alone
+    sh(c.lock_release_command(path, b))  # not b's: left alone
+    assert (tmp_path / "lock/sparkfleet.lock").read_text() == a + "\n"
+    assert c.parse_lock_take(sh(c.lock_take_command(path, b, stale=a))).taken
+    assert (tmp_path / "lock/sparkfleet.lock").read_text() == b + "\n"
+    sh(c.lock_release_command(path, b))
+    assert sorted(p.name for p in (tmp_path / "lock").iterdir()) == ["sparkfleet.lock.takeover"]
+    failed = c.parse_lock_take(sh(c.lock_take_command(str(tmp_path / "f" / "x.lock"), a).replace(
+        "mkdir -p", "touch " + str(tmp_path / "f") + " && mkdir -p")))
+    assert isinstance(failed, c.NodeError) and "File exists" in failed.message

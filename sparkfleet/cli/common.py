@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from sparkfleet.findings import Finding
     from sparkfleet.spec.load import Spec
 
-# Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane.
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane,
+# 75 busy: another run holds the fleet lock (sysexits.h EX_TEMPFAIL: a temporary failure, try again).
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 75
 
 
 class LazyConsole:

@@ -125,10 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser([module] if module else None)
     args = parser.parse_args(argv)
 
-    from sparkfleet.spec.errors import SpecError, UserError
+    from sparkfleet.spec.errors import Busy, SpecError, UserError
 
     try:
         return int(args.func(args) or 0)
+    except Busy as exc:
+        from sparkfleet.cli.common import EXIT_BUSY
+
+        sys.stdout.flush()
+        sys.stderr.write(f"sparkfleet: {exc}\n")
+        return EXIT_BUSY
     except (SpecError, UserError) as exc:
         sys.stdout.flush()
         sys.stderr.write(f"sparkfleet: {exc}\n")

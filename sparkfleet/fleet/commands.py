@@ -27,6 +27,7 @@ Output formats follow the real tools (the sim's shims answer in the same formats
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass
@@ -217,3 +218,56 @@ def drop_caches(transport: Any, nodes: list[Node]) -> dict[str, bool | str]:
 
 def read_file_command(path: str) -> str:
     return f"cat {shlex.quote(path)}"
+
+
+# -- the fleet lock on a node ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LockAnswer:
+    """What a node said to `lock_take_command`: taken, or held by `holder` (the lock file's text),
+    `age_s` old by the node's own clock (None when the node could not say)."""
+
+    taken: bool
+    holder: str = ""
+    age_s: float | None = None
+
+
+def lock_take_command(path: str, holder: str, stale: str | None = None) -> str:
+    """Take the node's fleet lock atomically: the holder's line is written to a file of its own, then
+    hard-linked to the lock path (`ln` fails when the lock exists, so of two controllers exactly one wins
+    and the lock never exists half-written). With `stale` (the text of a lock judged stale), that lock is
+    first removed, but only if it still reads exactly so, under `flock` so two take-overs cannot both
+    remove (the second then finds the first's lock and reports it)."""
+    q = shlex.quote
+    d, lock, mine = q(posixpath.dirname(path)), q(path), q(holder)
+    take = (f"mkdir -p {d} && t={lock}.$$ && printf '%s\\n' {mine} > \"$t\" || exit $?; "
+            f"if err=$(ln \"$t\" {lock} 2>&1); then rm -f \"$t\"; echo taken; "
+            f"elif [ -e {lock} ]; then rm -f \"$t\"; "
+            f"echo \"held $(date +%s) $(stat -c %Y {lock} 2>/dev/null || echo -)\"; cat {lock}; "
+            f"else rm -f \"$t\"; printf '%s\\n' \"$err\" >&2; exit 1; fi")
+    if stale is None:
+        return take
+    guard = q(path + ".takeover")
+    return (f"mkdir -p {d} && exec 9>>{guard} && flock -w 30 9 || exit $?; "
+            f"if [ \"$(cat {lock} 2>/dev/null)\" = {q(stale)} ]; then rm -f {lock}; fi; {take}")
+
+
+def parse_lock_take(result: Result) -> LockAnswer | NodeError:
+    err = classify(result)
+    if err:
+        return err
+    first, _, rest = result.stdout.partition("\n")
+    words = first.split()
+    if words == ["taken"]:
+        return LockAnswer(True)
+    if len(words) == 3 and words[0] == "held":
+        now, mtime = words[1], words[2]
+        age = float(now) - float(mtime) if now.isdigit() and mtime.isdigit() else None
+        return LockAnswer(False, rest.strip(), age)
+    return NodeError(result.node, "failed", f"the fleet lock command printed {first!r}", "")
+
+
+def lock_release_command(path: str, holder: str) -> str:
+    """Remove the node's fleet lock only while it is this holder's (never another controller's)."""
+    lock = shlex.quote(path)
+    return f"if [ \"$(cat {lock} 2>/dev/null)\" = {shlex.quote(holder)} ]; then rm -f {lock}; fi"

@@ -1,4 +1,6 @@
-"""One run at a time per fleet: an exclusive lock file naming who holds it."""
+"""One run at a time per fleet: a lock file on every node of the lane naming who holds it (NodeLock), and
+this controller's own lock file per inventory (FleetLock: one run at a time per state dir, and what
+`watch` reads to see that the operator is acting)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import socket
 import time
 from pathlib import Path
 
-from sparkfleet.spec.errors import UserError
+from sparkfleet.spec.errors import Busy, UserError
 
 
 class FleetLock:
@@ -29,7 +31,7 @@ class FleetLock:
             except FileExistsError:
                 holder = self._holder()
                 if holder is not None and self._alive(holder):
-                    raise UserError(
+                    raise Busy(
                         f"another run holds the fleet lock ({self.path}): {holder.get('command')!r} by "
                         f"{holder.get('user')}@{holder.get('host')} pid {holder.get('pid')} since "
                         f"{holder.get('since')}; wait for it, or remove the lock if that process is gone") from None
@@ -62,9 +64,161 @@ class FleetLock:
         if holder.get("host") != socket.gethostname():
             return True  # cannot tell for another host: assume it is running
         try:
-            os.kill(int(holder.get("pid", 0)), 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, ValueError):
+            return pid_alive(int(holder.get("pid", 0)))
+        except ValueError:
             return True
+
+# -- the fleet lock on the nodes -----------------------------------------------------------------------
+
+# A bound, not a measurement: for a holder on another host, whose process this controller cannot see, a
+# lock older than this (by the node's own clock) is taken as abandoned. A run holds the lock only while it
+# runs (up, down, restore, including a soak gate); a day is far past any of those, and short enough that
+# a lock left by a laptop that died does not keep the lab locked for good.
+STALE_AFTER_S = 24 * 3600.0
+
+
+def holder_text(run_id: str, command: str, profile: str) -> str:
+    """The one line a node's lock file holds: who, from where, which process and run, since when."""
+    return json.dumps({"user": os.environ.get("USER") or _user(), "host": socket.gethostname(), "pid": os.getpid(),
+                       "run_id": run_id, "command": command, "lane": profile,
+                       "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, sort_keys=True)
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "?"
+
+
+def parse_holder(text: str) -> dict:
+    """A lock file's holder; {} when it is not one this code wrote (then only its age can judge it)."""
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def stale_why(holder: dict, age_s: float | None, me: dict, alive, bound_s: float = STALE_AFTER_S) -> str | None:
+    """Why a held lock may be taken over (None: it may not). `me` is this controller's holder; `alive(pid)`
+    says whether a process of this host runs. On this host the holder's process decides; for another host
+    (or a lock this code cannot read) only its age can, against the bound."""
+    if holder.get("host") == me["host"]:
+        pid = holder.get("pid")
+        if pid == me["pid"]:
+            return f"left by an earlier run of this process (run {holder.get('run_id')})"
+        if isinstance(pid, int) and not alive(pid):
+            return f"its process {pid} on {me['host']} is gone"
+        return None
+    if age_s is not None and age_s > bound_s:
+        return f"it is {age_s / 3600:.1f} h old (older than {bound_s / 3600:.1f} h) and its host cannot be asked"
+    return None
+
+
+def describe(node: str, path: str, text: str) -> str:
+    h = parse_holder(text)
+    if not h:
+        return f"{node}: the fleet lock {path} holds {text[:120]!r}"
+    return (f"{node}: {h.get('command')!r} by {h.get('user')}@{h.get('host')} pid {h.get('pid')} "
+            f"(run {h.get('run_id')}) since {h.get('since')}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
         return True
+    return True
+
+
+class NodeLock:
+    """The fleet lock on every node of the lane (naming.node_lock_path, one per node, shared by every lane
+    on it): `take()` writes it everywhere or refuses (Busy, naming node and holder) after giving back what
+    it took; `release()` removes it wherever it is still this run's. Nodes that do not answer are not
+    locked (the run's own steps then report them). Under --dry-run it only shows what it would run."""
+
+    def __init__(self, ctx):
+        from sparkfleet.naming import node_lock_path
+
+        self.ctx = ctx
+        self.path = node_lock_path()
+        self.text = holder_text(ctx.record.run_id, ctx.record.command, ctx.profile.name)
+        self.nodes = list(dict.fromkeys(n.name for n in ctx.nodes))
+        self.held: list[str] = []  # where the lock may be ours (release asks only these)
+
+    def take(self) -> None:
+        try:
+            self._take()
+        except BaseException:
+            self.release()
+            raise
+
+    def _take(self) -> None:
+        from sparkfleet.findings import Finding
+        from sparkfleet.fleet.commands import LockAnswer, lock_take_command, parse_lock_take
+        from sparkfleet.runner.ops import NodeCommands, run_now
+
+        ctx = self.ctx
+        reply = run_now(ctx, NodeCommands("take the fleet lock", {n: lock_take_command(self.path, self.text)
+                                                                   for n in self.nodes}, timeout_s=30.0))
+        if reply is None:  # --dry-run
+            return
+        me = parse_holder(self.text)
+        answers = {n: parse_lock_take(r) for n, r in reply.items()}
+        self.held = [n for n in self.nodes if not getattr(answers.get(n), "kind", "") == "reach"]
+        stale = {}
+        for n, a in answers.items():
+            if isinstance(a, LockAnswer) and not a.taken:
+                if a.holder == self.text:  # two inventory nodes that are one machine: already ours
+                    answers[n] = LockAnswer(True)
+                    continue
+                why = stale_why(parse_holder(a.holder), a.age_s, me, pid_alive)
+                if why:
+                    stale[n] = (a.holder, why)
+        if stale:
+            again = run_now(ctx, NodeCommands("take over a stale fleet lock", {
+                n: lock_take_command(self.path, self.text, stale=old) for n, (old, _) in stale.items()},
+                timeout_s=60.0)) or {}
+            warned = []
+            for n, res in again.items():
+                answers[n] = parse_lock_take(res)
+                if isinstance(answers[n], LockAnswer) and answers[n].taken:
+                    warned.append(Finding("fleet-lock", "warn", f"took over a stale fleet lock ({stale[n][1]}): "
+                                          f"{describe(n, self.path, stale[n][0])}", node=n))
+            if warned:
+                ctx.events.findings("lock", warned)
+                ctx.record.data.setdefault("fleet_lock", {})["taken_over"] = [f.as_dict() for f in warned]
+        busy = [(n, a) for n, a in answers.items() if isinstance(a, LockAnswer) and not a.taken]
+        if busy:
+            n, a = busy[0]
+            more = f" (and on {', '.join(x for x, _ in busy[1:])})" if busy[1:] else ""
+            raise Busy(f"another run holds the fleet lock {self.path} on {describe(n, self.path, a.holder)}{more}; "
+                       f"wait for it to end, or, if that controller is gone, remove {self.path} on {n}")
+        failed = [a for a in answers.values() if not isinstance(a, LockAnswer) and a.kind != "reach"]
+        if failed:
+            raise UserError(f"{failed[0].node}: could not take the fleet lock {self.path}: {failed[0].message}"
+                            + (f"; {failed[0].remedy}" if failed[0].remedy else ""))
+        ctx.record.data.setdefault("fleet_lock", {})["nodes"] = [n for n, a in answers.items()
+                                                                  if isinstance(a, LockAnswer)]
+
+    def release(self) -> None:
+        """Give the lock back wherever it may be this run's (also after a failure or Ctrl-C)."""
+        from sparkfleet.findings import Finding
+        from sparkfleet.fleet.commands import classify, lock_release_command
+        from sparkfleet.runner.ops import NodeCommands, run_now
+
+        if not self.held:
+            return
+        nodes, self.held = self.held, []
+        reply = run_now(self.ctx, NodeCommands("give back the fleet lock", {
+            n: lock_release_command(self.path, self.text) for n in nodes}, timeout_s=30.0)) or {}
+        left = [e for e in (classify(r) for r in reply.values()) if e is not None]
+        if left:
+            self.ctx.events.findings("lock", [Finding("fleet-lock", "warn", f"could not give back the fleet lock "
+                                                      f"{self.path}: {e.message}", f"remove {self.path} on {e.node}",
+                                                      node=e.node) for e in left])

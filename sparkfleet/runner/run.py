@@ -9,7 +9,7 @@ from sparkfleet.plan import make_plan
 from sparkfleet.root import state_dir
 from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.events import Events
-from sparkfleet.runner.lock import FleetLock
+from sparkfleet.runner.lock import FleetLock, NodeLock
 from sparkfleet.runner.ops import StepResult, drive
 from sparkfleet.runner.ranks import stop_launch
 from sparkfleet.runner.record import Record, new_run_id
@@ -45,6 +45,12 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     with FleetLock(state / "locks" / f"{inventory.name}.lock", command):
         transport = transport_for([r.node for r in plan.ranks])
         ctx = RunContext(spec, loaded, inventory, playbook, plan, transport, record, events, options, state)
+        lock = NodeLock(ctx)
+        try:
+            lock.take()  # refused (Busy) while another controller holds a node of the lane: nothing was done
+        except BaseException:
+            transport.close()
+            raise
         try:
             _steps(ctx)
         except KeyboardInterrupt:
@@ -54,6 +60,7 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
                 record.reason += "; every rank of this launch was stopped"
             events.step("interrupt", "fail", record.reason)
         finally:
+            lock.release()
             ctx.close()
             transport.close()
             record.finished = time.time()

@@ -24,3 +24,7 @@ class SpecError(Exception):
 
 class UserError(Exception):
     """Any other mistake the user can fix (a missing profile, a bad option); no traceback."""
+
+
+class Busy(UserError):
+    """Someone else holds what the command needs (the fleet lock): try again later (exit 75)."""
