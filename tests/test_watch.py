@@ -250,3 +250,26 @@ def test_human_lines_fit_80_columns_in_a_log(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) > 1 and all(len(x) <= 80 for x in lines)
     assert lines[1].startswith(" " * 9) and " ".join(x.strip() for x in lines).endswith("(--memory-grace 1)")
+
+
+def test_look_reads_the_node_lock_and_the_lanes_containers_in_one_command(tmp_path: Path) -> None:
+    from sparkfleet.watch import ops
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/argv"\necho c1\necho c2\n')
+    (bin_dir / "docker").chmod(0o755)
+    lock = tmp_path / "sparkfleet.lock"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+    def look() -> ops.Look:
+        p = subprocess.run(["sh", "-c", ops.look_command("dcp2", str(lock))], capture_output=True, text=True, env=env)
+        return ops.parse_look(Result("n1", p.returncode == 0, p.stdout, p.stderr, p.returncode))
+
+    assert look() == ops.Look("", ["c1", "c2"])  # no lock: free
+    assert (bin_dir / "argv").read_text().split() == ["ps", "-a", "-q", "--no-trunc", "--filter",
+                                                      "label=sparkfleet.profile=dcp2"]
+    lock.write_text('{"lane": "dcp2", "pid": 7, "run_id": "r9"}\n')
+    assert look() == ops.Look('{"lane": "dcp2", "pid": 7, "run_id": "r9"}', ["c1", "c2"])
+    assert ops.parse_look(Result("n1", False, "", "", None, "reach", "n1 is unreachable")) == \
+        ops.Look(error="n1 is unreachable")

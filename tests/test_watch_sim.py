@@ -188,7 +188,10 @@ def test_down_by_a_second_controller_makes_watch_stand_down(lane, tmp_path) -> N
         assert w.wait() == 0
     finally:
         w.stop()
-    assert "every rank's container was removed" in stood["text"]
+    # named when the other controller's `down` still held the nodes' fleet lock as watch looked; else
+    # the lane found removed whole (a `down` that had finished)
+    assert "holds the fleet lock of the lane's nodes" in stood["text"] and "down" in stood["text"] \
+        or "every rank's container was removed" in stood["text"], stood["text"]
     assert w.result()["outcome"] == "stood-down"
     assert containers(lane) == {n: [] for n in NODES}  # watch did not bring it back
     assert not any(e["event"] == "run" for e in w.events)  # and started nothing
@@ -197,20 +200,36 @@ def test_down_by_a_second_controller_makes_watch_stand_down(lane, tmp_path) -> N
     assert rec["outcome"] == "stood-down" and rec["reason"] == stood["text"].removeprefix("stood down: ")
 
 
-def test_up_by_the_operator_makes_watch_stand_down_naming_the_run(lane, capsys) -> None:
+def test_up_by_a_second_controller_makes_watch_stand_down_naming_who(lane, tmp_path) -> None:
     w = start_watch()
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
-        assert main(UP) == 0
-        run_id = next(json.loads(x) for x in capsys.readouterr().out.splitlines()
-                      if x.startswith('{"event": "result"'))["run_id"]
-        stood = w.event("watch.stand-down")
-        assert w.wait() == 0
+        # another controller (its own state dir: none of its records or locks are here) runs `up` of the
+        # lane: it holds the fleet lock on the lane's nodes while it stops, probes and relaunches
+        other = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", "--profile", "dcp2",
+                                  "--inventory", str(lane.inventory_path), "--gates", "models", "--poll", "0.2",
+                                  "--json"], env=env(SPARKFLEET_STATE=str(tmp_path / "other")), cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            stood = w.event("watch.stand-down")
+            assert w.wait() == 0
+        finally:
+            out, errs = other.communicate(timeout=300)
     finally:
         w.stop()
-    assert ("holds the fleet lock" in stood["text"] and "sparkfleet up dcp2" in stood["text"]) or \
-        f"up of dcp2 ran without watch (run {run_id}" in stood["text"]
-    assert {c["Config"]["Labels"]["sparkfleet.run"] for cs in containers(lane).values() for c in cs} == {run_id}
+    assert other.returncode == 0, out[-2000:] + errs
+    theirs = next(json.loads(x) for x in out.splitlines() if x.startswith('{"event": "result"'))["run_id"]
+    assert f"pid {other.pid} (run {theirs}) since" in stood["text"], stood["text"]
+    assert stood["text"].endswith("holds the fleet lock of the lane's nodes: the operator has the lane")
+    assert w.result()["outcome"] == "stood-down"
+    assert not any(e["event"] == "run" for e in w.events)  # watch started nothing
+    # the other controller's lane serves, untouched by watch
+    assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
+            for n, cs in containers(lane).items()} == {n: [("running", theirs)] for n in NODES}
+    recs = watch_records(w)
+    assert [r["outcome"] for r in recs][-1] == "stood-down"
+    assert recs[-1]["data"]["stand_down"]["holder"]["run_id"] == theirs  # the record names who, too
+    assert recs[-1]["reason"] == stood["text"].removeprefix("stood down: ")
 
 
 def test_sigterm_mid_restart_finishes_the_group_then_exits(lane) -> None:

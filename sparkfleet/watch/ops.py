@@ -8,7 +8,9 @@ nanoseconds, the zero time `0001-01-01T00:00:00Z` for a container that never sto
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, replace
 
+from sparkfleet.fleet.commands import lane_containers_command, parse_container_ids, read_file_command
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
 
@@ -40,3 +42,32 @@ def parse_stopped(result: Result) -> list[dict] | str:
         if len(parts) == 3:
             out.append({"rank": parts[0], "state": parts[1], "finished_at": parts[2]})
     return out
+
+
+LOOK_SEP = "--sparkfleet-watch-look--"
+
+
+@dataclass(frozen=True)
+class Look:
+    """One node at a glance: the holder line of its fleet lock ("" when free) and the lane's container
+    ids, or why the node could not say."""
+
+    lock: str = ""
+    ids: list[str] | None = None
+    error: str = ""
+
+
+def look_command(profile: str, lock_path: str) -> str:
+    """The node's fleet lock (runner/lock.py's file) and the lane's containers, in one round trip."""
+    return (f"{read_file_command(lock_path)} 2>/dev/null; echo {LOOK_SEP}; "
+            f"{lane_containers_command(profile)}")
+
+
+def parse_look(result: Result) -> Look:
+    lock, sep, rest = result.stdout.partition(LOOK_SEP + "\n")
+    if not sep:
+        return Look(error=result.message or result.stderr.strip() or f"exit {result.exit_code}")
+    ids = parse_container_ids(replace(result, stdout=rest))
+    if not isinstance(ids, list):
+        return Look(lock.strip(), error=ids.message)
+    return Look(lock.strip(), ids)

@@ -37,7 +37,7 @@ from sparkfleet.spec.load import Loaded, Spec
 from sparkfleet.watch import ops
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
-from sparkfleet.watch.probe import FACTS_TIMEOUT_S, Probe, Prober, RankState
+from sparkfleet.watch.probe import Probe, Prober, RankState
 
 PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch
 
@@ -53,6 +53,10 @@ class StandDown(Exception):
     """An operator (or another controller) acted on the lane: watch stops watching it."""
 
     recorded = False  # an incident's record already says so
+
+    def __init__(self, why: str, holder: dict | None = None) -> None:
+        super().__init__(why)
+        self.holder = holder  # the fleet lock's holder, when one was named
 
 
 class Watcher:
@@ -134,7 +138,7 @@ class Watcher:
         except StandDown as exc:
             if not exc.recorded:  # its own outcome in watch's records: who took the lane, and when
                 rec = Record(new_run_id(), "watch", self.profile.name, self.inventory.name, self.command)
-                rec.data["stand_down"] = {"why": str(exc)}
+                rec.data["stand_down"] = {"why": str(exc), "holder": exc.holder}
                 self.write(rec, "stood-down", str(exc))
             self.set_state("stood-down", str(exc))
             self.say("stand-down", f"stood down: {exc}")
@@ -173,8 +177,7 @@ class Watcher:
                     continue
             self.check_operator(probe)
             if lane_removed(probe) and not self.own_leftovers:
-                raise StandDown("every rank's container was removed at once (a `down` of the lane, here or by "
-                                "another controller): the operator has the lane")
+                self.look_again(removed=True)  # who did it, while their run still holds the lock
             self.own_leftovers = False
             verdict = self.tracker.observe(probe)
             if verdict.action in ("ok", "suspect"):
@@ -258,18 +261,28 @@ class Watcher:
                 raise StandDown("the lane was relaunched by a run watch did not start (another controller?): "
                                 + "; ".join(foreign))
 
-    def look_again(self) -> None:
-        """Before a destructive restart, look at the containers once more: a `down` from another controller
-        stops the head first and the workers after it, so a probe in between sees part of the group gone.
-        The runner's own node operation (this lane's containers by label, one `docker ps` per node)."""
-        from sparkfleet.fleet.commands import lane_containers_command, parse_container_ids
+    def look_again(self, removed: bool = False) -> None:
+        """Before acting (and when every container vanished at once), look at the nodes once more, one
+        round trip each: the fleet lock on the lane's nodes (runner/lock.py's NodeLock) and the lane's
+        containers by label. A run of this lane that watch did not start holding the lock — an `up` or
+        `down` from here or from another controller — is named and watch stands down; so it does when
+        every rank's container is gone (a `down` that has already finished; `removed`: the probe saw it)."""
+        from sparkfleet.naming import node_lock_path
+        from sparkfleet.runner.lock import describe, parse_holder
 
-        results = self.transport.run([r.node for r in self.ranks], lane_containers_command(self.profile.name),
-                                     timeout_s=FACTS_TIMEOUT_S)
-        ids = [parse_container_ids(results[r.node.name]) if r.node.name in results else None for r in self.ranks]
-        if ids and all(x == [] for x in ids):  # every node answered, none has a container of the lane
+        path = node_lock_path()
+        results = _run_each(self.transport, self.inventory, {r.node.name: ops.look_command(self.profile.name, path)
+                                                             for r in self.ranks})
+        looks = {n: ops.parse_look(res) for n, res in results.items()}
+        for n, look in looks.items():
+            holder = parse_holder(look.lock) if look.lock else {}
+            if look.lock and holder.get("lane", self.profile.name) == self.profile.name \
+                    and holder.get("run_id") not in self.ours:
+                raise StandDown(f"{describe(n, path, look.lock)} holds the fleet lock of the lane's nodes: "
+                                "the operator has the lane", holder or {"text": look.lock})
+        if removed or (looks and all(x.ids == [] for x in looks.values())):
             raise StandDown("every rank's container was removed (a `down` of the lane, here or by another "
-                            "controller, was under way): the operator has the lane")
+                            "controller): the operator has the lane")
 
     def lock_path(self) -> Path:
         return self.state / "locks" / f"{self.inventory.name}.lock"
@@ -281,6 +294,7 @@ class Watcher:
         try:
             return self._handle(incident, verdict, facts, count)
         except StandDown as exc:
+            incident.data["stand_down"] = {"why": str(exc), "holder": exc.holder}
             self.write(incident, "stood-down", str(exc))
             exc.recorded = True
             raise
@@ -298,7 +312,7 @@ class Watcher:
                  node=verdict.node, record=incident.run_id)
         self.write(incident, "running")
         if count and verdict.reason in ("rank-vanished", "rank-exited"):
-            self.look_again()
+            self.look_again()  # before the budget or the memory stop: a `down` under way is not a failure
         if verdict.action == "memory-stop":
             out = self.stop_lane(incident, f"memory guard: {verdict.why}")
             if out is not None:
@@ -321,8 +335,8 @@ class Watcher:
                 self.write(incident, "interrupted", f"{self.signalled} during the backoff; nothing restarted")
                 return self._signalled()
         self.check_operator()
-        if count and verdict.reason in ("rank-vanished", "rank-exited"):
-            self.look_again()
+        if delay > 0 and count and verdict.reason in ("rank-vanished", "rank-exited"):
+            self.look_again()  # after the backoff: once more (the first look is older than the wait)
         if count:
             self.budget.spend(time.time(), verdict.reason)
         self.set_state("restarting", verdict.why)
@@ -372,7 +386,7 @@ class Watcher:
             rec = execute(self.spec, self.loaded, self.inventory, self.spec.playbook(name), options, self.events,
                           f"sparkfleet watch {self.profile.name}: {what}")
         except UserError as exc:
-            if "holds the fleet lock" in str(exc):
+            if "holds the fleet lock" in str(exc):  # runner/lock.py's Busy: names node and holder
                 raise StandDown(str(exc)) from None
             raise
         finally:
