@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: dict[str, list[dict]] = {f: [] for f in FAULTS}
     steps: dict[str, list[float]] = {}
+    load_before = os.getloadavg()
     gaps: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         ops = ops_root(Path(tmp))
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = inject(sim, fault)
                     failure = w.event("watch.failure")
                     began = w.wait_for(lambda e: e["event"] == "run", "the restart's run")
-                    served = w.event("watch.serving")  # the restart's `docker rm -f` ended a stopped engine
+                    served = w.event("watch.serving")
+                    sim.heal(WHERE[fault][0], fault)  # it acted once (not sticky); cleared for the next round
                     rec = json.loads((Path(env["SPARKFLEET_STATE"]) / "runs" / f"{served['run_id']}.json").read_text())
                     boot = next(s["elapsed_s"] for s in rec["steps"] if s["step"] == "wait_ready")
                     for s in rec["steps"]:
@@ -100,13 +102,16 @@ def main(argv: list[str] | None = None) -> int:
                     rows[fault].append({"reason": failure["reason"], "detect": failure["t"] - t0,
                                         "restart": served["t"] - failure["t"], "boot": boot,
                                         "watch": began["t"] - failure["t"],
-                                        "overhead": served["t"] - failure["t"] - boot})
+                                        "overhead": served["t"] - failure["t"] - boot,
+                                        "clock": next((s["elapsed_s"] for s in rec["steps"] if s["step"] == "probe"),
+                                                      0.0)})
             probes = [e["t"] for e in w.events if e["event"] == "watch.probe"]
             gaps = [b - a for a, b in zip(probes, probes[1:], strict=False) if b - a < 2 * args.interval]
         finally:
             if w is not None:
                 w.stop()
             lab.down()
+    load_after = os.getloadavg()
     interval = statistics.mean(gaps) if gaps else args.interval
     bound = args.failures * args.interval + args.probe_timeout
     bound_measured = args.failures * interval + args.probe_timeout
@@ -114,22 +119,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"faults on {where}\nwatch --interval {args.interval:g} --failures {args.failures} --probe-timeout "
           f"{args.probe_timeout:g}; median of {args.repeat}; THE LAB IS A SIMULATION\n")
     print(f"{'fault':<12} {'reason':<14} {'detect':>6} {'bound':>5} {'d/b':>4} {'d/bm':>4} "
-          f"{'boot':>5} {'overh':>5} {'watch':>5}")
+          f"{'boot':>5} {'overh':>5} {'clock':>5} {'o-clk':>5} {'watch':>5}")
     for fault, runs in rows.items():
         if not runs:
             continue
         d = statistics.median(x["detect"] for x in runs)
-        med = {k: statistics.median(x[k] for x in runs) for k in ("boot", "overhead", "watch")}
+        med = {k: statistics.median(x[k] for x in runs) for k in ("boot", "overhead", "watch", "clock")}
+        no_clock = statistics.median(x["overhead"] - x["clock"] for x in runs)
         print(f"{fault:<12} {','.join(sorted({x['reason'] for x in runs})):<14} {d:6.2f} "
               f"{bound:5.2f} {d / bound:4.2f} {d / bound_measured:4.2f} {med['boot']:5.2f} {med['overhead']:5.2f} "
-              f"{med['watch']:5.2f}")
+              f"{med['clock']:5.2f} {no_clock:5.2f} {med['watch']:5.2f}")
     print(f"\nseconds. probe interval measured: {interval:.2f} s (mean gap between probe starts while serving, "
           f"{len(gaps)} gaps)")
     print(f"bound = K x interval + probe timeout = {bound:.2f} s (d/b); with the measured interval "
           f"{bound_measured:.2f} s (d/bm)")
     print("detect: watch.failure - fault; overh: watch.serving - watch.failure - the restart's wait_ready (boot);")
+    print("clock: the restart's clock probe step (a fixed GPU load window, checks/probe.py LOAD_SECONDS, plus its "
+          "start); o-clk: overh - clock")
     print("watch: watch.failure - the restart's run start (evidence, look again), the rest is the up playbook")
     print("targets: detect <= bound (d/b <= 1); overhead <= 5 s on 4 nodes")
+    print(f"machine load average (1, 5, 15 min) before {' '.join(f'{x:.2f}' for x in load_before)}, after "
+          f"{' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} cores")
     print(f"\nwhere the relaunch goes (median s over {sum(len(r) for r in rows.values())} restarts; wait_ready is "
           "the boot):")
     for name, xs in steps.items():
