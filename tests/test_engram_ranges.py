@@ -189,7 +189,37 @@ def test_mismatches_fall_back_to_nfs(m, kw, expect) -> None:
     assert expect in msg and "falls back to reading the model directory over NFS" in msg
 
 
-def test_unverified_copy_and_unknown_revision_warn() -> None:
-    findings = check(manifest(verified=False), revision=None)
+def test_an_unknown_revision_warns_an_unverified_copy_falls_back() -> None:
+    findings = check(manifest(), revision=None)
     assert not falls_back(findings)
-    assert sorted(f.status for f in findings) == ["ok", "warn", "warn"]
+    assert sorted(f.status for f in findings) == ["ok", "warn"]
+    findings = check(manifest(verified=False))
+    assert [(f.status, f.message.split(": falls back")[0]) for f in findings] == [
+        ("fail", "rank 1 (asusi): the copy was never verified (made with --no-verify, or its read-back failed)")]
+
+
+def test_judge_rank_holds_the_copy_against_the_lane(repo_spec) -> None:
+    """The one rule's lane side: revision, format, TP and layers from the profile; rows from the harvest
+    when there is one, else the copy's own record against the rank's place in the TP geometry."""
+    from sparkfleet.engram.manifest import judge_rank
+    from sparkfleet.engram.ranges import Harvest
+
+    profile = repo_spec.profile("1017g").profile  # TP4, fp8, layers 1 and 14, revision REV
+    base = {"profile": profile, "rank": 1, "node": "asusi", "dest": "/nvme/engram-local/" + REV}
+    made = {"size": 4, "rank": 1}
+    assert [f.status for f in judge_rank(manifest(tp=made), **base)] == ["ok"]
+
+    def why(m: dict, **kw) -> list[str]:
+        return [f.message.split(": falls back")[0] for f in judge_rank(m, **{**base, **kw}) if f.status == "fail"]
+
+    assert why(manifest(tp={"size": 4, "rank": 2})) == [
+        "rank 1 (asusi): the copy holds the rows of rank 2 of TP4, this is rank 1 of TP4"]
+    assert why(manifest(tp={"size": 2, "rank": 1})) == [
+        "rank 1 (asusi): the copy holds the rows of rank 1 of TP2, this is rank 1 of TP4"]
+    assert why(manifest(tp=made, layers={"1": {"start": Q, "end": 2 * Q}})) == [
+        "rank 1 (asusi): layer 14 is not in the copy"]
+    harvest = Harvest(tp=4, ranks={1: {1: (Q, 2 * Q + 5), 14: (Q, 2 * Q)}})  # rank 1 reads 5 rows more
+    assert why(manifest(tp=made), harvest=harvest) == [
+        "rank 1 (asusi): layer 1: the copy holds rows [96000000, 192000000), the rank reads [96000000, 192000005)"]
+    assert why(manifest(tp=made, format="nvfp4")) == [
+        "rank 1 (asusi): the copy holds nvfp4 Engram tables, the lane reads fp8 (CATALOG FM-24)"]

@@ -79,13 +79,17 @@ def test_push_copies_only_what_differs_and_up_refuses_a_rank_whose_copy_changed(
         "remedy": "sparkfleet patches push --profile ... (set 'probe')",
         "observed": found, "expected": expected}]
     assert v["nodes"]["bluey"]["found"] == {"sparkfleet_patch_probe.py": found}
-    # up stops before launch: the check step's drift check already sees bluey's set differ from its peers
+    # up stops before launch, in the patches step (before the checks compare the ranks with each other),
+    # naming node, file, expected and found sha256
     code, events = cli(capsys, "up", *args, "--gates", "models", "--poll", "0.2", "--no-probe")
     assert code == 1
     assert next(e for e in events if e["event"] == "result")["reason"] == (
-        "check: 1 check(s) failed: nothing was started")
+        "patches: a rank lacks patch set 'probe' files: the whole launch is aborted")
     fails = [f for e in events if e["event"] == "findings" for f in e["findings"] if f["status"] == "fail"]
-    assert [(f["check"], f["node"]) for f in fails] == [("drift", "bluey")]
+    assert [(f["check"], f["node"], f["message"], f["expected"], f["observed"]) for f in fails] == [
+        ("patches", "bluey", f"/{PATCH}: expected sha256 {expected}, found {found}", expected, found)]
+    assert [e["step"] for e in events if e["event"] == "step" and e["status"] != "start"] == [
+        "stop", "drop_caches", "facts", "patches"]
     assert "launch" not in [e["step"] for e in events if e["event"] == "step"]
     assert containers(sim) == []  # nothing was launched
 
@@ -110,4 +114,7 @@ def test_a_missing_file_on_one_rank_is_named_and_up_starts_nothing(ops, capsys) 
         ("spark4", f"/{PATCH}: expected sha256 {expected}, found no file", "missing")]
     code, events = cli(capsys, "up", *args, "--gates", "models", "--poll", "0.2", "--no-probe")
     assert code == 1 and "launch" not in [e["step"] for e in events if e["event"] == "step"]
+    fails = [f for e in events if e["event"] == "findings" for f in e["findings"] if f["status"] == "fail"]
+    assert [(f["node"], f["message"]) for f in fails] == [
+        ("spark4", f"/{PATCH}: expected sha256 {expected}, found no file")]
     assert containers(sim) == []

@@ -42,8 +42,8 @@ def launches(plan: dict) -> list[dict]:
 
 def test_dcp2_workers_then_head_with_exact_per_node_argv(capsys) -> None:
     plan = plan_json(capsys, "--profile", "dcp2")
-    assert [s["step"] for s in plan["steps"]][:9] == ["stop", "drop_caches", "facts", "check", "probe",
-                                                     "fabric_probe", "patches", "engram", "rail2_up"]
+    assert [s["step"] for s in plan["steps"]][:9] == ["stop", "drop_caches", "facts", "patches", "check",
+                                                     "probe", "fabric_probe", "engram", "rail2_up"]
     ls = launches(plan)
     assert [(s["node"], s["rank"], s["role"], s["wave"], s["parallel"]) for s in ls] == [
         ("asusi", 1, "worker", 1, True), ("bluey", 2, "worker", 1, True), ("spark4", 3, "worker", 1, True),

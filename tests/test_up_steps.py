@@ -60,14 +60,20 @@ def test_the_engram_step_judges_each_copy_with_the_one_rule(repo_spec: Spec, tmp
                      RunOptions(), tmp_path)
     result = drive(ctx, STEPS["engram"](ctx, Step(step="engram")))
     assert sorted(shell.ran) == [(n, f"cat {path}") for n in ("asusi", "bluey", "reddie", "spark4")]
-    assert ctx.record.data["engram"] == {0: "node-local", 1: "nfs", 2: "node-local", 3: "nfs"}
-    assert (result.status, result.summary) == ("warn", "ranks on NFS: 1, 3")
+    assert ctx.record.data["engram"] == {0: "node-local", 1: "nfs", 2: "nfs", 3: "nfs"}
+    # dcp2 expects node-local rows (expect.engram_node_local): a copy there that does not qualify stops the run
+    assert (result.status, result.summary) == ("fail", "expect.engram_node_local: rank 1 (asusi): the copy is of "
+                                               f"checkpoint 0123456789abcdef, the lane runs {REV} (CATALOG FM-62): "
+                                               "falls back to reading the model directory over NFS (6-8 ms a step "
+                                               "against 3, CATALOG ENG-16) (and 1 more)")
     got = [(f.node, f.status, f.message) for f in result.findings]
-    assert ("asusi", "warn", "rank 1 (asusi): the copy is of checkpoint 0123456789abcdef, the lane runs "
+    assert ("asusi", "fail", "rank 1 (asusi): the copy is of checkpoint 0123456789abcdef, the lane runs "
             f"{REV} (CATALOG FM-62): falls back to reading the model directory over NFS (6-8 ms a step "
             "against 3, CATALOG ENG-16)") in got
-    assert ("bluey", "warn", "rank 2 (bluey): the copy was made without verification (--no-verify)") in got
+    assert ("bluey", "fail", "rank 2 (bluey): the copy was never verified (made with --no-verify, or its read-back "
+            "failed): falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG "
+            "ENG-16)") in got
     assert ("spark4", "warn", "rank 3 (spark4): no engram-manifest.json: the copy is missing or incomplete: falls "
             "back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)") in got
     assert [f.status for f in result.findings if f.node == "reddie"] == ["ok"]
-    assert set(ctx.record.data["engram_manifests"]) == {"0", "2"}
+    assert set(ctx.record.data["engram_manifests"]) == {"0"}

@@ -436,7 +436,7 @@ def run_fleet(args: argparse.Namespace) -> int:
             findings.append(Finding("engram-copy", "fail", f"rank {j.rank} ({j.node.name}): the copy failed: "
                                     f"{row['error']}", "fix the cause and run again: the copy resumes",
                                     node=j.node.name, where=j.dest))
-    findings += fleet.check(profile, jobs, answers, args.whole_shards) if jobs else []
+    findings += fleet.check(profile, jobs, answers, args.whole_shards, harvest) if jobs else []
     nfs = sorted({r.rank for r in ranks if (args.node is None or r.node.name == args.node)}
                  - {j.rank for j in jobs if not any(f.status == "fail" and f.node == j.node.name for f in findings)})
     if as_json:

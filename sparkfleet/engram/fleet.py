@@ -3,7 +3,7 @@
 The copy runs as `engram_copy.py` (shipped by sparkfleet.fleet.ship with a sha256 check), one run
 per node, the request as JSON on stdin. While the copies run, the controller polls each node's
 status file (written by the helper about twice a second) for its progress line. Afterwards the
-helper's cheap `status` op returns each manifest, and `check_rank` says which ranks will read
+helper's cheap `status` op returns each manifest, and `judge_rank` (the one Engram rule) says which ranks will read
 node-local rows and which fall back to NFS.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.engram.manifest import check_rank
+from sparkfleet.engram.manifest import judge_rank
 from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.nodeside.engram_copy import STATUS
@@ -212,11 +212,9 @@ def statuses(transport: Transport, jobs: list[Job]) -> dict[int, tuple[Result, d
 
 
 def check(profile: Profile, jobs: list[Job], answers: dict[int, tuple[Result, dict | None]],
-          whole_shards: bool) -> list[Finding]:
-    """What `up` will check, per rank: node-local, or the reason it falls back to NFS."""
-    e = profile.engram
-    assert e is not None
-    revision = profile.model.revision if profile.model else None
+          whole_shards: bool, harvest: Harvest | None = None) -> list[Finding]:
+    """What `up` will check, per rank (the one Engram rule, judge_rank): node-local, or why it falls back
+    to NFS; `harvest` the ranges the copies were made from (None for whole shards)."""
     findings: list[Finding] = []
     for j in jobs:
         result, event = answers[j.rank]
@@ -225,7 +223,7 @@ def check(profile: Profile, jobs: list[Job], answers: dict[int, tuple[Result, di
                                     f"manifest: {result.message or 'no answer'}", "check the node and run again",
                                     node=j.node.name, where=j.dest))
             continue
-        findings += check_rank(event.get("manifest"), rank=j.rank, node=j.node.name, dest=j.dest,
-                               revision=revision, fmt=e.format, ranges=j.ranges, whole_shards=whole_shards,
-                               problem=event.get("problem"), source_changed=event.get("source_changed"))
+        findings += judge_rank(event.get("manifest"), profile=profile, rank=j.rank, node=j.node.name, dest=j.dest,
+                               harvest=harvest, whole_shards=whole_shards, problem=event.get("problem"),
+                               source_changed=event.get("source_changed"))
     return findings

@@ -8,23 +8,46 @@ docs/engram-local.md; the copy that writes it is sparkfleet/fleet/nodeside/engra
 
 from __future__ import annotations
 
-from sparkfleet.engram.ranges import Ranges
+from typing import TYPE_CHECKING
+
+from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST, MANIFEST_SCHEMA
 
-__all__ = ["MANIFEST", "MANIFEST_SCHEMA", "check_rank", "falls_back"]
+if TYPE_CHECKING:
+    from sparkfleet.spec.profile import Profile
+
+__all__ = ["MANIFEST", "MANIFEST_SCHEMA", "check_rank", "falls_back", "judge_rank"]
 
 CHECK = "engram-copy"
 
 
+def judge_rank(manifest: dict | None, *, profile: Profile, rank: int, node: str, dest: str,
+               harvest: Harvest | None = None, whole_shards: bool = False, problem: str | None = None,
+               source_changed: list[str] | None = None) -> list[Finding]:
+    """THE Engram rule, as `up`, `engram-local` fleet mode, `check` and the exporter apply it: one rank's
+    copy judged against the lane (its checkpoint revision, table format, TP size and Engram layers) and
+    the rows the rank reads: the lane's harvested ranges when known (`harvest`), else the manifest's own
+    record of what it covers, held against the rank's place in the TP geometry."""
+    e = profile.engram
+    ranges = harvest.ranks.get(rank) if harvest is not None else None
+    return check_rank(manifest, rank=rank, node=node, dest=dest,
+                      revision=profile.model.revision if profile.model else None,
+                      fmt=e.format if e else None, ranges=ranges, whole_shards=whole_shards, problem=problem,
+                      source_changed=source_changed, tp=profile.tp, layers=list(e.layers) if e else None)
+
+
 def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revision: str | None,
                fmt: str | None, ranges: Ranges | None, whole_shards: bool = False,
-               problem: str | None = None, source_changed: list[str] | None = None) -> list[Finding]:
+               problem: str | None = None, source_changed: list[str] | None = None,
+               tp: int | None = None, layers: list[int] | None = None) -> list[Finding]:
     """Findings for one rank's copy: ok (node-local) or fail (this rank falls back to NFS), plus warnings.
+    Callers go through judge_rank, which derives the lane's side from the profile.
 
     `manifest` is the manifest as the node-side `status` returns it (None when there is none, with
-    `problem` saying why); `ranges` the rows this rank reads per layer; `source_changed` the shards
-    whose header differs from the one copied."""
+    `problem` saying why); `ranges` the rows this rank reads per layer (None: not known, then the copy's
+    own record is held against `tp` and `layers`: made for this rank of this TP size, every layer in it);
+    `source_changed` the shards whose header differs from the one copied."""
     who = f"rank {rank} ({node})"
     nfs = "falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)"
 
@@ -61,6 +84,14 @@ def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revisi
         out.append(fail(f"unknown copy mode {mode!r}", f"copy again: {redo}"))
     elif mode == "rows":
         have = {int(k): (v["start"], v["end"]) for k, v in (manifest.get("layers") or {}).items()}
+        if ranges is None:  # no harvested ranges: the copy's own record against the rank's place
+            made = manifest.get("tp") or {}
+            if tp is not None and (made.get("size"), made.get("rank")) != (tp, rank):
+                got = f"rank {made.get('rank')} of TP{made.get('size')}" if made else "an unrecorded rank and TP"
+                out.append(fail(f"the copy holds the rows of {got}, this is rank {rank} of TP{tp}",
+                                f"copy again for this rank: {redo}", got, f"rank {rank} of TP{tp}"))
+            out += [fail(f"layer {layer} is not in the copy", f"copy again: {redo}", None, f"layer {layer}")
+                    for layer in (layers or []) if layer not in have]
         for layer, (start, end) in sorted((ranges or {}).items()):
             got = have.get(layer)
             if got is None:
@@ -70,9 +101,9 @@ def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revisi
                 out.append(fail(f"layer {layer}: the copy holds rows [{got[0]}, {got[1]}), the rank reads "
                                 f"[{start}, {end})", f"copy again with the harvested ranges: {redo}",
                                 f"[{got[0]}, {got[1]})", f"[{start}, {end})"))
-    if not manifest.get("verified"):
-        out.append(Finding(CHECK, "warn", f"{who}: the copy was made without verification (--no-verify)",
-                           f"verify it: sparkfleet engram-local verify --dest {dest}", node=node, where=dest))
+    if not manifest.get("verified"):  # an unread copy may hold torn rows: the engine would serve them
+        out.append(fail("the copy was never verified (made with --no-verify, or its read-back failed)",
+                        f"verify it: sparkfleet engram-local verify --dest {dest}"))
     if not any(f.status == "fail" for f in out):
         layers = ", ".join(f"{k} [{v['start']}, {v['end']})" for k, v in (manifest.get("layers") or {}).items())
         what = "whole shards" if mode == "whole-shards" else f"rows {layers}"

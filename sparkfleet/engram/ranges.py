@@ -253,3 +253,12 @@ def load_for(profile: Profile, explicit: Path | None = None) -> tuple[Harvest, P
         raise UserError(f"{path}: ranges harvested at TP{got.tp}, the lane runs TP{profile.tp} "
                         "(TP3 needs its own ranges, CATALOG ENG-20)")
     return got, path
+
+
+def stored(profile: Profile) -> Harvest | None:
+    """The lane's stored harvest when there is one for its checkpoint and TP size (`up`, the exporter);
+    None when none was harvested. A file that is there but unreadable is a UserError naming it."""
+    if profile.model is None:
+        return None
+    path = store_path(profile)
+    return load_for(profile, path)[0] if path.is_file() else None

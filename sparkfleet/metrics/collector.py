@@ -26,7 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sparkfleet.checks import clock, probe
-from sparkfleet.engram.manifest import check_rank
+from sparkfleet.engram.manifest import judge_rank
+from sparkfleet.engram.ranges import Harvest
 from sparkfleet.fleet.facts import Container, NodeFacts
 from sparkfleet.metrics import names as n
 from sparkfleet.metrics.records import RunSummary
@@ -64,6 +65,7 @@ class Lane:
     profile: Profile
     ranks: dict[int, str]  # rank -> node
     manifests: dict[int, str]  # rank -> manifest path on its node (ranks with a node-local copy only)
+    harvest: Harvest | None = None  # the lane's harvested Engram ranges, when there are any
 
 
 @dataclass
@@ -244,9 +246,8 @@ def _lane_families(view: FleetView, out: dict[str, Metric]) -> None:
             manifest = answer.get("manifest")
             valid = False
             if manifest is not None:
-                findings = check_rank(manifest, rank=rank, node=node, dest=posixpath.dirname(path),
-                                      revision=p.model.revision if p.model else None,
-                                      fmt=p.engram.format if p.engram else None, ranges=None)
+                findings = judge_rank(manifest, profile=p, rank=rank, node=node, dest=posixpath.dirname(path),
+                                      harvest=lane.harvest)
                 valid = not any(x.status == "fail" for x in findings)
             out[n.ENGRAM_COPY_VALID.name].add_metric([name, str(rank), node], 1.0 if valid else 0.0)
 

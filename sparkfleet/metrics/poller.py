@@ -54,7 +54,10 @@ def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
         d = engine.engram_copy_dir(ctx, r)
         if d:
             manifests[r.rank] = engram_manifest_path(d)
-    return Lane(loaded.profile, {r.rank: r.node.name for r in ranks}, manifests)
+    from sparkfleet.engram.ranges import stored
+
+    harvest = stored(loaded.profile) if manifests else None  # the one Engram rule judges with these rows
+    return Lane(loaded.profile, {r.rank: r.node.name for r in ranks}, manifests, harvest)
 
 
 def _log(msg: str) -> None:

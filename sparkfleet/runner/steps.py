@@ -19,7 +19,7 @@ import httpx
 
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.engram.manifest import check_rank, falls_back
+from sparkfleet.engram.manifest import falls_back, judge_rank
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.facts import NodeFacts
@@ -30,6 +30,7 @@ from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepFn, StepGen, StepResult, query
 from sparkfleet.runner.ranks import LOG_TAIL, follow, launch_failure, stop_launch, stop_launch_commands
+from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.playbook import Step
 
 __all__ = ["LABEL", "LOG_TAIL", "STEPS", "StepResult", "stop_launch"]
@@ -254,13 +255,23 @@ def drop_caches(ctx: RunContext, st: Step) -> StepGen:
 
 @step("engram")
 def engram(ctx: RunContext, st: Step) -> StepGen:
-    """Per rank: node-local Engram rows (a copy with a complete manifest) or NFS fallback (a warning)."""
+    """Per rank: node-local Engram rows (a copy the one Engram rule accepts) or NFS fallback, said before
+    launch: a warning, or, with `expect.engram_node_local: true`, a failure for a copy that is there but
+    does not qualify (wrong revision or format, missing rows, unverified, another rank's): nothing starts."""
+    from sparkfleet.engram import ranges as engram_ranges
+
     e = ctx.profile.engram
     if e is None or not e.node_local:
         return StepResult("skip", "the lane reads no node-local Engram rows")
+    try:
+        harvest = engram_ranges.stored(ctx.profile)
+    except UserError as exc:
+        return StepResult("fail", "the lane's harvested Engram ranges cannot be read",
+                          [Finding("engram", "fail", str(exc), "harvest again (sparkfleet engram-local harvest)")])
     dirs = ctx.engram_dirs()
     results = yield query("read each rank's Engram manifest",
                           {n: nodeops.read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}, 30)
+    must = ctx.profile.expect.engram_node_local
     findings, per_rank = [], {}
     for r in ctx.plan.ranks:
         name = r.node.name
@@ -276,19 +287,28 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
             continue
         res = results[name]
         manifest, problem = _manifest(res)
-        # the one Engram rule (engram/manifest.py): the same function fleet mode and the exporter call
-        verdicts = check_rank(manifest, rank=r.rank, node=name, dest=dirs[name][1],
-                              revision=ctx.profile.model.revision if ctx.profile.model else None, fmt=e.format,
-                              ranges=None, problem=problem)
+        verdicts = judge_rank(manifest, profile=ctx.profile, rank=r.rank, node=name, dest=dirs[name][1],
+                              harvest=harvest, problem=problem)
         nfs = falls_back(verdicts)
         per_rank[r.rank] = "nfs" if nfs else "node-local"
         if not nfs:
             sha = hashlib.sha256(res.stdout.encode()).hexdigest()
             ctx.record.data.setdefault("engram_manifests", {})[str(r.rank)] = sha
-        # a copy that does not serve the rank is said before launch, as a warning (the rank falls back)
-        findings += [replace(f, status="warn") if f.status == "fail" else f for f in verdicts]
+        # a copy that does not serve the rank is said before launch: it falls back to NFS (a warning),
+        # unless the lane expects node-local rows (then a copy that is there but does not qualify stops the
+        # run here). A rank with no copy at all stays a warning: `expect` judges what it logged once serving.
+        if not (must and manifest is not None and r.rank not in e.nfs_ranks):
+            verdicts = [replace(f, status="warn") if f.status == "fail" else f for f in verdicts]
+        findings += verdicts
     ctx.record.data["engram"] = per_rank
+    if harvest is not None:
+        ctx.record.data["engram_ranges"] = "harvested"
     nfs = [str(k) for k, v in per_rank.items() if v == "nfs"]
+    bad = [f for f in findings if f.status == "fail"]
+    if bad:
+        first = bad[0]
+        return StepResult("fail", f"expect.engram_node_local: {first.message}"
+                          + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""), findings)
     return StepResult("warn" if nfs else "ok",
                       "node-local on every rank" if not nfs else f"ranks on NFS: {', '.join(nfs)}", findings)
 
