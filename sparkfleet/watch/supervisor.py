@@ -268,16 +268,18 @@ class Watcher:
         `down` from here or from another controller — is named and watch stands down; so it does when
         every rank's container is gone (a `down` that has already finished; `removed`: the probe saw it)."""
         from sparkfleet.naming import node_lock_path
-        from sparkfleet.runner.lock import describe, parse_holder
+        from sparkfleet.runner.lock import describe, holder_text, parse_holder, pid_alive, stale_why
 
         path = node_lock_path()
+        me = parse_holder(holder_text("", self.command, self.profile.name))
         results = _run_each(self.transport, self.inventory, {r.node.name: ops.look_command(self.profile.name, path)
                                                              for r in self.ranks})
         looks = {n: ops.parse_look(res) for n, res in results.items()}
         for n, look in looks.items():
             holder = parse_holder(look.lock) if look.lock else {}
             if look.lock and holder.get("lane", self.profile.name) == self.profile.name \
-                    and holder.get("run_id") not in self.ours:
+                    and holder.get("run_id") not in self.ours \
+                    and stale_why(holder, None, me, pid_alive) is None:  # a dead run's lock: the runner's rule
                 raise StandDown(f"{describe(n, path, look.lock)} holds the fleet lock of the lane's nodes: "
                                 "the operator has the lane", holder or {"text": look.lock})
         if removed or (looks and all(x.ids == [] for x in looks.values())):
