@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, metavar="N", help="override every prompt's budget")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch")
     p.add_argument("--probe", action="store_true",
-                   help="run the clock latch / slow-state probe on the lane's nodes first and record it")
+                   help="run the clock latch / slow-state probe on the lane's nodes first and record it; a "
+                   "latched rank refuses the bench (its figures would be the latched node's, FM-09)")
+    p.add_argument("--allow-latched", action="store_true",
+                   help="bench even when the probe finds a rank's GPU clock latched (the report says so)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per request (default 600)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: <state dir>/bench/<run>)")
     p.set_defaults(func=run_bench_cmd)
@@ -217,9 +221,7 @@ def _bench_options(args: argparse.Namespace, loaded: Loaded, key: str | None) ->
 
 
 def run_bench_cmd(args: argparse.Namespace) -> int:
-    from sparkfleet.bench import promptsets, report
-    from sparkfleet.bench.runner import run_bench
-    from sparkfleet.gates.client import RequestFailed
+    from sparkfleet.bench import promptsets
 
     sp = spec(args)
     loaded = _profile(sp, args.profile, overrides(args))
@@ -231,8 +233,38 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
             pset.only(list(opts.categories))
         except promptsets.PromptSetError as exc:
             raise UserError(str(exc)) from None
-    base = args.endpoint.rstrip("/") if args.endpoint else lane_endpoint(sp, loaded, args.inventory)
     probe = probe_lane(sp, loaded, args.inventory) if args.probe else None
+    stuck = latched(probe)
+    if stuck and not args.allow_latched:
+        raise UserError(f"bench {loaded.profile.name}: the GPU clock is latched under load on "
+                        f"{', '.join(stuck)} ({probe['summary']}): every TP step waits for that node (FM-09), so "
+                        "the figures would be its; unplug it for 30-60 s and probe again, or bench anyway with "
+                        "--allow-latched")
+    if stuck:
+        probe["allowed_latched"] = stuck  # recorded with the result: these figures are a latched node's
+    with ExitStack() as tunnel:  # an SSH local forward to a loopback-bound head, closed when the bench ends
+        return _bench(args, loaded, opts, pset, probe, tunnel)
+
+
+def latched(probe: dict | None) -> list[str]:
+    """The nodes whose GPU clock the probe judged latched under load (the probe's own verdict)."""
+    nodes = (probe or {}).get("nodes") or {}
+    return [n for n, v in nodes.items() if (v.get("clock") or {}).get("state") == "latched"]
+
+
+def _bench(args: argparse.Namespace, loaded: Loaded, opts: BenchOptions, pset: PromptSet, probe: dict | None,
+           tunnel: ExitStack) -> int:
+    from sparkfleet.bench import report
+    from sparkfleet.bench.runner import run_bench
+    from sparkfleet.cli.gates import lane_base
+    from sparkfleet.gates.client import RequestFailed
+    from sparkfleet.placement import place
+
+    sp = spec(args)
+    if args.endpoint:
+        base = args.endpoint.rstrip("/")
+    else:
+        base = lane_base(tunnel, place(loaded, sp.inventory(args.inventory))[0].node, loaded.profile, args.json)
     if not args.json:
         err.print(f"bench {loaded.profile.name} at {base}: prompt set {pset.name} (sha256 {pset.sha256[:12]}), "
                   f"concurrency {','.join(map(str, opts.concurrency))}" + (", prefill" if opts.prefill else ""),

@@ -68,6 +68,22 @@ def endpoint_for(node: Node, port: int) -> str:
     return endpoint(node, port)
 
 
+def lane_base(stack, head: Node, profile, quiet: bool = False) -> str:
+    """The lane's base URL for `gates` and `bench` (fleet/connect.py api_base: through an SSH tunnel for a
+    loopback-bound head), entered on `stack` so the tunnel closes when the caller's command ends."""
+    from sparkfleet.fleet.connect import api_base
+
+    if profile.port is None:
+        raise UserError(f"profile {profile.name} has no port: pass --endpoint URL")
+
+    def said(url: str) -> None:
+        if not quiet:
+            err.print(f"{head.name} serves on 127.0.0.1:{profile.port} only: reaching it through an SSH tunnel "
+                      f"at {url}", markup=False, highlight=False)
+
+    return stack.enter_context(api_base(head, profile.port, profile.host, on_tunnel=said))
+
+
 def _options(args: argparse.Namespace, profile) -> GateOptions:
     from sparkfleet.gates.env import NEEDLE_DEFAULT, NEEDLE_LONG, GateOptions
 
@@ -116,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
     except SpecError:
         if not args.endpoint:
             raise  # no endpoint without the lane's head: a spec error, exit 2
-    base = args.endpoint.rstrip("/") if args.endpoint else endpoint_for(ranks[0].node, profile.port)
+    from contextlib import ExitStack
+
+    tunnel = ExitStack()  # an SSH local forward to a loopback-bound head, closed when the gates end
+    base = args.endpoint.rstrip("/") if args.endpoint else lane_base(tunnel, ranks[0].node, profile, args.json)
     if ranks is not None and not args.no_mem_sample and (only is None or "soak" in only):
         from sparkfleet.fleet.connect import transport_for
 
@@ -139,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         results = run_gates(base, profile, only, options, on_result=finished, on_start=started)
     finally:
+        tunnel.close()
         if transport is not None:
             transport.close()
     passed = not any(r.status == "fail" for r in results)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from sparkfleet.fleet.local import LocalTransport
@@ -42,6 +44,9 @@ class MixedTransport:
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]:
         return self._fan(nodes, lambda t, ns: t.put(ns, data, remote_path, mode=mode))
 
+    def forward(self, node: Node, remote_port: int, remote_host: str = "127.0.0.1") -> AbstractContextManager[int]:
+        return self.parts[node.transport].forward(node, remote_port, remote_host)
+
     def close(self) -> None:
         for part in self.parts.values():
             part.close()
@@ -59,3 +64,29 @@ def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
     if kinds == {"ssh"}:
         return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s)
     return MixedTransport(known_hosts, connect_timeout_s=connect_timeout_s)
+
+
+@contextmanager
+def api_base(head: Node, port: int, host: str | None, transport: Transport | None = None,
+             on_tunnel=None) -> Iterator[str]:
+    """The lane's OpenAI-compatible base URL as seen from this machine, for the block's duration: for a
+    head that binds its API to loopback (`host: 127.0.0.1`) behind SSH, a local port forward over the
+    head's pinned connection (closed when the block ends; `transport` is used when given, else one of its
+    own); else http://HEAD:PORT (sparkfleet.placement.endpoint). `on_tunnel(url)` is told of a tunnel.
+    The one rule `up`'s readiness and gates, `gates`, `bench` and `status` use; --endpoint overrides it."""
+    from sparkfleet.placement import endpoint, loopback_bound
+
+    if not (loopback_bound(host) and head.transport == "ssh"):
+        yield endpoint(head, port)
+        return
+    own = transport is None
+    t = transport if transport is not None else transport_for([head])
+    try:
+        with t.forward(head, port) as local:
+            url = f"http://127.0.0.1:{local}"
+            if on_tunnel is not None:
+                on_tunnel(url)
+            yield url
+    finally:
+        if own:
+            t.close()

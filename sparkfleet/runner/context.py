@@ -63,7 +63,7 @@ class RunContext:
     logs_tail: dict[int, list[str]] = field(default_factory=dict)
     caches_dropped: dict | None = None  # node -> True, or why the drop failed
     rendered: bool = False  # plan re-rendered with this run's id and resolved GID indexes
-    tunnel: str | None = None  # base URL of the SSH local forward to a loopback-bound head, once opened
+    tunnel: str | None = None  # the head's base URL once decided (an SSH local forward stays open till the end)
     closers: ExitStack = field(default_factory=ExitStack)  # what the run opened (tunnels): closed at its end
 
     @property
@@ -87,14 +87,15 @@ class RunContext:
         head's pinned connection (opened once, closed when the run ends); else the head's address."""
         if self.options.endpoint:
             return self.options.endpoint.rstrip("/")
-        from sparkfleet.placement import endpoint, loopback_bound
+        from sparkfleet.fleet.connect import api_base
+        from sparkfleet.placement import endpoint
 
-        if self.tunnel is None and loopback_bound(self.profile.host) and self.head.transport == "ssh" \
-                and self.profile.port is not None and not self.options.dry_run:
-            local = self.closers.enter_context(self.transport.forward(self.head, self.profile.port))
-            self.tunnel = f"http://127.0.0.1:{local}"
-            self.events.emit("message", text=f"{self.head.name} serves on 127.0.0.1:{self.profile.port} only: "
-                             f"reaching it through an SSH tunnel at {self.tunnel}")
+        if self.tunnel is None and self.profile.port is not None and not self.options.dry_run:
+            self.tunnel = self.closers.enter_context(api_base(
+                self.head, self.profile.port, self.profile.host, self.transport,
+                on_tunnel=lambda url: self.events.emit("message", text=f"{self.head.name} serves on 127.0.0.1:"
+                                                       f"{self.profile.port} only: reaching it through an SSH "
+                                                       f"tunnel at {url}")))
         return self.tunnel or endpoint(self.head, self.profile.port)
 
     def close(self) -> None:
