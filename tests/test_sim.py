@@ -711,45 +711,68 @@ def test_ssh_mode_sshd_inside_each_node_pinned_keys(state):
     assert not [ns for ns in netlab.ours()]
 
 
+def _engine_argv(root: Path, *flags: str, env: tuple[str, ...] = (), binds: tuple[str, ...] = ()) -> list[str]:
+    c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": list(env),
+                    "Cmd": ["/models/repo", "--port", "8410", *flags]}, "HostConfig": {"Binds": list(binds)}}
+    return shim.engine_argv(root, c, build.engine_state() | {"python": "python3"}, {})
+
+
+def _gb10_root(tmp_path: Path) -> Path:
+    """A node tree with a GB10's state and /proc/meminfo (the inventory's 121 GiB, INV-10)."""
+    root = tmp_path / "R"
+    inv = Spec(find_root()).inventory("lab")
+    shim.save(root, "node.json", build.node_state(inv, inv.nodes["asusi"], 1) | {"netns": False})
+    shim.save(root, "gpu.json", build.gpu_state(inv.nodes["asusi"]))
+    shim.save(root, "faults.json", {"faults": {}})
+    shim.render(root)
+    return root
+
+
 def test_the_sim_engine_takes_its_moe_line_from_the_launch_not_the_profile(tmp_path):
     """The MoE backend line comes from the launch's --moe-backend (HLT-21's kernel for b12x), whatever the
     profile expects: a lane whose flag changed under an unchanged expectation prints another line."""
-    root = tmp_path / "R"
-    shim.save(root, "node.json", {"netns": False})
-    cfg = {"python": "python3", "boot_seconds": 1, "engram_table_rows": 10, "engram_layers": [1],
-           "moe_kernels": dict(values.MOE_KERNELS), "lanes": {"dcp2": {"kv_tokens": 5}}}
-
-    def argv(*flags: str) -> list[str]:
-        c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": [],
-                        "Cmd": ["/models/repo", "--port", "8410", *flags]}, "HostConfig": {}}
-        return shim.engine_argv(root, c, cfg, {})
-
-    a = argv("--moe-backend", "b12x")
+    root = _gb10_root(tmp_path)
+    a = _engine_argv(root, "--moe-backend", "b12x")
     assert a[a.index("--moe-backend") + 1] == "B12X_MXFP4_MXFP8"
-    a = argv("--moe-backend", "marlin")
+    a = _engine_argv(root, "--moe-backend", "marlin")
     assert a[a.index("--moe-backend") + 1] == "MARLIN"
-    assert "--moe-backend" not in argv()
-    prod = Spec(find_root()).profile("production-1.2").profile
-    assert prod.expect.moe_backend and "moe_backend" not in build.engine_state([prod])["lanes"]["production-1.2"]
+    assert "--moe-backend" not in _engine_argv(root)
+    assert "lanes" not in build.engine_state()  # nothing per profile reaches the engine
 
 
 def test_the_sim_engine_sizes_kv_from_the_launch_not_the_profile(tmp_path):
     """KV tokens from --kv-cache-memory-bytes and the DCP size (the seeds' pairs reproduce exactly, HLT-20);
     a changed budget under an unchanged expectation gives another number, so `expect` fails for real."""
-    root = tmp_path / "R"
-    shim.save(root, "node.json", {"netns": False})
-    cfg = build.engine_state([]) | {"python": "python3", "lanes": {"dcp2": {"kv_tokens": 1_888_800}}}
+    root = _gb10_root(tmp_path)
 
     def kv(*flags: str) -> int:
-        c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": [],
-                        "Cmd": ["/models/repo", "--port", "8410", *flags]}, "HostConfig": {}}
-        a = shim.engine_argv(root, c, cfg, {})
+        a = _engine_argv(root, *flags)
         return int(a[a.index("--kv-tokens") + 1])
 
     assert kv("--kv-cache-memory-bytes", str(8 * 2**30)) == 1_263_118  # dcp1 (OQ-05)
     assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "2") == 1_888_800  # dcp2
     assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "4") == 3_777_600
     assert kv("--kv-cache-memory-bytes", str(5 * 2**30), "--decode-context-parallel-size", "2") < 1_888_800
+    # sized by memory utilisation: boot 10's published pair (gmu 0.80 on 121 GiB, 81.58 GiB weights) comes back,
+    # the node's MemTotal and the flag move it, and a budget the weights eat leaves no KV at all
+    assert kv("--gpu-memory-utilization", "0.80") == 1_070_168
+    assert kv("--gpu-memory-utilization", "0.78") < 1_070_168 < kv("--gpu-memory-utilization", "0.85")
+    assert kv("--gpu-memory-utilization", "0.80", "--kv-cache-memory-bytes", str(8 * 2**30)) == 1_263_118
+    assert kv("--gpu-memory-utilization", "0.70") < 0
+    meminfo = shim.bound_source(root, "/proc/meminfo")
+    meminfo.write_text(meminfo.read_text().replace("MemTotal:       126877696 kB", "MemTotal:       125829120 kB"))
+    assert kv("--gpu-memory-utilization", "0.80") < 1_070_168  # 1 GiB less MemTotal on this node
+
+
+def test_the_pin_hot_rehome_line_comes_from_the_hook_in_the_launch(tmp_path):
+    """`rehome done layers=40` (HLT-27; 40 MoE layers, INV-74) only when the launch carries the hook (LCH-G4):
+    PIN_HOOK and its sitecustomize.py bound over the image's."""
+    root = _gb10_root(tmp_path)
+    hook = ("/h/sitecustomize.py:/usr/lib/python3.12/sitecustomize.py:ro", "/h:/w:ro")
+    a = _engine_argv(root, env=("PIN_HOOK=/w/pin_hot_experts_hook.py",), binds=hook)
+    assert a[a.index("--rehome-layers") + 1] == "40"
+    assert "--rehome-layers" not in _engine_argv(root, binds=hook)
+    assert "--rehome-layers" not in _engine_argv(root, env=("PIN_HOOK=/w/pin_hot_experts_hook.py",), binds=hook[1:])
 
 
 def test_up_without_bubblewrap_says_what_is_missing_and_creates_nothing(state, monkeypatch, capsys):

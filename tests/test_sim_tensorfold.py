@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 
@@ -10,6 +11,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
 
 from .test_sim import tool
+from .test_simengine_util import Lane
 
 
 def test_tf1017_up_serves_on_the_head_host_and_down_leaves_nothing(tmp_path, monkeypatch, capsys):
@@ -36,3 +38,27 @@ def test_tf1017_up_serves_on_the_head_host_and_down_leaves_nothing(tmp_path, mon
             assert tool(sim.root(node), "docker", "ps", "-aq").stdout == ""
     finally:
         lab.down()
+
+
+VLLM_SHAPED = re.compile(r"^\(\w+ pid=\d+\) |vLLM|Worker_TP|EngineCore|safetensors checkpoint shards|CUDA graphs|"
+                         r"KV cache|Model loading took")
+
+
+def test_tensorfold_mode_prints_only_its_own_lines_and_waits_for_ranks_3_2_1_then_0(tmp_path):
+    """The engine in TensorFold mode (what the docker shim starts for a TensorFold rank): none of vLLM's
+    lines, and the head waits for rank 3, then 2, then 1, then joins itself (the recipe's order, LCH-T5)."""
+    lane = Lane(tmp_path, world=4, boot=0.2, extra=["--tensorfold", "--serve-args", "--pool 4"])
+    try:
+        lane.start_all()
+        lane.wait_line("Application startup complete")
+        for rank in range(1, 4):
+            lane.wait_line(f"sim TensorFold: rank {rank} loaded in", tag=f"r{rank}")
+        logs = {r: lane.log(f"r{r}").splitlines() for r in range(4)}
+    finally:
+        lane.stop()
+    for rank, lines in logs.items():
+        assert lines and not [x for x in lines if VLLM_SHAPED.search(x)], (rank, lines)
+    waits = [x.split("sim TensorFold: ", 1)[1] for x in logs[0] if "sim TensorFold: waiting" in x or "joins last" in x]
+    assert waits == ["waiting for rank 3", "waiting for rank 2", "waiting for rank 1", "rank 0 (this rank) joins last"]
+    assert any(x.endswith("sim TensorFold: serve args: --pool 4") for x in logs[0])
+    assert "INFO:     Application startup complete." in logs[0]

@@ -211,23 +211,21 @@ def storage_paths(node: Node, profiles: list[Profile]) -> tuple[list[str], list[
     return sorted(set(dirs)), sorted(set(files) - set(dirs))
 
 
-def engine_state(profiles: list[Profile]) -> dict:
-    """state/engine.json: how the docker shim starts the sim engine for a sparkfleet lane.
-
-    A lane's simulated KV size is the lower end of its profile's expectation (a simulation input:
-    real vLLM derives it from the hardware), so a healthy sim lane meets its expectations."""
+def engine_state() -> dict:
+    """state/engine.json: how the docker shim starts the sim engine for a lane, and the sim's own inputs
+    (values.py) it derives the engine's observables from. Nothing here comes from a profile: the engine
+    decides KV, MoE, Engram and hook lines from what each launch carries and the node it runs on."""
     import sparkfleet
 
-    lanes = {}
-    for p in profiles:
-        kv = p.expect.kv_tokens.min if p.expect.kv_tokens else values.ENGINE_DEFAULT_KV_TOKENS
-        lanes[p.name] = {"kv_tokens": kv,
-                         "rehome_layers": 40 if any("rehome done layers=40" in x for x in p.expect.log_lines) else None}
     return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
             "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
-            "engram_layers": list(values.ENGRAM_LAYERS), "stop_wait_s": values.ENGINE_STOP_WAIT_S,
+            "engram_layers": list(values.ENGRAM_LAYERS), "engram_tensor": values.ENGRAM_TENSOR,
+            "stop_wait_s": values.ENGINE_STOP_WAIT_S,
             "moe_kernels": dict(values.MOE_KERNELS), "kv_bytes_per_token": list(values.KV_BYTES_PER_TOKEN),
-            "kv_reserved_bytes": list(values.KV_RESERVED_BYTES), "lanes": lanes}
+            "kv_reserved_bytes": list(values.KV_RESERVED_BYTES), "gmu_other_bytes": list(values.GMU_OTHER_BYTES),
+            "default_gmu": list(values.VLLM_DEFAULT_GMU), "model_gib": list(values.ENGINE_MODEL_GIB),
+            "moe_layers": values.MOE_LAYERS, "pin_hook_env": values.PIN_HOOK_ENV,
+            "pin_hook_site": values.PIN_HOOK_SITE}
 
 
 def install_shims(bin_dir: Path, *, netns: bool = False) -> None:
@@ -261,7 +259,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
     shim.save(root, "gpu.json", gpu_state(node))
     shim.save(root, "docker.json", docker_state(profiles))
     shim.save(root, "faults.json", {"faults": {}})
-    shim.save(root, "engine.json", engine_state(profiles))
+    shim.save(root, "engine.json", engine_state())
     dirs, files = storage_paths(node, profiles)
     for d in dirs:
         inside(root, d).mkdir(parents=True, exist_ok=True)

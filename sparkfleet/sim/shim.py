@@ -1000,7 +1000,7 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     if "--node-rank" in f and "--nnodes" not in f:  # not a complete multi-node rank: nothing to stand in for
         return None
     env = dict(e.partition("=")[::2] for e in container["Config"]["Env"] or [])
-    lane = cfg["lanes"].get(profile, {})
+    binds = container["HostConfig"].get("Binds") or []
     rank = int((f.get("--node-rank") or ["0"])[0])
     world = int((f.get("--nnodes") or ["1"])[0])
     port = int(f["--port"][0])
@@ -1009,10 +1009,11 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     own_net = bool(load(root, "node.json").get("netns"))
     master = (f.get("--master-addr") or ["127.0.0.1"])[0] if own_net else "127.0.0.1"
     host = (f.get("--host") or ["0.0.0.0"])[0] if own_net else "127.0.0.1"
+    weights = weights_bytes(f, cfg)
     argv = [cfg["python"], "-m", "sparkfleet.simengine", "--rank", str(rank), "--world-size", str(world),
             "--master-addr", master, "--master-port", (f.get("--master-port") or [str(port + 20000)])[0],
             "--host", host, "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
-            "--kv-tokens", str(kv_tokens(f, cfg) or lane.get("kv_tokens") or 0)]
+            "--kv-tokens", str(kv_tokens(f, cfg, root)), "--model-gib", f"{weights / 2**30:.4f}"]
     for name in f.get("--served-model-name") or ["model"]:
         argv += ["--served-name", name]
     if f.get("--max-model-len"):
@@ -1023,17 +1024,21 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     if f.get("--moe-backend"):  # the backend the launch asked for, never what the profile expects to see
         name = f["--moe-backend"][0]
         argv += ["--moe-backend", cfg.get("moe_kernels", {}).get(name, name.upper())]
-    if lane.get("rehome_layers"):
-        argv += ["--rehome-layers", str(lane["rehome_layers"])]
+    if pin_hook_on(env, binds, cfg):  # the hook the launch carries re-homes every MoE layer (HLT-27)
+        argv += ["--rehome-layers", str(cfg["moe_layers"])]
     if env.get("DSV41_ENGRAM_DISK") == "1":
-        rows = int(cfg["engram_table_rows"])
-        start, end = rows * rank // world, rows * (rank + 1) // world
-        argv += ["--engram-ranges", ",".join(f"{layer}:{start}:{end}" for layer in cfg["engram_layers"])]
+        tp = int((f.get("--tensor-parallel-size") or f.get("-tp") or [str(world)])[0])
+        model_dir = node_path(binds, model) if model else None
+        table = engram_table(root, model_dir, cfg)
+        share = rank % tp  # a rank reads its 1/TP share of each table (ENG-03)
+        ranges = [(layer, rows * share // tp, rows * (share + 1) // tp) for layer, (rows, _fmt) in table.items()]
+        argv += ["--engram-ranges", ",".join(f"{layer}:{start}:{end}" for layer, start, end in ranges)]
         local = env.get("DSV41_ENGRAM_DIR")
-        for b in container["HostConfig"].get("Binds") or []:
-            src, _, rest = b.partition(":")
-            if local and rest.split(":")[0] == local and (root / src.lstrip("/") / "engram-manifest.json").is_file():
-                argv += ["--engram-node-local", "--engram-dir", local]
+        copy = node_path(binds, local) if local else None
+        revision = snapshot_revision(model or "")
+        formats = {fmt for _rows, fmt in table.values() if fmt}
+        if copy and copy_covers(root, copy, revision, formats.pop() if len(formats) == 1 else None, ranges):
+            argv += ["--engram-node-local", "--engram-dir", local]
     if env.get("VLLM_API_KEY"):
         argv += ["--api-key-env", "VLLM_API_KEY"]
     for fault in sorted(faults):
@@ -1081,18 +1086,155 @@ def tensorfold_argv(root: Path, env: dict[str, str], cfg: dict) -> list[str]:
     return argv
 
 
-def kv_tokens(flags: dict[str, list[str]], cfg: dict) -> int | None:
-    """The KV cache a rank profiles from its launch: --kv-cache-memory-bytes and the DCP size (values.py says
-    how the per-token cost was calibrated); None when the launch sizes KV by memory utilisation instead."""
+def gpu_memory_bytes(root: Path) -> int:
+    """What vLLM sees as the GPU's memory: nvidia-smi's memory.total, or on unified memory (GB10, where it reads
+    [N/A]) the node's MemTotal in its /proc/meminfo."""
+    total = load(root, "gpu.json")["gpus"][0].get("memory_total_mib")
+    if total is not None:
+        return int(total) * 2**20
+    meminfo = root / "proc" / "meminfo"
+    text = (meminfo if meminfo.is_file() else bound_source(root, "/proc/meminfo")).read_text()
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise ShimError("sparkfleet sim: the node's /proc/meminfo has no MemTotal", 1)
+
+
+def weights_bytes(flags: dict[str, list[str]], cfg: dict) -> int:
+    """The weights the rank holds on the GPU: the sim's checkpoint (values.ENGINE_MODEL_GIB) less what
+    --cpu-offload-gb moves to the host."""
     from fractions import Fraction
 
-    raw = (flags.get("--kv-cache-memory-bytes") or [None])[0]
-    if raw is None or "kv_bytes_per_token" not in cfg:
-        return None
-    dcp = int((flags.get("--decode-context-parallel-size") or flags.get("-dcp") or ["1"])[0])
+    offload = Fraction((flags.get("--cpu-offload-gb") or ["0"])[0]) * 2**30
+    return int(max(Fraction(0), Fraction(*cfg["model_gib"]) * 2**30 - offload))
+
+
+def kv_tokens(flags: dict[str, list[str]], cfg: dict, root: Path) -> int:
+    """The KV cache a rank profiles from its launch (values.py says how both ways were calibrated):
+    --kv-cache-memory-bytes when given, else --gpu-memory-utilization (vLLM's default when absent) x the
+    GPU's memory less the weights and the rest; times the DCP size."""
+    from fractions import Fraction
+
     per_token = Fraction(*cfg["kv_bytes_per_token"])
     reserved = Fraction(*cfg["kv_reserved_bytes"])
-    return max(0, int((int(raw) - reserved) * dcp / per_token))
+    dcp = int((flags.get("--decode-context-parallel-size") or flags.get("-dcp") or ["1"])[0])
+    raw = (flags.get("--kv-cache-memory-bytes") or [None])[0]
+    if raw is not None:
+        budget = Fraction(int(raw))
+    else:
+        gmu = Fraction((flags.get("--gpu-memory-utilization") or [None])[0] or Fraction(*cfg["default_gmu"]))
+        budget = gpu_memory_bytes(root) * gmu - weights_bytes(flags, cfg) - Fraction(*cfg["gmu_other_bytes"])
+    tokens = int((budget - reserved) * dcp / per_token)
+    return tokens if tokens > 0 else min(tokens, -1)  # below 1: the engine says there is no room for KV
+
+
+def pin_hook_on(env: dict[str, str], binds: list[str], cfg: dict) -> bool:
+    """The GB300 pin-hot hook is in the launch: PIN_HOOK set and its sitecustomize.py bound over the image's
+    (CATALOG LCH-G4). Nothing else in a launch can say the hook runs."""
+    targets = [b.split(":")[1] for b in binds if b.count(":") >= 1]
+    return bool(env.get(cfg["pin_hook_env"])) and any(posixpath.basename(t) == cfg["pin_hook_site"] for t in targets)
+
+
+def node_path(binds: list[str], container_path: str) -> str | None:
+    """Where a container path lives on the node, through the container's binds (the deepest one wins)."""
+    best: tuple[str, str] | None = None
+    for b in binds:
+        src, _, rest = b.partition(":")
+        dst = rest.split(":")[0]
+        if container_path == dst or container_path.startswith(dst.rstrip("/") + "/"):
+            if best is None or len(dst) > len(best[1]):
+                best = (src, dst)
+    if best is None:
+        return None
+    return best[0] + container_path[len(best[1]):]
+
+
+def snapshot_revision(path: str) -> str | None:
+    """The checkpoint revision of a `.../snapshots/<40 hex>` model path (how an HF cache names it)."""
+    m = re.search(r"/snapshots/([0-9a-f]{40})(?:/|$)", path)
+    return m.group(1) if m else None
+
+
+def _safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        return json.loads(fh.read(n)) if 0 < n < 100 * 2**20 else {}
+
+
+def engram_table(root: Path, model_dir: str | None, cfg: dict) -> dict[int, tuple[int, str | None]]:
+    """layer -> (rows, format) of each Engram table: read from the checkpoint's safetensors headers on the node
+    when they hold the layer's table (the sim's tensor names: values.ENGRAM_TENSOR), else the sim's table size."""
+    out: dict[int, tuple[int, str | None]] = {layer: (int(cfg["engram_table_rows"]), None)
+                                              for layer in cfg["engram_layers"]}
+    d = root / model_dir.lstrip("/") if model_dir else None
+    if d is None or not d.is_dir():
+        return out
+    for shard in sorted(d.glob("*.safetensors")):
+        try:
+            header = _safetensors_header(shard)
+        except (OSError, ValueError):
+            continue
+        for layer in cfg["engram_layers"]:
+            t = header.get(cfg["engram_tensor"].format(layer=layer))
+            if isinstance(t, dict) and len(t.get("shape") or []) == 2:
+                fmt = {"F8_E4M3": "fp8", "U8": "nvfp4"}.get(t.get("dtype"))  # the values' dtype (ENG-25)
+                out[layer] = (int(t["shape"][0]), fmt)
+    return out
+
+
+def copy_covers(root: Path, copy_dir: str, revision: str | None, fmt: str | None,
+                ranges: list[tuple[int, int, int]]) -> bool:
+    """Does the node-local copy serve these rows? Its manifest (the schema sparkfleet/engram writes) must be
+    complete and verified, of this checkpoint and format, cover every layer's rows, and its bytes must be
+    there: each rows tensor's span lies inside chunks whose sha256 the sim recomputes from the files."""
+    d = root / copy_dir.lstrip("/")
+    try:
+        m = json.loads((d / "engram-manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(m, dict) or m.get("schema") != "sparkfleet.engram-manifest/1" \
+            or m.get("complete") is not True or m.get("verified") is not True:
+        return False
+    if revision and (m.get("source") or {}).get("revision") != revision:
+        return False
+    if fmt and m.get("format") not in (fmt, None):
+        return False
+    chunks = (m.get("chunks") or {}).get("files") or {}
+    if (m.get("chunks") or {}).get("algorithm") != "sha256":
+        return False
+    spans: list[tuple[str, int, int]] = []
+    for layer, start, end in ranges:
+        if m.get("mode") == "whole-shards":
+            continue
+        have = (m.get("layers") or {}).get(str(layer)) or {}
+        if m.get("mode") != "rows" or not (have.get("start", end) <= start and end <= have.get("end", start)):
+            return False
+        tensors = [t for t in m.get("tensors") or [] if t.get("layer") == layer and t.get("kind") == "rows"]
+        if not tensors:
+            return False
+        for t in tensors:
+            rb, r0 = int(t["row_bytes"]), int(t["rows"][0])
+            if not (r0 <= start and end <= int(t["rows"][1])):
+                return False
+            spans.append((t["file"], int(t["tensor_offset"]) + start * rb, (end - start) * rb))
+    for name, items in chunks.items():  # every chunk the manifest names must read back as it says
+        try:
+            with open(d / name, "rb") as fh:
+                for offset, length, digest in items:
+                    fh.seek(offset)
+                    data = fh.read(length)
+                    if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
+                        return False
+        except OSError:
+            return False
+    for name, offset, length in spans:  # and together they hold each span the rank reads
+        pos = offset
+        for c_off, c_len, _ in sorted(chunks.get(name) or []):
+            if c_off <= pos < c_off + c_len:
+                pos = c_off + c_len
+        if pos < offset + length:
+            return False
+    return True
 
 
 ENGINE_FAULT_NAMES = frozenset({

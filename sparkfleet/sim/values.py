@@ -112,9 +112,25 @@ FOREIGN_PID = 48250
 
 # -- the sim engine that `docker run` starts for a sparkfleet lane (simulation inputs, not measurements) --
 ENGINE_BOOT_S = 2.0  # the seeds' Spark boot takes ~11 min (LCH-14); the sim compresses it to seconds
-ENGINE_DEFAULT_KV_TOKENS = 1_000_000  # for a lane whose profile states no KV expectation (e.g. dcp4)
+# The weights a rank loads (the engine's "Model loading took" line, and what a memory-utilisation budget loses to
+# them): the seeds' one published per-rank figure, boot 10's TP4 rank incl. draft + vision (CATALOG §2.4, PRF-S
+# "Expected memory: weights per rank incl. draft + vision 81.58 GiB"). The sim has no other checkpoint size.
+ENGINE_MODEL_GIB = (8158, 100)  # as a fraction: 81.58 GiB
+# The MoE layers the GB300 pin-hot hook re-homes (its "rehome done layers=N" line, HLT-27): CATALOG INV-74,
+# "40 MoE layers x 384 MXFP4 experts".
+MOE_LAYERS = 40
+# The hook is on when the launch carries it (CATALOG LCH-G4): its sitecustomize.py bound over the image's
+# Python site file and PIN_HOOK naming the hook module.
+PIN_HOOK_ENV = "PIN_HOOK"
+PIN_HOOK_SITE = "sitecustomize.py"
+# vLLM's default --gpu-memory-utilization when a launch gives neither it nor --kv-cache-memory-bytes
+# (vLLM EngineArgs.gpu_memory_utilization = 0.9).
+VLLM_DEFAULT_GMU = (9, 10)
 ENGRAM_TABLE_ROWS = 384_000_000  # ENG-01: 384 million rows per table; a rank reads its 1/TP share (ENG-03)
 ENGRAM_LAYERS = (1, 14)  # ENG-01
+# The name of layer L's Engram values tensor in a checkpoint the sim reads rows from (the sim's own choice, the
+# same as the test checkpoints of sparkfleet/engram/safetensors.py; the seeds do not name the tensors).
+ENGRAM_TENSOR = "model.layers.{layer}.engram.embed.weight"
 ENGINE_STOP_WAIT_S = 10.0  # `docker stop`'s default grace before SIGKILL
 
 # `--moe-backend NAME` -> the kernel vLLM names in its MoE line, for the lab's MXFP4 checkpoint: b12x prints
@@ -129,6 +145,16 @@ MOE_KERNELS = {"b12x": "B12X_MXFP4_MXFP8"}
 # what the budget keeps back is 8 GiB - 1,263,118 tokens' worth (about 75 MiB).
 KV_BYTES_PER_TOKEN = (2 * 2**30, 318_718)  # as a fraction (numerator, denominator): 6,737.88 bytes
 KV_RESERVED_BYTES = (8 * 2**30 * 318_718 - 1_263_118 * 2 * 2**30, 318_718)  # fraction: 79,197,041.9 bytes
+# A launch that sizes KV by --gpu-memory-utilization U instead: vLLM budgets U x the GPU's memory (on GB10's
+# unified memory that is the node's MemTotal, INV-10; else nvidia-smi's memory.total) and gives KV what the
+# weights and the rest (activations, CUDA graphs, non-torch allocations) leave. "The rest" is calibrated once,
+# exactly, from the seeds' one gmu-sized pair with known weights: boot 10 at gmu 0.80 on a 121 GiB Spark with
+# 81.58 GiB of weights per rank logged 1,070,168 tokens (CATALOG §2.4, HLT-20, INV-10, PRF-S boot 10), i.e.
+# 0.80 x 121 GiB - 81.58 GiB - (KV_RESERVED_BYTES + 1,070,168 tokens' worth) = about 8.43 GiB.
+# As a fraction (numerator, denominator) over the common denominator 100 x 318,718:
+GMU_OTHER_BYTES = (80 * 121 * 2**30 * 318_718 - 8158 * 2**30 * 318_718
+                   - (8 * 2**30 * 318_718 - 1_263_118 * 2 * 2**30) * 100 - 1_070_168 * 2 * 2**30 * 100,
+                   100 * 318_718)
 
 # Link faults (ssh mode as root, where each node has its own network namespace and fabric interface):
 SLOW_LINK_RATE = "100mbit"  # slow-link default: tc tbf's rate, far below the 200G fabric (INV-21)

@@ -39,7 +39,7 @@ class Config:
     host: str = "0.0.0.0"
     port: int = 8000
     served_names: list[str] = field(default_factory=lambda: ["sim-model"])
-    kv_tokens: int = DEFAULT_KV_TOKENS  # 0 or less on the command line means this default
+    kv_tokens: int = DEFAULT_KV_TOKENS  # 0 on the command line means this default; below 0: no room for KV
     max_model_len: int = 262_144
     model: str = "/models/DeepSeek-V4.1-Flash"
     model_gib: float = 81.58
@@ -177,6 +177,6 @@ def parse(argv: list[str] | None = None) -> Config:
         parser.error("--fault memory-leak needs --leak-file")
     if cfg.decode_tokens_per_s < 0:
         parser.error("--decode-tokens-per-s must be 0 (off) or more")
-    if cfg.kv_tokens <= 0:
-        cfg.kv_tokens = DEFAULT_KV_TOKENS  # a lane without a KV expectation still gets a usable cache
+    if cfg.kv_tokens == 0:
+        cfg.kv_tokens = DEFAULT_KV_TOKENS  # an engine started by hand without a KV size still gets a cache
     return cfg

@@ -107,6 +107,9 @@ class Rank:
     def model_phases(self, report_kv: Callable[[int], None]) -> None:
         """Model init, weights, KV profiling, graph capture: the lines every rank prints."""
         c, log, p = self.cfg, self.log, self.worker_proc
+        if c.tensorfold:
+            self.tensorfold_phases(report_kv)
+            return
         log.info(p, "parallel_state.py:1165", f"world_size={c.world_size} rank={c.rank} local_rank=0 "
                  f"distributed_init_method=tcp://{c.master_addr}:{c.master_port} backend=nccl")
         if c.has("engine-warning"):
@@ -160,6 +163,12 @@ class Rank:
                  f"{time.monotonic() - loaded:.6f} seconds")
         self.pause(0.1)
         kv = int(c.kv_tokens * (KV_LOW_FACTOR if c.has("kv-low") else 1.0))
+        if kv < 0 and not c.tensorfold:  # the budget left nothing for KV: vLLM's profiling refuses (FM-45)
+            log.info(p, "gpu_worker.py:298", f"Available KV cache memory: {kv * BYTES_PER_KV_TOKEN / 2**30:.2f} GiB")
+            log.error(p, "core.py:708", "EngineCore failed to start.")
+            log.raw("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                    "when initializing the engine.")
+            raise Fatal
         if not c.tensorfold:  # vLLM's KV line; TensorFold prints none
             log.info(p, "gpu_worker.py:298", f"Available KV cache memory: {kv * BYTES_PER_KV_TOKEN / 2**30:.2f} GiB")
         report_kv(kv)
@@ -179,6 +188,21 @@ class Rank:
         if c.rehome_layers is not None:
             log.info(p, "pin_hot_experts_hook.py:412", f"rehome done layers={c.rehome_layers}")
         self.pause(0.05)
+
+    def tensorfold_phases(self, report_kv: Callable[[int], None]) -> None:
+        """A TensorFold rank's load. The seeds print no TensorFold boot line (CATALOG §5.2), so every line
+        here is THE SIM'S OWN INVENTION, tagged `sim TensorFold:`; none is shaped like vLLM's."""
+        c, log, p = self.cfg, self.log, f"TensorFold_R{self.cfg.rank}"
+        log.info(p, "simengine", f"sim TensorFold: rank {c.rank} of {c.world_size} loading {c.model} "
+                 f"(rendezvous {c.master_addr}:{c.master_port})")
+        if c.has("worker-crash"):
+            log.error(p, "simengine", f"sim TensorFold: rank {c.rank} failed loading {c.model}")
+            raise Fatal
+        loaded = time.monotonic()
+        self.pause(0.5)
+        log.info(p, "simengine", f"sim TensorFold: rank {c.rank} loaded in {time.monotonic() - loaded:.1f} s")
+        report_kv(max(c.kv_tokens, 0))  # the ranks still tell the head they are loaded; no KV line is printed
+        self.pause(0.2)
 
     @staticmethod
     def _clock(seconds: float) -> str:
@@ -219,8 +243,11 @@ class HeadRank(Rank):
     def run(self) -> int:
         c, log = self.cfg, self.log
         self.banner("APIServer")
-        log.info("APIServer", "api_server.py:1880", f"vLLM API server version {SIM_VERSION}")
-        if c.api_key_env and self.app.key:
+        if not c.tensorfold:
+            log.info("APIServer", "api_server.py:1880", f"vLLM API server version {SIM_VERSION}")
+        if c.tensorfold:
+            pass
+        elif c.api_key_env and self.app.key:
             log.info("APIServer", "api_server.py:1895", f"API key authentication is on for /v1 (key from "
                      f"${c.api_key_env}; never logged)")
         elif c.api_key_env:
@@ -248,7 +275,8 @@ class HeadRank(Rank):
         try:
             code = self._boot_and_serve()
         except Stop:
-            log.info("APIServer", "launcher.py:80", "Shutting down FastAPI HTTP server.")
+            if not c.tensorfold:
+                log.info("APIServer", "launcher.py:80", "Shutting down FastAPI HTTP server.")
         except Fatal:
             code = 1
         finally:
@@ -261,7 +289,13 @@ class HeadRank(Rank):
     def _boot_and_serve(self) -> int:
         c, log, rdv = self.cfg, self.log, self.rdv
         assert rdv is not None
-        if c.world_size > 1:
+        if c.tensorfold:  # the recipe starts ranks 3, 2, 1, then 0 (LCH-T5); the head waits for them in that order
+            for r in range(c.world_size - 1, 0, -1):
+                log.info("TensorFold_R0", "simengine", f"sim TensorFold: waiting for rank {r}")
+                if not rdv.wait_rank(r, c.rendezvous_timeout, self._aborting):
+                    break
+            log.info("TensorFold_R0", "simengine", "sim TensorFold: rank 0 (this rank) joins last")
+        elif c.world_size > 1:
             log.info("EngineCore_DP0", "simengine", f"waiting for {c.world_size - 1} worker(s) on the rendezvous "
                      f"{c.master_addr}:{c.master_port}")
         if not rdv.wait(lambda world: True, c.rendezvous_timeout, self._aborting):
@@ -276,18 +310,25 @@ class HeadRank(Rank):
             self.check()
             log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start: workers did not get ready")
             raise Fatal
-        log.info("EngineCore_DP0", "core.py:210", "init engine (profile, create kv cache, warmup model) took "
-                 f"{time.monotonic() - self.started:.2f} seconds")
-        self.pause(0.05)
         api = "APIServer"
-        log.info(api, "api_server.py:1971", f"Starting vLLM API server 0 on http://{c.host}:{c.port}")
-        log.info(api, "launcher.py:37", "Available routes are:")
-        for path, method in ROUTES:
-            log.info(api, "launcher.py:45", f"Route: {path}, Methods: {method}")
-        log.raw(f"({api} pid={log.pid}) INFO:     Started server process [{log.pid}]")
-        log.raw(f"({api} pid={log.pid}) INFO:     Waiting for application startup.")
+        if c.tensorfold:
+            log.info("TensorFold_R0", "simengine", f"sim TensorFold: serving {', '.join(c.served_names)} on "
+                     f"http://{c.host}:{c.port} after {time.monotonic() - self.started:.2f} s")
+        else:
+            log.info("EngineCore_DP0", "core.py:210", "init engine (profile, create kv cache, warmup model) took "
+                     f"{time.monotonic() - self.started:.2f} seconds")
+            self.pause(0.05)
+            log.info(api, "api_server.py:1971", f"Starting vLLM API server 0 on http://{c.host}:{c.port}")
+            log.info(api, "launcher.py:37", "Available routes are:")
+            for path, method in ROUTES:
+                log.info(api, "launcher.py:45", f"Route: {path}, Methods: {method}")
+        # uvicorn's lines (the ASGI server either engine's OpenAI server runs on; the TensorFold adapter's
+        # readiness line, engines/tensorfold.py), bare in TensorFold mode, under vLLM's process prefix otherwise
+        uv = "" if c.tensorfold else f"({api} pid={log.pid}) "
+        log.raw(f"{uv}INFO:     Started server process [{log.pid}]")
+        log.raw(f"{uv}INFO:     Waiting for application startup.")
         self.app.start_serving(self.lane_kv)
-        log.raw(f"({api} pid={log.pid}) INFO:     Application startup complete.")
+        log.raw(f"{uv}INFO:     Application startup complete.")
         threading.Thread(target=self._stats, daemon=True).start()
         self.serving_since = time.monotonic()
         reported = 0
@@ -305,9 +346,10 @@ class HeadRank(Rank):
                 self.app.engine_died()
                 if not c.keep_alive_on_engine_death:
                     return 1
-        log.info(api, "launcher.py:80", "Shutting down FastAPI HTTP server.")
-        log.raw(f"({api} pid={log.pid}) INFO:     Shutting down")
-        log.raw(f"({api} pid={log.pid}) INFO:     Finished server process [{log.pid}]")
+        if not c.tensorfold:
+            log.info(api, "launcher.py:80", "Shutting down FastAPI HTTP server.")
+        log.raw(f"{uv}INFO:     Shutting down")
+        log.raw(f"{uv}INFO:     Finished server process [{log.pid}]")
         return 1 if self.app.state == "dead" else 0
 
     def _aborting(self) -> bool:
@@ -413,7 +455,10 @@ class WorkerRank(Rank):
                 self.stop.wait(0.1)
         except Stop:
             why = "the head asked" if self.link.shutdown.is_set() else "stop signal"
-            log.info(p, "multiproc_executor.py:540", f"Worker shutting down ({why}).")
+            if c.tensorfold:
+                log.info(p, "simengine", f"sim TensorFold: rank {c.rank} shutting down ({why})")
+            else:
+                log.info(p, "multiproc_executor.py:540", f"Worker shutting down ({why}).")
             return 0
         except Fatal:
             return 1
@@ -423,7 +468,7 @@ class WorkerRank(Rank):
 
 def main(argv: list[str] | None = None) -> int:
     cfg = cfgmod.parse(argv)
-    log = Log(cfg.log)
+    log = Log(cfg.log, tensorfold=cfg.tensorfold)
     rank: Rank = HeadRank(cfg, log) if cfg.rank == 0 else WorkerRank(cfg, log)
 
     def on_signal(signum: int, _frame: object) -> None:

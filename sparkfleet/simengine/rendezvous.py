@@ -173,6 +173,16 @@ class Head:
                     return False
                 self.cond.wait(0.05)
 
+    def wait_rank(self, rank: int, timeout: float, abort: Callable[[], bool]) -> bool:
+        """Wait until `rank` has joined; False on timeout or when abort() says so."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while rank not in self.state.members:
+                if abort() or time.monotonic() >= deadline:
+                    return False
+                self.cond.wait(0.05)
+            return True
+
     def lost(self, after: float = 0.0) -> list[Member]:
         """Workers whose connection closed at least `after` seconds ago (NCCL notices at the next collective)."""
         now = time.monotonic()

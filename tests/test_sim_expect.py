@@ -1,0 +1,126 @@
+"""`up`'s expectations against a sim that decides its own observables (THE LAB IS A SIMULATION, sparkfleet/sim).
+
+The sim engine derives KV, the MoE line and the Engram lines from what each rank was launched with and what
+its node holds, never from the profile's `expect:`; so a wrong expectation, or flags changed under an
+unchanged one, or an Engram copy that does not cover the rank's rows, fails through `up` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkfleet.cli.main import main
+from sparkfleet.engram.safetensors import make_checkpoint
+from sparkfleet.fleet.nodeside import engram_copy as ec
+from tests.conftest import sim_lab
+
+FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--json"]
+NODES = ("reddie", "asusi", "bluey", "spark4")  # ranks 0..3 of dcp2 on the lab inventory
+REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's checkpoint (spark-vllm / production-1.2)
+REPO = "models--deepseek-ai--DeepSeek-V4.1-Flash"
+ROWS = 4096  # the test checkpoint's Engram tables: rank r of TP4 reads rows [1024 r, 1024 (r + 1))
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    yield from sim_lab(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def clean(sim, capsys):
+    yield
+    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
+    capsys.readouterr()
+
+
+def up(capsys, *extra: str) -> tuple[int, list[dict]]:
+    code = main(["up", "--profile", "dcp2", "--inventory", "sim", *FAST, *extra])
+    return code, [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+
+
+def expect_findings(events: list[dict]) -> dict[str, dict]:
+    fs = next(e for e in events if e["event"] == "findings" and e["step"] == "expect")["findings"]
+    return {f["check"]: f for f in fs}
+
+
+def result(events: list[dict]) -> dict:
+    return next(e for e in events if e["event"] == "result")
+
+
+def test_a_wrong_kv_expectation_fails_expect(sim, capsys) -> None:
+    """The launch (6 GiB at DCP2) yields 1,888,800 tokens (HLT-20); an expectation above that fails."""
+    code, events = up(capsys, "-o", "expect.kv_tokens=2000000")
+    assert code == 1
+    assert result(events)["reason"] == "expect: expectations not met; every rank of this launch was stopped"
+    kv = expect_findings(events)["kv-tokens"]
+    assert (kv["status"], kv["observed"], kv["expected"]) == ("fail", "1,888,800", "2,000,000")
+
+
+def test_changed_flags_under_an_unchanged_expectation_fail_expect(sim, capsys) -> None:
+    """5 GiB of KV and another MoE backend, with dcp2's expectations (1,888,800 tokens, the b12x line)."""
+    code, events = up(capsys, "-o", "flags.--kv-cache-memory-bytes=5368709120", "-o", "flags.--moe-backend=marlin")
+    assert code == 1
+    fs = expect_findings(events)
+    kv, moe = fs["kv-tokens"], fs["moe-backend"]
+    assert (kv["status"], kv["expected"]) == ("fail", "1,888,800")
+    assert int(kv["observed"].replace(",", "")) < 1_888_800
+    assert moe["status"] == "fail" and moe["message"].startswith("ranks [0, 1, 2, 3] did not log ")
+
+
+def _place_copies(sim) -> None:
+    """The checkpoint on every node, and each rank's node-local copy of its rows made by the real copier."""
+    for rank, node in enumerate(NODES):
+        root = sim.root(node)
+        model_root = json.loads((sim.state_dir(node) / "node.json").read_text())["storage"]["model_root"]
+        snap = f"{model_root}/{REPO}/snapshots/{REV}"
+        dest = f"/nvme/engram-local/{REV}"
+        if (root / dest.lstrip("/") / ec.MANIFEST).is_file():
+            continue
+        make_checkpoint(root / snap.lstrip("/"), rows=ROWS)
+        rows = (ROWS * rank // 4, ROWS * (rank + 1) // 4)
+        ec.copy(ec.CopyRequest(source=snap, dest=dest, ranges={1: rows, 14: rows},
+                               tensors="model.layers.{layer}.engram.*", tp=4, rank=rank, revision=REV,
+                               chunk_bytes=64 * 1024, window_bytes=256 * 1024), root=str(root))
+
+
+def test_node_local_engram_only_where_the_copy_covers_the_rows(sim, capsys) -> None:
+    _place_copies(sim)
+    code, events = up(capsys)
+    assert code == 0, result(events)
+    assert expect_findings(events)["engram-local"]["status"] == "ok"
+    # bluey (rank 2) gets asusi's copy (rank 1's rows); spark4's (rank 3) copy loses its last bytes
+    copy = Path(f"nvme/engram-local/{REV}")
+    bluey, spark4 = sim.root("bluey") / copy, sim.root("spark4") / copy
+    kept = {p.name: p.read_bytes() for p in (bluey, spark4)[1].iterdir()}
+    saved = sim.root("bluey") / "tmp" / "copy"
+    shutil.copytree(bluey, saved)
+    shutil.rmtree(bluey)
+    shutil.copytree(sim.root("asusi") / copy, bluey)
+    t = json.loads((spark4 / ec.MANIFEST).read_text())["tensors"][0]  # layer 1's values, rank 3's rows
+    with open(spark4 / t["file"], "r+b") as fh:
+        fh.truncate(t["offset"] + t["length"] // 2)  # the copy ends half-way through the rows it claims
+    try:
+        code, events = up(capsys)
+        local = expect_findings(events)["engram-local"]
+        assert local["status"] in ("warn", "fail")
+        assert local["message"] == "ranks [2, 3] read Engram rows over NFS (not expected: [2, 3])"
+        logs = {n: _head_log_lines(sim, n) for n in ("bluey", "spark4", "asusi")}
+        assert "Engram layer 1 rows [2048, 3072) read from the model directory (no node-local copy)" in logs["bluey"]
+        assert "Engram layer 14 rows [3072, 4096) read from the model directory (no node-local copy)" in logs["spark4"]
+        assert "Engram layer 1 rows [1024, 2048) read from node-local /engram-local" in logs["asusi"]
+    finally:
+        shutil.rmtree(bluey)
+        shutil.move(saved, bluey)
+        for name, data in kept.items():
+            (spark4 / name).write_bytes(data)
+
+
+def _head_log_lines(sim, node: str) -> str:
+    """The node's running dcp2 container's log (the sim's docker log file)."""
+    docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
+    [c] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
+    return (sim.state_dir(node) / "logs" / f"{c['Id']}.log").read_text()
