@@ -163,8 +163,11 @@ def test_up_builds_one_node_per_inventory_node_with_the_contract_layout(ro_sim, 
         "init.ready"}
     tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name not in (f"{build.SHIM_MODULE}.py", "__pycache__")]
     assert sorted(tools) == sorted(build.SHIM_NAMES)
-    for s in (asusi.parent / "bin").iterdir():
-        assert os.access(s, os.X_OK) and s.read_text().startswith("#!/usr/bin/python3\n")
+    for name in tools:
+        s = asusi.parent / "bin" / name
+        assert os.access(s, os.X_OK) and s.read_text() == build.SHIM_STUB
+    assert (asusi.parent / "bin" / f"{build.SHIM_MODULE}.py").read_bytes() == Path(shim.__file__).read_bytes()
+    assert [p.suffix for p in (asusi.parent / "bin" / "__pycache__").iterdir()] == [".pyc"]
     # inside, it is a machine of its own: its hostname, its files at the inventory's paths, shims on PATH
     assert tool(asusi, "hostname").stdout == "asusi\n" and cat(asusi, "/etc/hostname") == "asusi\n"
     assert tool(asusi, "bash", "-c", "command -v nvidia-smi docker").stdout == "/usr/local/bin/nvidia-smi\n" \

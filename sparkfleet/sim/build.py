@@ -232,8 +232,7 @@ SHIM_MODULE = "sparkfleet_sim_shim"  # shim.py's name in the node's bin/, import
 SHIM_PYTHON = "/usr/bin/python3"  # the node's system Python (the stubs' interpreter)
 # Each tool is a three-line stub that imports the shim module, precompiled once per lab for the node's Python:
 # a script run directly is compiled on every call (about 35 ms for shim.py here), a module's bytecode is not.
-# -S skips site (the shims are stdlib only).
-SHIM_STUB = (f"#!{SHIM_PYTHON} -S\n# sparkfleet simulation: this tool is a stand-in (sparkfleet/sim/shim.py)\n"
+SHIM_STUB = (f"#!{SHIM_PYTHON}\n# sparkfleet simulation: this tool is a stand-in (sparkfleet/sim/shim.py)\n"
              f"import sys\nfrom {SHIM_MODULE} import main\nsys.exit(main())\n")
 _PYC_CACHE: dict[bytes, tuple[str, bytes]] = {}
 
