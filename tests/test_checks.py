@@ -648,6 +648,20 @@ def test_another_lane_on_the_gpu_is_named(repo_spec: Spec) -> None:
 
 # -- the check command -----------------------------------------------------------------------
 
+DCP2_RANKS = {"reddie": 0, "asusi": 1, "bluey": 2, "spark4": 3}
+
+
+def good_copy(rank: int) -> dict:
+    """dcp2's rank `rank` node-local Engram copy as engram_copy.py leaves a complete, verified one."""
+    from sparkfleet.fleet.nodeside.engram_copy import MANIFEST_SCHEMA
+
+    q = 96_000_000  # a quarter of a 384M-row table (CATALOG ENG-01/03)
+    return {"schema": MANIFEST_SCHEMA, "complete": True, "verified": True, "mode": "rows", "format": "fp8",
+            "source": {"revision": "df42c109f1defefcbfcedbe7d905718a12266e40"}, "tp": {"size": 4, "rank": rank},
+            "layers": {k: {"start": rank * q, "end": (rank + 1) * q} for k in ("1", "14")},
+            "completed_at": "2026-12-01T09:00:00+00:00"}
+
+
 class FakeTransport:
     """Records commands; drop-caches and probe answers per node come from the test."""
 
@@ -661,6 +675,8 @@ class FakeTransport:
         self.commands.append(command)
         if "drop_caches" in command:  # sparkfleet.fleet.commands.DROP_CACHES
             return {n.name: self.answers.get(n.name, Result(n.name, True)) for n in nodes}
+        if command.startswith("cat ") and command.endswith("/engram-manifest.json"):  # a healthy lane's copies
+            return {n.name: Result(n.name, True, stdout=json.dumps(good_copy(DCP2_RANKS[n.name]))) for n in nodes}
         return {n.name: Result(n.name, True, stdout=self.probe_stdout) for n in nodes}
 
     def close(self) -> None:
@@ -699,7 +715,9 @@ def test_cli_exit_0_and_json_shape(repo_spec: Spec, fake_fleet: dict, capsys: py
                                "caches_dropped": False}
     first = doc["findings"][0]
     assert {"check", "status", "message", "node"} <= set(first) and first["node"] == "reddie"
-    assert fake_fleet["transport"].closed and fake_fleet["transport"].commands == []
+    assert fake_fleet["transport"].closed
+    # only reads: each rank's Engram manifest (the one rule, as `up` judges it); nothing changed on a node
+    assert fake_fleet["transport"].commands == [f"cat {MANIFEST_PATH}"] * 4
     # the facts request asks for every -v source of each node's launch
     assert "/nvme/engram-local/df42c109f1defefcbfcedbe7d905718a12266e40" in fake_fleet["requests"]["asusi"].paths
 
@@ -733,6 +751,9 @@ def test_cli_unreachable_node_exits_1(repo_spec: Spec, fake_fleet: dict, capsys:
     assert [n["reachable"] for n in doc["nodes"]] == [True, True, False, True]
 
 
+MANIFEST_PATH = "/nvme/engram-local/df42c109f1defefcbfcedbe7d905718a12266e40/engram-manifest.json"  # dcp2's copy
+
+
 def test_cli_drop_caches(repo_spec: Spec, fake_fleet: dict, capsys: pytest.CaptureFixture) -> None:
     profile, inv, plan = lane(repo_spec, "dcp2")
     fake_fleet["facts"] = healthy(profile, inv, plan)
@@ -741,7 +762,10 @@ def test_cli_drop_caches(repo_spec: Spec, fake_fleet: dict, capsys: pytest.Captu
         error="exit")})
     assert cli("--profile", "dcp2", "--drop-caches", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
-    assert fake_fleet["transport"].commands == ["sync && sysctl -q -w vm.drop_caches=3"]
+    commands = fake_fleet["transport"].commands
+    assert [c for c in commands if not c.startswith("cat ")] == ["sync && sysctl -q -w vm.drop_caches=3"]
+    # and each rank's Engram manifest, judged by the one rule as `up` judges it
+    assert [c for c in commands if c.startswith("cat ")] == [f"cat {MANIFEST_PATH}"] * 4
     drop = [f for f in doc["findings"] if f["check"] == "drop-caches"]
     assert len(drop) == 1 and drop[0]["node"] == "bluey" and "permission denied" in drop[0]["message"]
     assert [n["caches_dropped"] for n in doc["nodes"]][:2] == [True, True]
@@ -758,13 +782,13 @@ def test_cli_probe(repo_spec: Spec, fake_fleet: dict, capsys: pytest.CaptureFixt
     assert doc["probes"]["asusi"]["clock"]["state"] == "latched"
     clocks = [f for f in doc["findings"] if f["check"] == "clock"]
     assert {f["status"] for f in clocks} == {"fail"} and len(clocks) == 4
-    commands = fake_fleet["transport"].commands
+    commands = [c for c in fake_fleet["transport"].commands if c != f"cat {MANIFEST_PATH}"]
     assert len(commands) == 1
     assert all("docker run --rm --pull never --gpus all" in c and "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2"
                in c and "--entrypoint python3" in c for c in commands)
     fake_fleet["transport"] = FakeTransport(probe_stdout=json.dumps(probe_doc(3003, 0x0)))
     assert cli("--profile", "dcp2", "--probe-command", "my-load --gpu 0", "--json") == 0
-    assert {c.count("my-load --gpu 0") for c in fake_fleet["transport"].commands} == {1}
+    assert {c.count("my-load --gpu 0") for c in fake_fleet["transport"].commands if not c.startswith("cat ")} == {1}
 
 
 def test_cli_bad_input_exits_2(fake_fleet: dict, capsys: pytest.CaptureFixture) -> None:

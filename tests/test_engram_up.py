@@ -113,3 +113,14 @@ def test_harvested_ranges_decide_the_rows_a_rank_reads(sim, capsys) -> None:
         f"engram: expect.engram_node_local: rank 2 (bluey): layer 14: the copy holds rows [{2 * Q}, {3 * Q}), the "
         f"rank reads [{2 * Q}, {3 * Q + 1000}){NFS}")
     assert containers(sim) == []
+
+
+def test_check_judges_the_copies_by_the_same_rule(sim, capsys) -> None:
+    place(sim, manifest(2, verified=False))
+    code = main(["check", "--profile", "dcp2", "--inventory", "sim", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    copies = [(f["node"], f["status"], f["message"]) for f in doc["findings"] if f["check"] == "engram-copy"]
+    assert [(n, s) for n, s, _ in copies] == [("reddie", "ok"), ("asusi", "ok"), ("bluey", "fail"), ("spark4", "ok")]
+    assert copies[2][2] == ("rank 2 (bluey): the copy was never verified (made with --no-verify, or its read-back "
+                            f"failed){NFS}")

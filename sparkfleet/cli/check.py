@@ -115,9 +115,14 @@ def run(args: argparse.Namespace) -> int:
             probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)
         fabric = run_fabric(transport, plan, inventory, args) if args.fabric else None
         nccl = run_nccl(transport, plan, profile, facts, args) if args.nccl else None
+        from sparkfleet.engram.fleet import lane_findings
+
+        # each rank's Engram copy by the one rule, as `up` judges it (unreachable nodes: the facts say so)
+        engram = lane_findings(transport, profile, inventory, [r for r in plan.ranks if r.node.name in facts],
+                               sp.root / "templates")
     finally:
         transport.close()
-    findings = run_checks(plan, inventory, facts, profile=profile, probes=probes, caches_dropped=dropped)
+    findings = run_checks(plan, inventory, facts, profile=profile, probes=probes, caches_dropped=dropped) + engram
     if fabric is not None or nccl is not None:
         from sparkfleet.checks import ordered
 

@@ -227,3 +227,41 @@ def check(profile: Profile, jobs: list[Job], answers: dict[int, tuple[Result, di
                                harvest=harvest, whole_shards=whole_shards, problem=event.get("problem"),
                                source_changed=event.get("source_changed"))
     return findings
+
+
+def copy_dirs(profile: Profile, inventory, ranks: list[Rank], templates) -> dict[str, tuple[int, str]]:
+    """node -> (rank, node-local Engram copy dir) for the ranks that read a node-local copy (the dir the
+    engine adapter mounts): what `up`'s engram step and `check` read each manifest from."""
+    from sparkfleet.engines.base import LaneContext
+
+    lane = LaneContext(profile, inventory, ranks, templates)
+    engine = engine_for(profile.engine)
+    dirs = {r.node.name: (r.rank, engine.engram_copy_dir(lane, r)) for r in ranks}
+    return {n: (rank, d) for n, (rank, d) in dirs.items() if d}
+
+
+def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list[Rank], templates,
+                  timeout_s: float = 30.0) -> list[Finding]:
+    """`check`'s Engram findings: each rank's manifest read on its node, judged by the one rule
+    (manifest.judge_lane, as `up`'s engram step judges it). Empty for a lane without node-local rows."""
+    from sparkfleet.engram import ranges
+    from sparkfleet.engram.manifest import judge_lane
+    from sparkfleet.fleet.commands import read_file_command
+    from sparkfleet.fleet.transport import fan_out
+    from sparkfleet.naming import engram_manifest_path
+
+    e = profile.engram
+    if e is None or not e.node_local:
+        return []
+    harvest = ranges.stored(profile)
+    dirs = copy_dirs(profile, inventory, ranks, templates)
+    nodes = {r.node.name: r.node for r in ranks if r.node.name in dirs}
+
+    def one(node: Node) -> Result:
+        cmd = read_file_command(engram_manifest_path(dirs[node.name][1]))
+        return transport.run([node], cmd, timeout_s=timeout_s)[node.name]
+
+    answers = fan_out(list(nodes.values()), one)
+    reach = [n for n, r in answers.items() if not r.ok and r.error not in ("exit", None)]
+    findings, _, _ = judge_lane(profile, [r for r in ranks if r.node.name not in reach], dirs, answers, harvest)
+    return findings

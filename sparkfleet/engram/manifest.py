@@ -8,6 +8,9 @@ docs/engram-local.md; the copy that writes it is sparkfleet/fleet/nodeside/engra
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sparkfleet.engram.ranges import Harvest, Ranges
@@ -15,9 +18,11 @@ from sparkfleet.findings import Finding
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST, MANIFEST_SCHEMA
 
 if TYPE_CHECKING:
+    from sparkfleet.fleet.transport import Result
+    from sparkfleet.placement import Rank
     from sparkfleet.spec.profile import Profile
 
-__all__ = ["MANIFEST", "MANIFEST_SCHEMA", "check_rank", "falls_back", "judge_rank"]
+__all__ = ["MANIFEST", "MANIFEST_SCHEMA", "check_rank", "falls_back", "judge_lane", "judge_rank"]
 
 CHECK = "engram-copy"
 
@@ -116,3 +121,56 @@ def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revisi
 def falls_back(findings: list[Finding]) -> bool:
     """True when this rank will read its Engram rows over NFS."""
     return any(f.check == CHECK and f.status == "fail" for f in findings)
+
+
+def read_manifest(res: Result) -> tuple[dict | None, str | None]:
+    """A rank's engram-manifest.json as `cat` read it on its node, or why there is none."""
+    if not res.ok:
+        return None, "no engram-manifest.json: the copy is missing or incomplete"
+    try:
+        m = json.loads(res.stdout)
+    except ValueError:
+        return None, "engram-manifest.json is not JSON"
+    return (m, None) if isinstance(m, dict) else (None, "engram-manifest.json is not a JSON object")
+
+
+def judge_lane(profile: Profile, ranks: list[Rank], dirs: dict[str, tuple[int, str]],
+               answers: dict[str, Result], harvest: Harvest | None
+               ) -> tuple[list[Finding], dict[int, str], dict[str, str]]:
+    """Every rank of a lane by the one rule, as `up`'s engram step and `check` say it before launch:
+    findings, rank -> "node-local" | "nfs", and rank -> sha256 of each qualifying manifest (a restore pin).
+
+    `dirs` is node -> (rank, copy dir) for the ranks that read a node-local copy, `answers` each such
+    node's `cat` of its manifest. A copy that does not serve its rank falls back to NFS (a warning), unless
+    the lane expects node-local rows (expect.engram_node_local): then a copy that is there but does not
+    qualify is a failure. A rank with no copy at all stays a warning (`expect` judges what it logged)."""
+    e = profile.engram
+    assert e is not None
+    must = profile.expect.engram_node_local
+    findings: list[Finding] = []
+    per_rank: dict[int, str] = {}
+    shas: dict[str, str] = {}
+    for r in ranks:
+        name = r.node.name
+        if name not in dirs and r.rank in e.nfs_ranks and r.node.storage.model_local:
+            per_rank[r.rank] = "node-local"  # the node holding the checkpoint reads its rows from local disk
+            findings.append(Finding("engram", "ok", f"rank {r.rank}: rows from the local checkpoint", node=name))
+            continue
+        if name not in dirs:
+            per_rank[r.rank] = "nfs"
+            findings.append(Finding("engram", "warn", f"rank {r.rank} reads Engram rows over NFS "
+                                    "(listed in engram.nfs_ranks or no engram_local_dir)", node=name,
+                                    remedy="sparkfleet engram-local --profile ... (6-8 ms a step over NFS vs 3)"))
+            continue
+        res = answers[name]
+        manifest, problem = read_manifest(res)
+        verdicts = judge_rank(manifest, profile=profile, rank=r.rank, node=name, dest=dirs[name][1],
+                              harvest=harvest, problem=problem)
+        nfs = falls_back(verdicts)
+        per_rank[r.rank] = "nfs" if nfs else "node-local"
+        if not nfs:
+            shas[str(r.rank)] = hashlib.sha256(res.stdout.encode()).hexdigest()
+        if not (must and manifest is not None and r.rank not in e.nfs_ranks):
+            verdicts = [replace(f, status="warn") if f.status == "fail" else f for f in verdicts]
+        findings += verdicts
+    return findings, per_rank, shas

@@ -104,13 +104,9 @@ class RunContext:
 
     def engram_dirs(self) -> dict[str, tuple[int, str]]:
         """node -> (rank, node-local Engram copy dir) for the ranks that read a node-local copy."""
-        from sparkfleet.engines.base import LaneContext
-        from sparkfleet.engines.registry import engine_for
+        from sparkfleet.engram.fleet import copy_dirs
 
-        lane = LaneContext(self.profile, self.inventory, self.plan.ranks, self.spec.root / "templates")
-        engine = engine_for(self.profile.engine)
-        dirs = {r.node.name: (r.rank, engine.engram_copy_dir(lane, r)) for r in self.plan.ranks}
-        return {n: (rank, d) for n, (rank, d) in dirs.items() if d}
+        return copy_dirs(self.profile, self.inventory, self.plan.ranks, self.spec.root / "templates")
 
     def patch_manifest_sha256(self) -> str | None:
         """sha256 of the lane's patch-set manifest file (a restore pin), None without one."""

@@ -8,18 +8,15 @@ runner stops every rank of this launch before it gives up (and keeps their last 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import httpx
 
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.engram.manifest import falls_back, judge_rank
+from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.facts import NodeFacts
@@ -271,35 +268,9 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
     dirs = ctx.engram_dirs()
     results = yield query("read each rank's Engram manifest",
                           {n: nodeops.read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}, 30)
-    must = ctx.profile.expect.engram_node_local
-    findings, per_rank = [], {}
-    for r in ctx.plan.ranks:
-        name = r.node.name
-        if name not in dirs and r.rank in e.nfs_ranks and r.node.storage.model_local:
-            per_rank[r.rank] = "node-local"  # the node holding the checkpoint reads its rows from local disk
-            findings.append(Finding("engram", "ok", f"rank {r.rank}: rows from the local checkpoint", node=name))
-            continue
-        if name not in dirs:
-            per_rank[r.rank] = "nfs"
-            findings.append(Finding("engram", "warn", f"rank {r.rank} reads Engram rows over NFS "
-                                    "(listed in engram.nfs_ranks or no engram_local_dir)", node=name,
-                                    remedy="sparkfleet engram-local --profile ... (6-8 ms a step over NFS vs 3)"))
-            continue
-        res = results[name]
-        manifest, problem = _manifest(res)
-        verdicts = judge_rank(manifest, profile=ctx.profile, rank=r.rank, node=name, dest=dirs[name][1],
-                              harvest=harvest, problem=problem)
-        nfs = falls_back(verdicts)
-        per_rank[r.rank] = "nfs" if nfs else "node-local"
-        if not nfs:
-            sha = hashlib.sha256(res.stdout.encode()).hexdigest()
-            ctx.record.data.setdefault("engram_manifests", {})[str(r.rank)] = sha
-        # a copy that does not serve the rank is said before launch: it falls back to NFS (a warning),
-        # unless the lane expects node-local rows (then a copy that is there but does not qualify stops the
-        # run here). A rank with no copy at all stays a warning: `expect` judges what it logged once serving.
-        if not (must and manifest is not None and r.rank not in e.nfs_ranks):
-            verdicts = [replace(f, status="warn") if f.status == "fail" else f for f in verdicts]
-        findings += verdicts
+    findings, per_rank, shas = judge_lane(ctx.profile, ctx.plan.ranks, dirs, results, harvest)
+    if shas:
+        ctx.record.data["engram_manifests"] = shas
     ctx.record.data["engram"] = per_rank
     if harvest is not None:
         ctx.record.data["engram_ranges"] = "harvested"
@@ -311,17 +282,6 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
                           + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""), findings)
     return StepResult("warn" if nfs else "ok",
                       "node-local on every rank" if not nfs else f"ranks on NFS: {', '.join(nfs)}", findings)
-
-
-def _manifest(res: Result) -> tuple[dict | None, str | None]:
-    """A rank's engram-manifest.json as read by `cat`, or why there is none."""
-    if not res.ok:
-        return None, "no engram-manifest.json: the copy is missing or incomplete"
-    try:
-        m = json.loads(res.stdout)
-    except ValueError:
-        return None, "engram-manifest.json is not JSON"
-    return (m, None) if isinstance(m, dict) else (None, "engram-manifest.json is not a JSON object")
 
 
 def _rail2_commands(ctx: RunContext, add: bool) -> dict[str, str]:
