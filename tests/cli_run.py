@@ -1,0 +1,51 @@
+"""Running `sparkfleet` in a test and reading what it printed: the `--json` event lines of up/down/restore."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from sparkfleet.cli.main import main
+
+LAB_NODES = ("reddie", "asusi", "bluey", "spark4")  # the repo's `lab` inventory
+
+
+def run(capsys, *argv: str) -> tuple[int, list[dict]]:
+    """`sparkfleet ARGV --json`: the exit code and every JSON event line it printed."""
+    code = main([*argv, "--json"])
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    return code, events
+
+
+def result(events: list[dict]) -> dict:
+    return next(e for e in events if e["event"] == "result")
+
+
+def steps(events: list[dict]) -> dict[str, str]:
+    """Each step's final status (the `start` events left out)."""
+    return {e["step"]: e["status"] for e in events if e["event"] == "step" and e["status"] != "start"}
+
+
+def step(events: list[dict], name: str) -> dict:
+    return next(e for e in events if e["event"] == "step" and e["step"] == name and e["status"] != "start")
+
+
+def findings(events: list[dict], name: str) -> list[dict]:
+    """Every finding a step reported."""
+    return [f for e in events if e["event"] == "findings" and e["step"] == name for f in e["findings"]]
+
+
+def record_of(events: list[dict]) -> dict:
+    """The run record the run's result names, read from the state dir."""
+    run_id = result(events)["run_id"]
+    return json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{run_id}.json").read_text())
+
+
+def lane_containers(sim, profile: str, nodes: tuple[str, ...] = LAB_NODES) -> dict[str, list[dict]]:
+    """Every node's containers of a lane, straight from the sim's docker state."""
+    out = {}
+    for node in nodes:
+        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
+        out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == profile]
+    return out
