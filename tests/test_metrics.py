@@ -306,12 +306,14 @@ KILL_LINES = ('sending SIGTERM to process 7378 uid 1000 "tail": badness 156, VmR
               'cmdline "python3 x.py"\n')
 
 
-def sandbox(tmp_path: Path, journalctl: str | None) -> tuple[LocalTransport, object]:
+def sandbox(tmp_path: Path, journalctl: str | None, *, journal_dir: bool = True) -> tuple[LocalTransport, object]:
     from sparkfleet.spec.inventory import Node
 
     root = tmp_path / "node"
     for d in ("bin", "home", "nvme"):  # the node's top-level dirs (the wrapper binds what exists now)
         (root / d).mkdir(parents=True)
+    if journal_dir:  # journald's persistent store, empty: a node that keeps a journal
+        (root / "var/log/journal").mkdir(parents=True)
     if journalctl is not None:
         j = root / "bin" / "journalctl"
         j.write_text(journalctl)
@@ -348,6 +350,14 @@ def test_journal_empty_or_not_permitted(tmp_path) -> None:
     transport, node = sandbox(tmp_path / "b", hint)
     got = run_extras(transport, node, journal=True, since=None, manifests=[])
     assert got.journal["readable"] is False and "not seeing messages" in got.journal["why"]
+
+
+def test_a_node_without_a_journal_is_unreadable_not_zero_kills(tmp_path) -> None:
+    # this machine's journalctl prints nothing and exits 0 there: that must not read as "no kills"
+    transport, node = sandbox(tmp_path, None, journal_dir=False)
+    got = run_extras(transport, node, journal=True, since=None, manifests=[])
+    assert got.journal == {"readable": False,
+                           "why": "no journal on this node (no /var/log/journal or /run/log/journal)"}
 
 
 def test_manifests_are_read_on_the_node(tmp_path) -> None:

@@ -9,9 +9,8 @@ It prints one JSON line: the node's own time (`now`, so the next window starts w
 node's clock, with no controller/node clock skew), the earlyoom kill lines counted in
 `journalctl -u earlyoom --since @SINCE --until @NOW` (the first poll only opens the window), and a
 small projection of each manifest. A node whose journal cannot be read says why (`readable: false`):
-journalctl missing, not permitted (the user is not in `adm`/`systemd-journal`), or failing.
-
-A node without a journal (no journal files, as on the simulated lab's nodes) says so.
+journalctl missing, not permitted (the user is not in `adm`/`systemd-journal`), failing, or no journal on
+the node at all (neither of journald's stores exists: journalctl then prints nothing and exits 0).
 """
 
 from __future__ import annotations
@@ -33,8 +32,13 @@ now = time.time()
 out = {"extras": 1, "now": now}
 if req.get("journal"):
     j = shutil.which("journalctl")
+    # journalctl prints nothing and exits 0 where journald keeps no journal at all, which would read as
+    # "no kills"; a journal lives in one of journald's two storage dirs (persistent or volatile).
+    stores = [d for d in ("/var/log/journal", "/run/log/journal") if os.path.isdir(d)]
     if j is None:
         out["journal"] = {"readable": False, "why": "no journalctl on PATH"}
+    elif not stores:
+        out["journal"] = {"readable": False, "why": "no journal on this node (no /var/log/journal or /run/log/journal)"}
     else:
         since = int(req["since"]) if req.get("since") is not None else int(now)
         until = int(now)
