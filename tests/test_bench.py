@@ -225,6 +225,37 @@ def test_other_traffic_during_the_run_is_seen(lane, prose_set) -> None:
     assert any("Other traffic was seen" in c for c in result.caveats)
 
 
+@pytest.mark.parametrize("failures", [1, 3])
+def test_a_failed_metrics_scrape_is_tried_again_before_the_figures_are_given_up(lane, prose_set, monkeypatch,
+                                                                              failures: int) -> None:
+    """The closing /metrics scrape fails `failures` times in a row (a dropped connection): one failure costs
+    nothing; SCRAPE_TRIES failures give the traffic figures up, with a note saying why."""
+    from sparkfleet.bench import aclient, runner
+
+    real = aclient.AsyncApiClient.get_text
+    calls = {"metrics": 0}
+    fail_at = set(range(3, 3 + failures))  # scrapes 1-2: lane uptime and before; 3 on: the first cell's "before"
+
+    async def flaky(self, path: str):
+        if path == "/metrics":
+            calls["metrics"] += 1
+            if calls["metrics"] in fail_at:
+                raise aclient.RequestFailed("GET /metrics: ReadError: connection dropped")
+        return await real(self, path)
+
+    monkeypatch.setattr(aclient.AsyncApiClient, "get_text", flaky)
+    notes: list[str] = []
+    result = run_bench(lane.url, prose_set, BenchOptions(concurrency=(1,), max_tokens=30, warmup=False),
+                       lambda kind, item: notes.append(item) if kind == "note" else None)
+    assert failures <= runner.SCRAPE_TRIES
+    if failures < runner.SCRAPE_TRIES:
+        assert notes == [] and result.traffic["engine_tokens"] == result.traffic["our_tokens"] > 0
+    else:
+        assert notes == ["/metrics unreadable after 3 tries (GET /metrics: ReadError: connection dropped): "
+                         "no acceptance or traffic figures"]
+        assert result.traffic["seen"] is None and "engine_tokens" not in result.traffic
+
+
 def test_report_tables_json_round_trip_and_plots(rated, tmp_path, monkeypatch) -> None:
     result, _ = rated
     md = report.markdown(result)

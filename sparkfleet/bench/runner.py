@@ -37,6 +37,8 @@ DEFAULT_PREFILL_TOKENS = (2048, 8192, 32768, 65536)  # BEN-06 targets 2K/8K/32K/
 WARMUP_TOKENS = 16
 PREFILL_TOKENS_PER_WORD = 1.3  # first guess for the filler; /tokenize corrects it when the endpoint has it
 PREFILL_ANSWER_ROOM = 16  # tokens left under max_model_len for the reply and the template
+SCRAPE_TRIES = 3  # a /metrics scrape that fails is tried this often before the figures are given up
+SCRAPE_RETRY_S = 0.5
 SETTLE_S = 2.0  # how long the last scrape waits for the engine's counters to catch up with our requests
 LAG_SHARE = 0.02  # a cell whose client loop lagged more than this share of its wall time is named in the caveats
 SIM_OWNER = "sparkfleet-sim"  # /v1/models owned_by of the sim engine (sparkfleet/simengine)
@@ -270,17 +272,26 @@ class Bench:
     # ------------------------------------------------------------------------------------ endpoint
 
     async def scrape(self) -> vllm_metrics.Snapshot | None:
+        """The engine's counters now; None (for the rest of the run, said once) when /metrics stays unreadable.
+
+        A failed scrape is tried again (SCRAPE_TRIES in all) before the figures are given up: one refused or
+        dropped connection between two cells must not cost the whole run its traffic accounting."""
         if not self.metrics_ok:
             return None
-        try:
-            status, text, _ = await self.client.get_text("/metrics")
-            if status != 200:
-                raise RequestFailed(f"HTTP {status}")
-            return vllm_metrics.parse(text)
-        except (RequestFailed, ValueError) as exc:
-            self.metrics_ok = False
-            self.progress("note", f"/metrics unreadable ({exc}): no acceptance or traffic figures")
-            return None
+        for attempt in range(1, SCRAPE_TRIES + 1):
+            try:
+                status, text, _ = await self.client.get_text("/metrics")
+                if status != 200:
+                    raise RequestFailed(f"HTTP {status}: {text[:120]}")
+                return vllm_metrics.parse(text)
+            except (RequestFailed, ValueError) as exc:
+                if attempt < SCRAPE_TRIES:
+                    await asyncio.sleep(SCRAPE_RETRY_S)
+                    continue
+                self.metrics_ok = False
+                self.progress("note", f"/metrics unreadable after {SCRAPE_TRIES} tries ({exc}): no acceptance or "
+                              "traffic figures")
+        return None
 
     async def model_and_flags(self) -> tuple[str, bool]:
         """The model to send and whether the endpoint is the sparkfleet simulation."""
