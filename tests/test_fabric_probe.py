@@ -113,6 +113,17 @@ def lab(tmp_path: Path):
         lab.destroy()
 
 
+def lab_inventory(lab, tmp_path: Path, monkeypatch) -> Path:
+    """An inventory of the lab's namespaces (one GB10 node each), and the CLI's transport pointed at the lab."""
+    inv = tmp_path / "netns.yaml"
+    nodes = "".join(f"  {n}:\n    ssh: {{host: 127.0.0.1}}\n    fabric_ip: {lab.ips[n]}\n    hardware: gb10\n"
+                    f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
+                    "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
+    inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
+    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
+    return inv
+
+
 def rx_bytes(dev: str) -> int:
     """Bytes the bridge side of a node's veth received: what the node sent into the lab's bridge."""
     return int(Path(f"/sys/class/net/{dev}/statistics/rx_bytes").read_text())
@@ -213,12 +224,7 @@ def test_check_fabric_names_the_slow_nodes_links_through_the_command(lab, tmp_pa
     """`sparkfleet check --fabric` on an inventory of the lab's namespaces (the transport enters them)."""
     from sparkfleet.cli.main import main
 
-    inv = tmp_path / "netns.yaml"
-    nodes = "".join(f"  {n}:\n    ssh: {{host: 127.0.0.1}}\n    fabric_ip: {lab.ips[n]}\n    hardware: gb10\n"
-                    f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
-                    "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
-    inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
-    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
+    inv = lab_inventory(lab, tmp_path, monkeypatch)
     lab.shape("n1", "50mbit")
     code = main(["check", "--profile", "dcp2", "--inventory", str(inv), "--fabric", "--fabric-bytes", str(BULK),
                  "--json"])
@@ -240,15 +246,10 @@ def test_the_optional_nccl_step_under_dry_run_shows_each_ranks_command(lab, tmp_
     """A playbook with `- nccl` after `facts`, run with --dry-run: each rank's docker command, none run."""
     from sparkfleet.cli.main import main
 
-    inv = tmp_path / "netns.yaml"
-    nodes = "".join(f"  {n}:\n    ssh: {{host: 127.0.0.1}}\n    fabric_ip: {lab.ips[n]}\n    hardware: gb10\n"
-                    f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
-                    "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
-    inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
+    inv = lab_inventory(lab, tmp_path, monkeypatch)
     book = tmp_path / "nccl.yaml"
     book.write_text("name: nccl\nsteps:\n  - facts\n  - nccl\n  - fabric_probe\n")
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
-    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
     monkeypatch.setattr("sparkfleet.runner.run.transport_for", lambda ns: lab, raising=False)
     ran: list[str] = []
     real_run = lab.run
@@ -275,12 +276,7 @@ def test_check_fails_a_fabric_link_taken_down(lab, tmp_path, monkeypatch, capsys
     """`sparkfleet check` with n2's fabric interface taken down (`ip link set fab0 down` in its namespace)."""
     from sparkfleet.cli.main import main
 
-    inv = tmp_path / "netns.yaml"
-    nodes = "".join(f"  {n}:\n    ssh: {{host: 127.0.0.1}}\n    fabric_ip: {lab.ips[n]}\n    hardware: gb10\n"
-                    f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
-                    "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
-    inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
-    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
+    inv = lab_inventory(lab, tmp_path, monkeypatch)
     netnslab.ip("-n", lab.ns["n2"], "link", "set", lab.iface, "down")
     code = main(["check", "--profile", "dcp2", "--inventory", str(inv), "--json"])
     doc = json.loads(capsys.readouterr().out)
