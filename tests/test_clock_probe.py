@@ -76,6 +76,25 @@ def test_image_and_torch_loads() -> None:
                                                                              probe.TORCH_LOAD]
 
 
+
+def test_the_lanes_load_runs_as_long_as_up_was_told(repo_spec) -> None:
+    """`up --probe-seconds S` reaches the node's docker argv (the load's first argument); default LOAD_SECONDS."""
+    from sparkfleet.checks import clock
+
+    inv, profile = repo_spec.inventory("lab"), repo_spec.profile("dcp2").profile
+    node = inv.nodes["asusi"]
+    assert shlex.split(clock.load_for(node, None, profile))[14] == f"{probe.LOAD_SECONDS:g}"
+    assert shlex.split(clock.load_for(node, None, profile, seconds=1.5))[14:] == ["1.5", "5", "8192"]
+    assert shlex.split(clock.load_for(node, None, profile, "sim-gpu-load 9", seconds=1.5)) == ["sim-gpu-load", "9"]
+
+
+def test_probe_seconds_out_of_range_is_refused(capsys) -> None:
+    from sparkfleet.cli.main import main
+
+    assert main(["up", "--profile", "dcp2", "--probe-seconds", "0", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == ("sparkfleet: --probe-seconds 0: expected seconds above 0 and below 120 "
+                                               "(the probe kills a load that runs that long)")
+
 FAKE_TORCH = ("class T:\n    def __matmul__(self, other):\n        return self\n"
               "def randn(*shape, device=None):\n    assert device == 'cuda'\n    return T()\n"
               "class cuda:\n    @staticmethod\n    def synchronize():\n        pass\n")

@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
+from sparkfleet.sim.paths import sim_inventory_path
+from tests.cli_run import findings
+from tests.conftest import copy_ops
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the lab's own network namespaces need root")
 
 PROBE_BYTES = str(4 * 1024 * 1024)  # per direction: enough to see a shaped link, lean for the suite
+# A shaped link well below a veth's few Gbit/s (the probe's ratio is 2x) yet fast enough that its 4 MiB
+# each way and the 400 KiB RTT rounds take a fraction of a second, not minutes as at 20 Mbit/s.
+SLOW = "200mbit"
 
 
 @pytest.fixture(scope="module")
@@ -63,19 +70,26 @@ def test_a_healthy_fabric_passes_and_the_probe_stays_on_the_fabric_ips(healed, c
 
 
 def test_slow_link_on_one_node_names_exactly_its_links(healed, capsys) -> None:
-    healed.fault("bluey", "slow-link", rate="20mbit")
+    healed.fault("bluey", "slow-link", rate=SLOW)
     code, doc = check(capsys, "--fabric", "--fabric-bytes", PROBE_BYTES)
     assert code == 1
     assert sorted(m.split(":")[0] for _, m in failing(doc, "fabric-probe")) == [
         "asusi <-> bluey", "bluey <-> spark4", "reddie <-> bluey"]
 
 
-def test_slow_link_fails_up_before_any_rank_starts(healed, capsys) -> None:
-    healed.fault("spark4", "slow-link", rate="20mbit")
-    code = main(["up", "--profile", "dcp2", "--inventory", "sim", "--json", "--poll", "0.2"])
+def test_slow_link_fails_up_before_any_rank_starts(healed, capsys, tmp_path) -> None:
+    # up's own playbook, its fabric_probe step sending PROBE_BYTES (the step's bulk_bytes) instead of 64 MiB
+    ops = copy_ops(tmp_path / "ops")
+    book = ops / "playbooks/up.yaml"
+    book.write_text(book.read_text().replace("  - fabric_probe\n", f"  - fabric_probe: {{bulk_bytes: {PROBE_BYTES}}}\n"))
+    shutil.copy(sim_inventory_path(), ops / "inventories/sim.yaml")
+    healed.fault("spark4", "slow-link", rate=SLOW)
+    code = main(["up", "--profile", "dcp2", "--inventory", "sim", "--root", str(ops), "--json", "--poll", "0.2"])
     events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     steps = {e["step"]: e["status"] for e in events if e["event"] == "step" and e["status"] != "start"}
     assert code == 1 and steps["fabric_probe"] == "fail"
+    assert sorted(x["message"].split(":")[0] for x in findings(events, "fabric_probe") if x["status"] == "fail") == [
+        "asusi <-> spark4", "bluey <-> spark4", "reddie <-> spark4"]
     assert "launch:workers" not in steps  # nothing was started
 
 

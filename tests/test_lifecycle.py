@@ -342,7 +342,8 @@ def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> No
 
 def test_a_latched_clock_under_load_stops_up_before_launch_and_the_exporter_says_not_passed(sim, capsys) -> None:
     sim.fault("asusi", "clock-latch")  # only under load: the idle snapshot looks like every other idle GB10
-    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2")
+    code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2",
+                       "--probe-seconds", "1")
     assert code == 1
     assert result(events)["reason"] == "probe: 1 rank(s) failed the clock probe: nothing was started"
     fs = next(e for e in events if e["event"] == "findings" and e["step"] == "probe")["findings"]

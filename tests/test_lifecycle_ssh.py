@@ -33,7 +33,7 @@ def test_up_and_down_over_ssh(ssh_sim, capsys) -> None:
     inv = ssh_sim.inventory()
     assert {n.transport for n in inv.nodes.values()} == {"ssh"}
     code = main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models,count100", "--poll", "0.2",
-                 "--json"])
+                 "--probe-seconds", "1", "--json"])
     events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     result = next(e for e in events if e["event"] == "result")
     assert code == 0, result

@@ -32,7 +32,7 @@ if not (importlib.util.find_spec("xllamacpp") and importlib.util.find_spec("gemm
     pytest.skip("the llama extra is not installed (pip install -e '.[llama]')", allow_module_level=True)
 
 BASE = "http://127.0.0.1:8080"
-FAST = ["--poll", "0.2"]
+FAST = ["--poll", "0.2", "--probe-seconds", "1"]
 
 
 @pytest.fixture(scope="module")

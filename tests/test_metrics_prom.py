@@ -87,7 +87,7 @@ def fleet(tmp_path_factory):
             (tmp / "prom").mkdir()
             prom = Prometheus(tmp / "prom", scrape).start()
             assert main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2",
-                         "--json"]) == 0
+                         "--probe-seconds", "1", "--json"]) == 0
             # a watch of the lane writes its status file (the Watch row's series); two probes, then SIGTERM
             w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *WATCH_FAST], env)
             try:

@@ -12,7 +12,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
 
-FAST = ["--gates", "models", "--poll", "0.2", "--json"]
+FAST = ["--gates", "models", "--poll", "0.2", "--probe-seconds", "1", "--json"]
 OVERRIDES = ["-o", "flags.--gpu-memory-utilization=0.78", "--set", "env.NCCL_DEBUG=INFO"]
 
 

@@ -24,7 +24,7 @@ from sparkfleet.sim.paths import sim_inventory_path
 from tests.cli_run import findings, result, run, step
 from tests.conftest import copy_ops
 
-FAST = ["--gates", "models", "--poll", "0.2"]
+FAST = ["--gates", "models", "--poll", "0.2", "--probe-seconds", "1"]
 NODES = ("reddie", "asusi", "bluey", "spark4")
 
 

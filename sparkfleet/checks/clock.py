@@ -44,13 +44,16 @@ def expected_text(hw: HardwareClass) -> str:
     return "under load: SM clock " + " and ".join(parts) + ", unless a throttle reason explains it"
 
 
-def load_for(node: Node, facts: NodeFacts | None, profile: Profile, override: str | None = None) -> str:
-    """The probe's load on this node: the user's command, or the matmul in the lane's image."""
+def load_for(node: Node, facts: NodeFacts | None, profile: Profile, override: str | None = None, *,
+             seconds: float | None = None) -> str:
+    """The probe's load on this node: the user's command, or the matmul in the lane's image for `seconds`
+    (None: probe.LOAD_SECONDS)."""
     if override:
         return override
+    seconds = probe.LOAD_SECONDS if seconds is None else seconds
     if profile.image is None:
-        return probe.torch_load()  # no image to run in: the host's python3 (needs torch)
-    return probe.image_load(profile.image.pinned)
+        return probe.torch_load(seconds)  # no image to run in: the host's python3 (needs torch)
+    return probe.image_load(profile.image.pinned, seconds)
 
 
 def _snapshot(node: str, hw: HardwareClass, g: Gpu) -> Finding:

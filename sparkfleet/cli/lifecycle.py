@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from sparkfleet.checks.probe import LOAD_SECONDS, PROBE_MAX_S
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -34,6 +35,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
     p.add_argument("--no-probe", action="store_true",
                    help="skip the GPU clock probe before launch (the record says so; refused with probe: required)")
+    p.add_argument("--probe-seconds", type=float, metavar="SECONDS",
+                   help=f"how long the clock probe's load runs on each rank (default {LOAD_SECONDS:g})")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,7 +108,16 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
-                      fabric_probe=getattr(args, "fabric_probe", True), no_probe=args.no_probe, **extra)
+                      fabric_probe=getattr(args, "fabric_probe", True), no_probe=args.no_probe,
+                      probe_seconds=_probe_seconds(args), **extra)
+
+
+def _probe_seconds(args: argparse.Namespace) -> float | None:
+    s = getattr(args, "probe_seconds", None)
+    if s is not None and not 0 < s < PROBE_MAX_S:
+        raise UserError(f"--probe-seconds {s:g}: expected seconds above 0 and below {PROBE_MAX_S:g} "
+                        "(the probe kills a load that runs that long)")
+    return s
 
 
 def _execute(args: argparse.Namespace, profile: str, playbook: str, options: RunOptions,

@@ -30,6 +30,7 @@ class RunOptions:
     restore_point: dict | None = None  # restore: the recorded pins
     stop_timeout_s: float = 60.0
     no_probe: bool = False  # up --no-probe: the clock probe step is skipped (and the record says so)
+    probe_seconds: float | None = None  # up --probe-seconds: how long the probe's load runs (None: its default)
     gate_args: dict = field(default_factory=dict)  # overrides the playbook's gates step args (only, soak_minutes)
     fabric_probe: bool = True  # up --no-fabric-probe: skip the measured fabric probe
 

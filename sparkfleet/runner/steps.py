@@ -160,7 +160,8 @@ def probe(ctx: RunContext, st: Step) -> StepGen:
         _replace_clock_findings(ctx, findings)
         return StepResult("skip", "clock probe skipped (--no-probe): clock latch and slow state not judged",
                           findings)
-    cmds = {n.name: clock_probe.probe_command(clock.load_for(n, _facts_of(ctx, n.name), ctx.profile))
+    cmds = {n.name: clock_probe.probe_command(clock.load_for(n, _facts_of(ctx, n.name), ctx.profile,
+                                                             seconds=ctx.options.probe_seconds))
             for n in judged}
     results = yield NodeCommands("load each rank's GPU and sample its clock", cmds,
                                  timeout_s=clock_probe.PROBE_MAX_S + 30)
