@@ -224,7 +224,8 @@ def test_bracket_cli_on_the_sim_lab_fails_a_slow_candidate_and_ends_with_the_con
     monkeypatch.setattr(cli_bench.RunnerLanes, "up", up_with_a_slow_candidate)
     try:
         code = main(["bracket", "--control", "dcp2", "--candidate", "dcp1", "--bars", str(bars), "--inventory", "sim",
-                     "--gates", "models", "--poll", "0.2", "--json", "--out", str(tmp_path / "out")])
+                     "--gates", "models", "--poll", "0.2", "--probe-seconds", "1", "--json", "--out",
+                     str(tmp_path / "out")])
         res = json.loads(capsys.readouterr().out)
         docker = {n: json.loads((sim.root(n) / shim.STATE / "docker.json").read_text())["containers"]
                   for n in ("reddie", "asusi", "bluey", "spark4")}

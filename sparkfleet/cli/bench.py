@@ -96,6 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profiles' boot budget")
     b.add_argument("--gates", metavar="LIST", help="gates each `up` runs (default: the profile's set)")
     b.add_argument("--soak-minutes", type=float, metavar="M", help="soak length of each `up`'s gates")
+    b.add_argument("--probe-seconds", type=float, metavar="SECONDS",
+                   help="how long each `up`'s clock probe load runs (as up --probe-seconds)")
     b.set_defaults(func=run_bracket_cmd)
 
 
@@ -293,9 +295,11 @@ class RunnerLanes:
     """The bracket's lanes through the runner's `up` and `down` playbooks (as `sparkfleet up/down`)."""
 
     def __init__(self, sp: Spec, inventory: str, events: Events, *, poll_s: float = 1.0,
-                 boot_budget_s: float | None = None, gate_args: dict | None = None) -> None:
+                 boot_budget_s: float | None = None, gate_args: dict | None = None,
+                 probe_seconds: float | None = None) -> None:
         self.sp, self.inventory_name, self.events = sp, inventory, events
         self.poll_s, self.boot_budget_s, self.gate_args = poll_s, boot_budget_s, gate_args or {}
+        self.probe_seconds = probe_seconds
 
     def _play(self, profile: str, playbook: str) -> str:
         from sparkfleet.bench.bracket import BracketError
@@ -304,7 +308,7 @@ class RunnerLanes:
 
         loaded = _profile(self.sp, profile)
         options = RunOptions(gate_args=self.gate_args if playbook == "up" else {}, poll_s=self.poll_s,
-                             boot_budget_s=self.boot_budget_s)
+                             boot_budget_s=self.boot_budget_s, probe_seconds=self.probe_seconds)
         record = execute(self.sp, loaded, self.sp.inventory(self.inventory_name), self.sp.playbook(playbook),
                          options, self.events, f"sparkfleet bracket: {playbook} {profile}")
         if record.outcome != "ok":
@@ -374,8 +378,10 @@ def run_bracket_cmd(args: argparse.Namespace) -> int:
         gate_args["only"] = args.gates
     if args.soak_minutes is not None:
         gate_args["soak_minutes"] = args.soak_minutes
+    from sparkfleet.cli.lifecycle import probe_seconds
+
     lanes = RunnerLanes(sp, args.inventory, events, poll_s=args.poll, boot_budget_s=args.boot_budget,
-                        gate_args=gate_args)
+                        gate_args=gate_args, probe_seconds=probe_seconds(args))
     profiles = {"control-1": args.control, "candidate": args.candidate, "control-2": args.control}
 
     def bench(endpoint: str, opts: BenchOptions, pset: PromptSet, arm: str) -> BenchResult:

@@ -109,10 +109,11 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
                       fabric_probe=getattr(args, "fabric_probe", True), no_probe=args.no_probe,
-                      probe_seconds=_probe_seconds(args), **extra)
+                      probe_seconds=probe_seconds(args), **extra)
 
 
-def _probe_seconds(args: argparse.Namespace) -> float | None:
+def probe_seconds(args: argparse.Namespace) -> float | None:
+    """--probe-seconds, checked: the probe kills a load that runs PROBE_MAX_S."""
     s = getattr(args, "probe_seconds", None)
     if s is not None and not 0 < s < PROBE_MAX_S:
         raise UserError(f"--probe-seconds {s:g}: expected seconds above 0 and below {PROBE_MAX_S:g} "
