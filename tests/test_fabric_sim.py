@@ -81,7 +81,7 @@ def test_slow_link_fails_up_before_any_rank_starts(healed, capsys, tmp_path) -> 
     # up's own playbook, its fabric_probe step sending PROBE_BYTES (the step's bulk_bytes) instead of 64 MiB
     ops = copy_ops(tmp_path / "ops")
     book = ops / "playbooks/up.yaml"
-    book.write_text(book.read_text().replace("  - fabric_probe\n", f"  - fabric_probe: {{bulk_bytes: {PROBE_BYTES}}}\n"))
+    book.write_text(book.read_text().replace("  - fabric_probe\n", f"  - fabric_probe: {{args: {{bulk_bytes: {PROBE_BYTES}}}}}\n"))
     shutil.copy(sim_inventory_path(), ops / "inventories/sim.yaml")
     healed.fault("spark4", "slow-link", rate=SLOW)
     code = main(["up", "--profile", "dcp2", "--inventory", "sim", "--root", str(ops), "--json", "--poll", "0.2"])
