@@ -125,12 +125,10 @@ class Watcher:
     def run(self) -> Outcome:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.transport = transport_for([r.node for r in self.ranks])
-        self.head_transport = None
         self.client = ApiClient(self.endpoint, self.api_key, timeout_s=self.settings.probe_timeout_s)
         self.prober = Prober(self.client, self.transport, self.ranks, self.profile, self.settings.probe_timeout_s)
         if self.endpoint_url is None and loopback_bound(self.profile.host) and self.ranks[0].node.transport == "ssh" \
                 and self.profile.port is not None:
-            self.head_transport = transport_for([self.ranks[0].node])  # the forward's own connection
             self.tunnel = ExitStack()
             self.reopen_tunnel()
         try:
@@ -149,8 +147,6 @@ class Watcher:
             self.client.close()
             if self.tunnel is not None:
                 self.tunnel.close()
-            if self.head_transport is not None:
-                self.head_transport.close()
             self.transport.close()
 
     def _loop(self) -> Outcome:
@@ -218,13 +214,15 @@ class Watcher:
     # -- a loopback-bound head ------------------------------------------------------------------------
     def open_tunnel(self) -> str:
         """The head serves on its loopback only (`host: 127.0.0.1`): the probe reaches it through the SSH
-        local forward of fleet/ssh.py (`Transport.forward`, as the runner's readiness and `status` do),
-        over a connection of its own so a facts round trip that drops a connection cannot take it along."""
+        local forward of fleet/connect.py's `api_base` (the rule `up`'s readiness, `gates`, `bench` and
+        `status` use), over a connection of its own so a facts round trip that drops a connection cannot
+        take the forward along."""
+        from sparkfleet.fleet.connect import api_base
+
         head = self.ranks[0].node
         stack = ExitStack()
-        local = stack.enter_context(self.head_transport.forward(head, self.profile.port))
+        url = stack.enter_context(api_base(head, self.profile.port, self.profile.host))
         self.tunnel = stack
-        url = f"http://127.0.0.1:{local}"
         self.say("tunnel", f"{head.name} serves on 127.0.0.1:{self.profile.port} only: probing it through an "
                  f"SSH tunnel at {url}", endpoint=url)
         return url
