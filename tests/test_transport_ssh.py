@@ -448,3 +448,33 @@ def test_forward_reaches_a_loopback_only_server_on_the_node_and_closes(lab, node
             httpx.get(f"http://127.0.0.1:{local}/", timeout=5)
     finally:
         ssh.run([node], f"kill {pid}")
+
+
+def test_a_forward_opened_before_the_server_listens_keeps_working_once_it_does(lab, nodes, ssh, tmp_path):
+    """Readiness polls through the tunnel while the head still boots: a refused connection is one failed
+    request, and the same forward reaches the server once it listens (fabric's forward_local stopped
+    accepting after the first refusal, and every later request hung in the listen backlog)."""
+    import httpx
+
+    (tmp_path / "index.html").write_text("late server")
+    (node,) = by_name(nodes, "node2")
+    port = 18081
+    with ssh.forward(node, port) as local:
+        for _ in range(3):  # nothing listens on the node yet: each request fails at once, none hangs
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)):
+                httpx.get(f"http://127.0.0.1:{local}/", timeout=10)
+        started = ssh.run([node], f"cd {tmp_path} && (setsid python3 -m http.server {port} --bind 127.0.0.1 "
+                          f">/dev/null 2>&1 & echo $!)")["node2"]
+        assert started.ok, started
+        pid = started.stdout.strip()
+        got = None
+        try:
+            for _ in range(100):
+                try:
+                    got = httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text
+                    break
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
+                    time.sleep(0.1)
+            assert got == "late server"
+        finally:
+            ssh.run([node], f"kill {pid}")

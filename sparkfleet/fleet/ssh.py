@@ -121,12 +121,10 @@ class SshTransport:
         """A local port on 127.0.0.1 forwarded to remote_host:remote_port as the node sees it, over the
         node's pinned connection (host key checked as for every command); closed when the block ends.
         How a loopback-bound head's API is reached from here (`ssh -L`)."""
+        from sparkfleet.fleet.forward import local_forward
+
         conn = self._connection(node)
-        with socket.socket() as s:  # a free local port (the forward binds it again at once)
-            s.bind(("127.0.0.1", 0))
-            local_port = s.getsockname()[1]
-        with conn.forward_local(local_port, remote_port=remote_port, remote_host=remote_host,
-                                local_host="127.0.0.1"):
+        with local_forward(conn.transport, remote_host, remote_port) as local_port:
             yield local_port
 
     def close(self) -> None:
