@@ -49,3 +49,9 @@ def sim_lab(tmp_path_factory):
             yield s
         finally:
             lab.down()
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    """The repo's `lab` inventory as a simulated lab, one per test module (a module may define its own)."""
+    yield from sim_lab(tmp_path_factory)

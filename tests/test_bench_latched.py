@@ -10,20 +10,12 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 
-import pytest
-
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.connect import api_base
 from sparkfleet.spec.inventory import Node
-from tests.conftest import sim_lab
 
 BENCH = ["bench", "--profile", "dcp2", "--inventory", "sim", "--probe", "--concurrency", "1", "--categories",
          "prose", "--max-tokens", "12", "--no-warmup", "--json"]
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    yield from sim_lab(tmp_path_factory)
 
 
 def test_bench_refuses_a_latched_rank_unless_told(sim, capsys, monkeypatch, tmp_path) -> None:

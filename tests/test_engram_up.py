@@ -16,7 +16,7 @@ from sparkfleet.engram import ranges
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST_SCHEMA
 from sparkfleet.naming import ENGRAM_MANIFEST
 from sparkfleet.spec.load import Spec
-from tests.conftest import REPO, sim_lab
+from tests.conftest import REPO
 
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's model.revision
 RANK_NODE = {0: "reddie", 1: "asusi", 2: "bluey", 3: "spark4"}
@@ -24,11 +24,6 @@ ROWS = 384_000_000  # the table's rows (CATALOG ENG-01); rank r of TP4 holds its
 Q = ROWS // 4
 UP = ["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--no-probe",
       "--no-fabric-probe", "--json"]
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    yield from sim_lab(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

@@ -19,15 +19,10 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.runner.lock import STALE_AFTER_S
-from tests.conftest import REPO, sim_lab
+from tests.conftest import REPO
 
 SPARKS = ("reddie", "asusi", "bluey", "spark4")
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    yield from sim_lab(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

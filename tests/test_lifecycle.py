@@ -17,14 +17,9 @@ from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
 from tests.cli_run import lane_containers, record_of, result, run
-from tests.conftest import REPO, sim_lab
+from tests.conftest import REPO
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    yield from sim_lab(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

@@ -16,18 +16,12 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.engram.safetensors import make_checkpoint
 from sparkfleet.fleet.nodeside import engram_copy as ec
-from tests.conftest import sim_lab
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--json"]
 NODES = ("reddie", "asusi", "bluey", "spark4")  # ranks 0..3 of dcp2 on the lab inventory
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's checkpoint (spark-vllm / production-1.2)
 REPO = "models--deepseek-ai--DeepSeek-V4.1-Flash"
 ROWS = 4096  # the test checkpoint's Engram tables: rank r of TP4 reads rows [1024 r, 1024 (r + 1))
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    yield from sim_lab(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

@@ -8,20 +8,13 @@ import re
 import subprocess
 
 import httpx
-import pytest
 
 from sparkfleet.cli.main import main
-from tests.conftest import sim_lab
 
 from .test_sim import tool
 from .test_simengine_util import Lane
 
 NODES = ("reddie", "asusi", "bluey", "spark4")
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    yield from sim_lab(tmp_path_factory)
 
 
 def up(capsys, profile: str) -> tuple[int, list[dict]]:

@@ -18,17 +18,12 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
-from tests.conftest import REPO, sim_lab
+from tests.conftest import REPO
 from tests.watchproc import FAST, WatchProc
 
 NODES = ("reddie", "asusi", "bluey", "spark4")
 RANK_NODE = {0: "reddie", 1: "asusi", 2: "bluey", 3: "spark4"}
 UP = ["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--json"]
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    yield from sim_lab(tmp_path_factory)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from sparkfleet.sim.shim import STATE  # the node's sim state dir, as the docker shim keeps it
+from sparkfleet.sim.shim import STATE, node_path  # the node's sim state dir; container path -> node path
 
 SERVER, RPC = "llama-server", "rpc-server"
 TOOLS = (SERVER, RPC)
@@ -52,19 +52,6 @@ def _record(root: Path, cid: str) -> dict:
             return found
         time.sleep(0.05)
 
-
-def node_path(container_path: str, binds: list[str]) -> str:
-    """A path inside the container as the node's path, through the longest matching bind."""
-    best: tuple[str, str] | None = None
-    for b in binds:
-        src, _, rest = b.partition(":")
-        dst = rest.split(":")[0]
-        if container_path == dst or container_path.startswith(dst.rstrip("/") + "/"):
-            if best is None or len(dst) > len(best[1]):
-                best = (src, dst)
-    if best is None:
-        return container_path  # not under any bind: the image's own filesystem, which holds no model
-    return posixpath.join(best[0], posixpath.relpath(container_path, best[1]))
 
 
 # llama-server's argument names (tools/server, common/arg.cpp) -> how each sets CommonParams
@@ -142,7 +129,7 @@ def serve(root: Path, cid: str) -> int:
     model = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-m", "--model")), None)
     local = None
     if model is not None:
-        local = str(root / node_path(model, binds).lstrip("/"))
+        local = str(root / (node_path(binds, model) or model).lstrip("/"))  # no bind: the image's own fs
     node = json.loads((root / STATE / "node.json").read_text())
     params = params_from_args(args, local, own_net=bool(node.get("netns")))
     env = dict(e.partition("=")[::2] for e in c["Config"].get("Env") or [])
