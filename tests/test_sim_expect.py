@@ -82,18 +82,29 @@ def _place_copies(sim) -> None:
 
 
 def test_node_local_engram_only_where_the_copy_covers_the_rows(sim, capsys) -> None:
+    """Two wrong copies, two judges: another rank's copy (its manifest says so) is refused by `up`'s engram
+    step before launch; a copy whose manifest is right but whose bytes end half-way is only seen by the
+    engine reading it (the sim reads the files), which then reads those rows over NFS and `expect` says so."""
     _place_copies(sim)
     code, events = up(capsys)
     assert code == 0, result(events)
     assert expect_findings(events)["engram-local"]["status"] == "ok"
-    # bluey (rank 2) gets asusi's copy (rank 1's rows); spark4's (rank 3) copy loses its last bytes
     copy = Path(f"nvme/engram-local/{REV}")
     bluey, spark4 = sim.root("bluey") / copy, sim.root("spark4") / copy
-    kept = {p.name: p.read_bytes() for p in (bluey, spark4)[1].iterdir()}
+    # bluey (rank 2) gets asusi's copy (rank 1's rows): its manifest says so, and up stops before launch
     saved = sim.root("bluey") / "tmp" / "copy"
     shutil.copytree(bluey, saved)
     shutil.rmtree(bluey)
     shutil.copytree(sim.root("asusi") / copy, bluey)
+    try:
+        code, events = up(capsys)
+        assert code == 1 and result(events)["reason"].startswith("engram: expect.engram_node_local: rank 2 (bluey): ")
+        assert "launch:workers" not in [e["step"] for e in events if e["event"] == "step"]
+    finally:
+        shutil.rmtree(bluey)
+        shutil.move(saved, bluey)
+    # spark4's (rank 3) copy loses its last bytes: the manifest still claims the rows, the engine finds them short
+    kept = {p.name: p.read_bytes() for p in spark4.iterdir()}
     t = json.loads((spark4 / ec.MANIFEST).read_text())["tensors"][0]  # layer 1's values, rank 3's rows
     with open(spark4 / t["file"], "r+b") as fh:
         fh.truncate(t["offset"] + t["length"] // 2)  # the copy ends half-way through the rows it claims
@@ -101,14 +112,11 @@ def test_node_local_engram_only_where_the_copy_covers_the_rows(sim, capsys) -> N
         code, events = up(capsys)
         local = expect_findings(events)["engram-local"]
         assert local["status"] in ("warn", "fail")
-        assert local["message"] == "ranks [2, 3] read Engram rows over NFS (not expected: [2, 3])"
-        logs = {n: _head_log_lines(sim, n) for n in ("bluey", "spark4", "asusi")}
-        assert "Engram layer 1 rows [2048, 3072) read from the model directory (no node-local copy)" in logs["bluey"]
+        assert local["message"] == "ranks [3] read Engram rows over NFS (not expected: [3])"
+        logs = {n: _head_log_lines(sim, n) for n in ("spark4", "asusi")}
         assert "Engram layer 14 rows [3072, 4096) read from the model directory (no node-local copy)" in logs["spark4"]
         assert "Engram layer 1 rows [1024, 2048) read from node-local /engram-local" in logs["asusi"]
     finally:
-        shutil.rmtree(bluey)
-        shutil.move(saved, bluey)
         for name, data in kept.items():
             (spark4 / name).write_bytes(data)
 

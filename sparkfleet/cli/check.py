@@ -117,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
         nccl = run_nccl(transport, plan, profile, facts, args) if args.nccl else None
         from sparkfleet.engram.fleet import lane_findings
 
-        # each rank's Engram copy by the one rule, as `up` judges it (unreachable nodes: the facts say so)
-        engram = lane_findings(transport, profile, inventory, [r for r in plan.ranks if r.node.name in facts],
-                               sp.root / "templates")
+        # each rank's Engram copy by the one rule, as `up` judges it (unreachable nodes: the facts say so);
+        # --dry-run (with --nccl) runs nothing on the nodes beyond the facts it shows commands for
+        engram = [] if args.dry_run else lane_findings(
+            transport, profile, inventory, [r for r in plan.ranks if r.node.name in facts], sp.root / "templates")
     finally:
         transport.close()
     findings = run_checks(plan, inventory, facts, profile=profile, probes=probes, caches_dropped=dropped) + engram
