@@ -207,8 +207,9 @@ def test_bracket_cli_on_the_sim_lab_fails_a_slow_candidate_and_ends_with_the_con
     bars = tmp_path / "bars.yaml"
     # The lab's engines step every 10 ms with ~3 tokens per step; a wrong-commit engine (garbage-tokens)
     # has its drafts refused and makes one token per step: about a third of the speed.
-    # Wide drift band and per-stream bars: the lab's 10 ms steps are sleeps that a loaded machine stretches.
-    bars.write_text(f"drift_band: 30%\nbench: {{categories: [prose], concurrency: [1, 2], max_tokens: 60, "
+    # Wide drift band (50%: a fresh-clone CI run saw the two controls 34% apart at C2) and per-stream bars: the
+    # lab's 10 ms steps are sleeps that a loaded machine stretches; the candidate runs at about a third.
+    bars.write_text(f"drift_band: 50%\nbench: {{categories: [prose], concurrency: [1, 2], max_tokens: 60, "
                     f"ignore_eos: true}}\nbars:\n  decode.prose.C1: '{DRAFTER}'\n  decode.prose.C2: '>= -10%'\n")
     sim = lab.up("lab")
     up = cli_bench.RunnerLanes.up

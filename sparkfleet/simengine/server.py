@@ -334,6 +334,7 @@ class Handler(BaseHTTPRequestHandler):
         if app.hung.is_set():  # rank-hang: the request waits for a step that never comes
             app.released.wait()
             raise ApiError(503, "the engine is shutting down", "ServiceUnavailableError")
+        leaked = False
         try:
             steps = app.engine.run(job, on_finish=lambda r: outcome.__setitem__("reason", r))
             if body.get("stream"):
@@ -341,12 +342,15 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 emitted = [p for step in steps for p in step]
                 finish = "length" if outcome.get("reason") == "length" else api_finish
+                if outcome.get("reason") not in (None, "abort"):
+                    app.leak()  # before the answer leaves: a client reading the leak after its answer sees it
+                    leaked = True
                 self._json(200, self._whole(chat, model, answer, emitted, n_prompt, finish))
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         except EngineDead:
             raise ApiError(500, "EngineCore encountered an issue.", "EngineDeadError") from None
-        if outcome.get("reason") not in (None, "abort"):
+        if not leaked and outcome.get("reason") not in (None, "abort"):
             app.leak()
 
     def _whole(self, chat: bool, model: str, answer: Answer, emitted: list[Piece], n_prompt: int,
