@@ -7,26 +7,10 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from sparkfleet.cli.main import main
-from sparkfleet.sim import lab
 
 FAST = ["--gates", "models", "--poll", "0.2", "--probe-seconds", "1", "--json"]
 OVERRIDES = ["-o", "flags.--gpu-memory-utilization=0.78", "--set", "env.NCCL_DEBUG=INFO"]
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    state = tmp_path_factory.mktemp("state")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab")
-        try:
-            yield s
-        finally:
-            main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
-            lab.down()
 
 
 def _result(capsys) -> dict:
