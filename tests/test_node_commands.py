@@ -207,7 +207,42 @@ def test_the_fleet_lock_commands_in_a_real_bash(tmp_path) -> None:
     assert c.parse_lock_take(sh(c.lock_take_command(path, b, stale=a))).taken
     assert (tmp_path / "lock/sparkfleet.lock").read_text() == b + "\n"
     sh(c.lock_release_command(path, b))
-    assert sorted(p.name for p in (tmp_path / "lock").iterdir()) == ["sparkfleet.lock.takeover"]
+    assert list((tmp_path / "lock").iterdir()) == []  # the take-over's flock left no file behind
     failed = c.parse_lock_take(sh(c.lock_take_command(str(tmp_path / "f" / "x.lock"), a).replace(
         "mkdir -p", "touch " + str(tmp_path / "f") + " && mkdir -p")))
     assert isinstance(failed, c.NodeError) and "File exists" in failed.message
+
+
+def test_a_take_over_waits_for_another_on_the_lock_directory(tmp_path) -> None:
+    """Two take-overs of one stale lock are serialised by a flock on the lock's directory (no guard file):
+    while another process holds it, the take-over waits and removes nothing."""
+    import fcntl
+    import os
+
+    d = tmp_path / "lock"
+    d.mkdir()
+    stale, mine = json.dumps({"user": "gone"}), json.dumps({"user": "me"})
+    (d / "sparkfleet.lock").write_text(stale + "\n")
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        proc = subprocess.Popen(["bash", "-c", c.lock_take_command(str(d / "sparkfleet.lock"), mine, stale=stale)],
+                                stdout=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)
+        assert (d / "sparkfleet.lock").read_text() == stale + "\n"
+    finally:
+        os.close(fd)  # the flock goes with it
+    assert proc.wait(timeout=30) == 0 and proc.stdout.read() == "taken\n"
+    assert sorted(p.name for p in d.iterdir()) == ["sparkfleet.lock"]
+    assert (d / "sparkfleet.lock").read_text() == mine + "\n"
+
+
+def test_the_stuck_answer_of_a_take_over(tmp_path) -> None:
+    """What a take-over prints when rm cannot remove the stale lock, read back (the node command runs in
+    a real bash in tests/test_fleet_lock_user.py)."""
+    out = "stuck 1001 ops 1000 dgx 1777\nrm: cannot remove '/run/lock/sparkfleet.lock': Operation not permitted\n"
+    assert c.parse_lock_take(Result("n", True, out, "", 0)) == c.LockStuck(
+        1001, "ops", 1000, "dgx", 0o1777, "rm: cannot remove '/run/lock/sparkfleet.lock': Operation not permitted")
+    nameless = c.parse_lock_take(Result("n", True, "stuck 4244 UNKNOWN 4243 - 755\nrm: x\n", "", 0))
+    assert (nameless.owner, nameless.me, nameless.sticky) == ("", "", False)

@@ -232,12 +232,33 @@ class LockAnswer:
     age_s: float | None = None
 
 
+@dataclass(frozen=True)
+class LockStuck:
+    """A take-over that found the stale lock but could not remove it: in a sticky directory (/run/lock is
+    1777) only the file's owner or root may unlink it. Who owns it, who tried (uids and names as the node
+    knows them; a name the node cannot resolve is ""), the lock directory's mode, and what `rm` said."""
+
+    owner_uid: int
+    owner: str
+    me_uid: int
+    me: str
+    dir_mode: int
+    error: str
+
+    @property
+    def sticky(self) -> bool:
+        return bool(self.dir_mode & 0o1000)
+
+
 def lock_take_command(path: str, holder: str, stale: str | None = None) -> str:
     """Take the node's fleet lock atomically: the holder's line is written to a file of its own, then
     hard-linked to the lock path (`ln` fails when the lock exists, so of two controllers exactly one wins
     and the lock never exists half-written). With `stale` (the text of a lock judged stale), that lock is
-    first removed, but only if it still reads exactly so, under `flock` so two take-overs cannot both
-    remove (the second then finds the first's lock and reports it)."""
+    first removed, but only if it still reads exactly so, under `flock` on the lock's directory (so two
+    take-overs cannot both remove, the second then finds the first's lock and reports it, and nothing is
+    left behind: the flock ends with the command). When the stale lock cannot be removed (another user's
+    file in a sticky directory) it prints `stuck OWNER_UID OWNER ME_UID ME DIR_MODE` (the mode in octal)
+    and rm's message, and takes nothing."""
     q = shlex.quote
     d, lock, mine = q(posixpath.dirname(path)), q(path), q(holder)
     take = (f"mkdir -p {d} && t={lock}.$$ && printf '%s\\n' {mine} > \"$t\" || exit $?; "
@@ -247,12 +268,13 @@ def lock_take_command(path: str, holder: str, stale: str | None = None) -> str:
             f"else rm -f \"$t\"; printf '%s\\n' \"$err\" >&2; exit 1; fi")
     if stale is None:
         return take
-    guard = q(path + ".takeover")
-    return (f"mkdir -p {d} && exec 9>>{guard} && flock -w 30 9 || exit $?; "
-            f"if [ \"$(cat {lock} 2>/dev/null)\" = {q(stale)} ]; then rm -f {lock}; fi; {take}")
+    return (f"mkdir -p {d} && exec 9<{d} && flock -w 30 9 || exit $?; "
+            f"if [ \"$(cat {lock} 2>/dev/null)\" = {q(stale)} ] && ! err=$(rm -f {lock} 2>&1); then "
+            f"u=$(id -un 2>/dev/null) || u=-; echo \"stuck $(stat -c '%u %U' {lock}) $(id -u) $u $(stat -c %a {d})\"; "
+            f"printf '%s\\n' \"$err\"; exit 0; fi; {take}")
 
 
-def parse_lock_take(result: Result) -> LockAnswer | NodeError:
+def parse_lock_take(result: Result) -> LockAnswer | LockStuck | NodeError:
     err = classify(result)
     if err:
         return err
@@ -264,6 +286,12 @@ def parse_lock_take(result: Result) -> LockAnswer | NodeError:
         now, mtime = words[1], words[2]
         age = float(now) - float(mtime) if now.isdigit() and mtime.isdigit() else None
         return LockAnswer(False, rest.strip(), age)
+    if len(words) == 6 and words[0] == "stuck" and all(w.isdigit() for w in words[1::2]):
+        def name(w: str) -> str:  # stat's UNKNOWN and our "-": the node has no name for that uid
+            return "" if w in ("UNKNOWN", "-") else w
+
+        return LockStuck(int(words[1]), name(words[2]), int(words[3]), name(words[4]), int(words[5], 8),
+                         rest.strip())
     return NodeError(result.node, "failed", f"the fleet lock command printed {first!r}", "")
 
 

@@ -122,8 +122,29 @@ def describe(node: str, path: str, text: str) -> str:
     h = parse_holder(text)
     if not h:
         return f"{node}: the fleet lock {path} holds {text[:120]!r}"
-    return (f"{node}: {h.get('command')!r} by {h.get('user')}@{h.get('host')} pid {h.get('pid')} "
+    return f"{node}: {_run_of(h)}"
+
+
+def _run_of(h: dict) -> str:
+    return (f"{h.get('command')!r} by {h.get('user')}@{h.get('host')} pid {h.get('pid')} "
             f"(run {h.get('run_id')}) since {h.get('since')}")
+
+
+def stuck_text(node: str, path: str, text: str, why: str, stuck) -> str:
+    """The refusal when a stale lock is another user's file in a sticky directory (/run/lock is 1777: only
+    its owner or root may remove it): whose it is, who could not, and what to run where."""
+    import posixpath
+
+    def who(name: str, uid: int) -> str:
+        return f"{name} (uid {uid})" if name else f"uid {uid}"
+
+    owner, h = who(stuck.owner, stuck.owner_uid), parse_holder(text)
+    where = (f"{posixpath.dirname(path)} is sticky (mode {stuck.dir_mode:o}: only a file's owner or root may "
+             "remove it)" if stuck.sticky else f"{posixpath.dirname(path)} has mode {stuck.dir_mode:o}")
+    return (f"{node}: the fleet lock {path} is stale ({why}) but belongs to {owner}, and this run's user there, "
+            f"{who(stuck.me, stuck.me_uid)}, cannot remove it: {where}; rm said: {stuck.error or '(nothing)'}; "
+            f"it holds {_run_of(h) if h else repr(text[:120])}; nothing was done: on {node}, run "
+            f"`sudo rm {path}` (or remove it as {owner}), then run again")
 
 
 def pid_alive(pid: int) -> bool:
@@ -160,7 +181,7 @@ class NodeLock:
 
     def _take(self) -> None:
         from sparkfleet.findings import Finding
-        from sparkfleet.fleet.commands import LockAnswer, lock_take_command, parse_lock_take
+        from sparkfleet.fleet.commands import LockAnswer, LockStuck, lock_take_command, parse_lock_take
         from sparkfleet.runner.ops import NodeCommands, run_now
 
         ctx = self.ctx
@@ -199,7 +220,12 @@ class NodeLock:
             more = f" (and on {', '.join(x for x, _ in busy[1:])})" if busy[1:] else ""
             raise Busy(f"another run holds the fleet lock {self.path} on {describe(n, self.path, a.holder)}{more}; "
                        f"wait for it to end, or, if that controller is gone, remove {self.path} on {n}")
-        failed = [a for a in answers.values() if not isinstance(a, LockAnswer) and a.kind != "reach"]
+        stuck = [(n, a) for n, a in answers.items() if isinstance(a, LockStuck)]
+        if stuck:
+            n, a = stuck[0]
+            more = f" (and on {', '.join(x for x, _ in stuck[1:])})" if stuck[1:] else ""
+            raise Busy(stuck_text(n, self.path, stale[n][0], stale[n][1], a) + more)
+        failed = [a for a in answers.values() if not isinstance(a, (LockAnswer, LockStuck)) and a.kind != "reach"]
         if failed:
             raise UserError(f"{failed[0].node}: could not take the fleet lock {self.path}: {failed[0].message}"
                             + (f"; {failed[0].remedy}" if failed[0].remedy else ""))
