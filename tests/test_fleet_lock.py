@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.runner.lock import STALE_AFTER_S
+from tests.cli_run import lane_containers
 from tests.conftest import REPO
 
 SPARKS = ("reddie", "asusi", "bluey", "spark4")
@@ -28,6 +30,7 @@ FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]
 @pytest.fixture(autouse=True)
 def clean(sim, capsys):
     yield
+    sim.heal()
     for node in SPARKS:
         lock_file(sim, node).unlink(missing_ok=True)
     main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
@@ -136,3 +139,60 @@ def test_stale_locks_are_taken_over_with_a_warning_a_live_one_refuses(sim, capsy
     for node in SPARKS:  # the bytes on disk: no lock, no temp file, no take-over guard left on any node
         assert sorted(p.name for p in lock_file(sim, node).parent.iterdir() if "sparkfleet" in p.name) == []
 
+
+
+def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_nothing_running(sim, tmp_path) -> None:
+    """Ctrl-C as a terminal sends it (SIGINT to the command's process group) while `up` holds every node's
+    lock and waits for a head that boots slowly: exit 130, no lock file on any node, nothing it started
+    still running (no lane container running, every node's processes as they were before the up)."""
+    sim.fault("reddie", "slow-boot")  # the head boots ten times longer: up is still waiting when Ctrl-C comes
+    before = node_processes(sim)
+    log = tmp_path / "up.log"
+    up = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", "--profile", "dcp2",
+                           "--inventory", str(sim.inventory_path), *FAST, "--json"],
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SPARKFLEET_STATE": str(tmp_path / "a")},
+                          cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+
+    def events() -> list[dict]:
+        return [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (all((holder(sim, n) or {}).get("pid") == up.pid for n in SPARKS)
+                   and any(e["event"] == "step" and e["step"] == "wait_ready" and e["status"] == "start"
+                           for e in events())):
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        assert {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()} == {
+            n: ["running"] for n in SPARKS}  # what this up started, before the Ctrl-C
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(timeout=120) == 130, log.read_text()[-2000:]
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+    res = next(e for e in events() if e["event"] == "result")
+    assert (res["outcome"], res["reason"]) == ("interrupted",
+                                               "interrupted by the user; every rank of this launch was stopped")
+    for node in SPARKS:  # the bytes on disk: the lock given back on every node, nothing of it left
+        assert sorted(p.name for p in lock_file(sim, node).parent.iterdir() if "sparkfleet" in p.name) == []
+    states = {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()}
+    assert states == {n: ["exited"] for n in SPARKS}
+    assert node_processes(sim) == before  # no engine, docker call or helper of this up left on any node
+
+
+def node_processes(sim) -> dict[str, set[str]]:
+    """Every process each node runs (pid and command line, in the node's own pid namespace), but the
+    command that lists them."""
+    from sparkfleet.fleet.connect import transport_for
+
+    nodes = [sim.inventory().nodes[n] for n in SPARKS]
+    transport = transport_for(nodes)
+    try:
+        res = transport.run(nodes, "ps -eo pid=,ppid=,args= | awk -v me=$$ '$1 != me && $2 != me'")
+    finally:
+        transport.close()
+    assert all(r.ok for r in res.values()), res
+    return {n: {" ".join(line.split()[:1] + line.split()[2:]) for line in r.stdout.splitlines()}
+            for n, r in res.items()}

@@ -50,7 +50,8 @@ def test_up_and_down_over_ssh(ssh_sim, capsys) -> None:
 
 def test_a_loopback_bound_head_is_reached_through_an_ssh_tunnel(tmp_path, monkeypatch, capsys) -> None:
     """A lane with `host: 127.0.0.1` (as tf1017 binds its API): readiness, gates and status go through a
-    local port forward over the head's SSH connection, which closes with the command."""
+    local port forward over the head's SSH connection, which closes with the command (as root the nodes
+    are network namespaces: the head's SSH address is not this machine's loopback)."""
     if SSHD is None:
         pytest.skip("sshd is not installed")
     from tests.conftest import REPO
@@ -60,7 +61,7 @@ def test_a_loopback_bound_head_is_reached_through_an_ssh_tunnel(tmp_path, monkey
         shutil.copytree(REPO / d, ops / d)
     (ops / "profiles/dcp2-lo.yaml").write_text("extends: dcp2\nhost: 127.0.0.1\n")
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
-    lab.up("lab", transport="ssh", ops_root=str(ops))
+    sim = lab.up("lab", transport="ssh", ops_root=str(ops))
     try:
         code = main(["up", "--profile", "dcp2-lo", "--inventory", "sim", "--root", str(ops), "--gates", "models",
                      "--poll", "0.2", "--no-probe", "--json"])
@@ -76,9 +77,32 @@ def test_a_loopback_bound_head_is_reached_through_an_ssh_tunnel(tmp_path, monkey
         assert ready["summary"].startswith(f"serving at {tunnel} ")
         record = json.loads((tmp_path / "state/runs" / f"{result['run_id']}.json").read_text())
         assert record["data"]["gates"]["endpoint"] == tunnel
-        assert main(["status", "--inventory", "sim", "--root", str(ops), "--json"]) == 0
-        lane = json.loads(capsys.readouterr().out)["lanes"]["dcp2-lo"]
-        assert lane["health"] == 200 and lane["endpoint"] == "reddie:127.0.0.1:8410 (SSH tunnel)"
+        assert_status_through_the_tunnel(sim, ops, capsys)
         assert main(["down", "--profile", "dcp2-lo", "--inventory", "sim", "--root", str(ops), "--json"]) == 0
     finally:
         lab.down()
+
+
+def assert_status_through_the_tunnel(sim, ops, capsys) -> None:
+    """`status` asks the head's API through its own tunnel (fleet/connect.py api_base), closed when status
+    ends; the head's SSH address does not serve the API (the engine binds 127.0.0.1 in the head's netns),
+    so a status that polled it would see no answer. `--endpoint` overrides, and needs --profile."""
+    import httpx
+
+    head = sim.inventory().nodes["reddie"]
+    assert main(["status", "--inventory", "sim", "--root", str(ops), "--json"]) == 0
+    lane = json.loads(capsys.readouterr().out)["lanes"]["dcp2-lo"]
+    assert (lane["health"], lane["models"], lane["endpoint"]) == (200, ["deepseek-v4.1-flash"],
+                                                                  "reddie:127.0.0.1:8410 (SSH tunnel)")
+    assert lane["tunnel"].startswith("http://127.0.0.1:") and not lane["tunnel"].endswith(":8410")
+    with pytest.raises(httpx.ConnectError):  # the tunnel closed with the command
+        httpx.get(f"{lane['tunnel']}/health", timeout=3.0)
+    if head.ssh.host != "127.0.0.1":  # as root: the head is a netns of its own, its loopback not this one's
+        with pytest.raises(httpx.TransportError):  # what a status polling the head's SSH address would see
+            httpx.get(f"http://{head.ssh.host}:8410/health", timeout=3.0)
+    assert main(["status", "--inventory", "sim", "--root", str(ops), "--profile", "dcp2-lo", "--endpoint",
+                 "http://127.0.0.1:9/", "--json"]) == 0
+    lane = json.loads(capsys.readouterr().out)["lanes"]["dcp2-lo"]
+    assert (lane["endpoint"], lane["error"]) == ("http://127.0.0.1:9", "ConnectError") and "tunnel" not in lane
+    assert main(["status", "--inventory", "sim", "--root", str(ops), "--endpoint", "http://127.0.0.1:9"]) == 2
+    assert "--endpoint is one lane's API: name the lane with --profile" in capsys.readouterr().err

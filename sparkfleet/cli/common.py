@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from sparkfleet.spec.load import Spec
 
 # Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane,
-# 75 busy: another run holds the fleet lock (sysexits.h EX_TEMPFAIL: a temporary failure, try again).
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 75
+# 75 busy: the fleet lock is in the way (another run holds it, or a stale one this user cannot remove;
+# sysexits.h EX_TEMPFAIL), 130 interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 2, 75, 130
 
 
 class LazyConsole:

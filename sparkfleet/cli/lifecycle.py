@@ -7,6 +7,7 @@ import argparse
 from sparkfleet.checks.probe import LOAD_SECONDS, PROBE_MAX_S
 from sparkfleet.cli.common import (
     EXIT_FAIL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     add_inventory,
@@ -147,7 +148,7 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         events.emit("result", outcome=record.outcome, reason=record.reason, run_id=record.run_id)
     elif record.outcome != "ok":
         err.print(f"sparkfleet: {pb.name} {profile}: {record.outcome}: {record.reason}", markup=False)
-    return {"ok": EXIT_OK, "refused": EXIT_USAGE}.get(record.outcome, EXIT_FAIL)
+    return {"ok": EXIT_OK, "refused": EXIT_USAGE, "interrupted": EXIT_INTERRUPTED}.get(record.outcome, EXIT_FAIL)
 
 
 def run_playbook(args: argparse.Namespace) -> int:

@@ -140,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"sparkfleet: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
+        from sparkfleet.cli.common import EXIT_INTERRUPTED
+
         sys.stderr.write("sparkfleet: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -19,12 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     s = sub.add_parser("status", help="per node: lane, rank, container state, uptime; the endpoint's health",
                        formatter_class=fmt, description="What sparkfleet's lanes are doing on the fleet.",
-                       epilog="examples:\n  sparkfleet status\n  sparkfleet status --inventory sim --json")
+                       epilog="examples:\n  sparkfleet status\n  sparkfleet status --inventory sim --json\n"
+                       "  sparkfleet status --profile tf1017 --endpoint http://127.0.0.1:8001")
     add_root(s)
     add_inventory(s)
     add_json(s)
     add_wide(s)
     s.add_argument("--profile", "-p", help="only this lane")
+    s.add_argument("--endpoint", metavar="URL",
+                   help="the lane's API base URL if not the default (http://HEAD:PORT, or an SSH tunnel to a head "
+                   "that binds 127.0.0.1); needs --profile")
     s.set_defaults(func=run_status)
 
     lg = sub.add_parser("logs", help="a lane's logs, every rank merged with a node prefix", formatter_class=fmt,
@@ -109,22 +113,16 @@ def _kv_usage(text: str) -> float | None:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    if args.endpoint and not args.profile:
+        raise UserError("--endpoint is one lane's API: name the lane with --profile")
     sp, inv, nodes, transport, facts = _fleet(args)
-    from sparkfleet.placement import endpoint, loopback_bound
-
     rows = [r for r in _ours(facts) if not args.profile or r.get("profile") in (None, args.profile)]
     lanes = {}
     try:
         for r in rows:
             if r.get("rank") == 0 and r.get("state") == "running":
-                p = sp.profile(r["profile"]).profile
-                head = inv.nodes[r["node"]]
-                if loopback_bound(p.host) and head.transport == "ssh" and p.port is not None:
-                    with transport.forward(head, p.port) as local:  # the head serves on its loopback only
-                        lanes[r["profile"]] = _endpoint_status(f"http://127.0.0.1:{local}")
-                    lanes[r["profile"]]["endpoint"] = f"{head.name}:127.0.0.1:{p.port} (SSH tunnel)"
-                else:
-                    lanes[r["profile"]] = _endpoint_status(endpoint(head, p.port))
+                lanes[r["profile"]] = _lane_status(sp.profile(r["profile"]).profile, inv.nodes[r["node"]],
+                                                   transport, args.endpoint)
     finally:
         transport.close()
     unreachable = [r for r in rows if "error" in r]
@@ -135,6 +133,24 @@ def run_status(args: argparse.Namespace) -> int:
     if not rows:
         out.print("no sparkfleet containers on these nodes")
     return EXIT_FAIL if unreachable else EXIT_OK
+
+
+def _lane_status(profile, head, transport, override: str | None) -> dict:
+    """The head's API answers (health, models, KV usage), asked where `--endpoint` says, else by the one
+    rule every command uses (fleet/connect.py api_base: an SSH tunnel over the head's connection for a
+    head bound to its loopback, closed before this returns)."""
+    from sparkfleet.fleet.connect import api_base
+
+    if override:
+        return _endpoint_status(override.rstrip("/"))
+    if profile.port is None:
+        return {"endpoint": None, "error": f"profile {profile.name} has no port (pass --endpoint URL)"}
+    tunnel: list[str] = []
+    with api_base(head, profile.port, profile.host, transport, on_tunnel=tunnel.append) as base:
+        st = _endpoint_status(base)
+    if tunnel:  # say where the API is, not the tunnel's local port (gone now)
+        st.update(endpoint=f"{head.name}:127.0.0.1:{profile.port} (SSH tunnel)", tunnel=tunnel[0])
+    return st
 
 
 def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -> None:
