@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -753,6 +754,10 @@ def test_the_sim_engine_sizes_kv_from_the_launch_not_the_profile(tmp_path):
         a = _engine_argv(root, *flags)
         return int(a[a.index("--kv-tokens") + 1])
 
+    def budget(*flags: str) -> int:  # what the engine prints as "Available KV cache memory"
+        a = _engine_argv(root, *flags)
+        return int(a[a.index("--kv-memory-bytes") + 1])
+
     assert kv("--kv-cache-memory-bytes", str(8 * 2**30)) == 1_263_118  # dcp1 (OQ-05)
     assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "2") == 1_888_800  # dcp2
     assert kv("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "4") == 3_777_600
@@ -763,6 +768,13 @@ def test_the_sim_engine_sizes_kv_from_the_launch_not_the_profile(tmp_path):
     assert kv("--gpu-memory-utilization", "0.78") < 1_070_168 < kv("--gpu-memory-utilization", "0.85")
     assert kv("--gpu-memory-utilization", "0.80", "--kv-cache-memory-bytes", str(8 * 2**30)) == 1_263_118
     assert kv("--gpu-memory-utilization", "0.70") < 0
+    # the budget named in "Available KV cache memory" is the launch's, not one derived from a token count
+    assert budget("--kv-cache-memory-bytes", str(8 * 2**30)) == 8 * 2**30
+    assert budget("--kv-cache-memory-bytes", str(6 * 2**30), "--decode-context-parallel-size", "2") == 6 * 2**30
+    # boot 10's budget is what its 1,070,168 tokens cost plus what vLLM keeps back (about 6.79 GiB)
+    per_token, reserved = Fraction(*values.KV_BYTES_PER_TOKEN), Fraction(*values.KV_RESERVED_BYTES)
+    assert 0 <= budget("--gpu-memory-utilization", "0.80") - (reserved + 1_070_168 * per_token) < per_token + 1
+    assert budget("--gpu-memory-utilization", "0.70") < 0
     meminfo = shim.bound_source(root, "/proc/meminfo")
     meminfo.write_text(meminfo.read_text().replace("MemTotal:       126877696 kB", "MemTotal:       125829120 kB"))
     assert kv("--gpu-memory-utilization", "0.80") < 1_070_168  # 1 GiB less MemTotal on this node

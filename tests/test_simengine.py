@@ -726,3 +726,17 @@ def test_bad_arguments_are_refused():
     assert "invalid choice" in run("--fault", "meteor-strike").stderr
     assert "needs --leak-file" in run("--fault", "memory-leak").stderr
     assert "LAYER:START:END" in run("--engram-ranges", "1:2").stderr
+
+
+def test_a_budget_with_no_room_for_kv_names_it_and_exits(tmp_path):
+    """A launch whose budget the weights ate (FM-45): vLLM's line names the budget it was given, negative,
+    then the engine refuses to start."""
+    ln = Lane(tmp_path, boot=0.1, kv=-1, extra=["--kv-memory-bytes", str(-(2**30) * 13 // 5)], name="no-kv")
+    ln.start(0)
+    try:
+        assert ln.wait_exit("r0") == 1
+        log = ln.log()
+        assert "Available KV cache memory: -2.60 GiB" in log and "EngineCore failed to start." in log
+        assert "GPU KV cache size" not in log and "Application startup complete" not in log
+    finally:
+        ln.stop()

@@ -83,6 +83,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+KV_BUDGET = 6 * 2**30  # the default kv's budget: dcp2's pair, 6 GiB at DCP2 for 1,888,800 tokens (HLT-20)
+
+
 class Lane:
     """Sim engine ranks as real processes on loopback; each rank logs to its own file."""
 
@@ -108,7 +111,7 @@ class Lane:
         argv = [sys.executable, "-m", "sparkfleet.simengine", "--rank", str(rank), "--world-size", str(self.world),
                 "--master-addr", "127.0.0.1", "--master-port", str(self.master_port), "--host", "127.0.0.1",
                 "--port", str(self.port), *[a for n in self.served for a in ("--served-name", n)],
-                "--kv-tokens", str(self.kv), "--boot-seconds", str(self.boot), "--step-ms", "0.2",
+                "--kv-tokens", str(self.kv), "--kv-memory-bytes", str(KV_BUDGET), "--boot-seconds", str(self.boot), "--step-ms", "0.2",
                 "--prefill-tokens-per-s", "5000000", "--rendezvous-timeout", "30", "--stats-interval", "0.5",
                 "--peer-timeout", str(PEER_TIMEOUT),
                 *self.extra, *self.rank_extra.get(rank, [])]

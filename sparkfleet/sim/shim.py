@@ -27,7 +27,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 STATE = "var/lib/sparkfleet-sim"  # the node's sim state, like /var/lib/docker for dockerd
 LABEL_PREFIX = "sparkfleet."  # containers sparkfleet launched carry labels under this prefix
@@ -1013,7 +1016,8 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     argv = [cfg["python"], "-m", "sparkfleet.simengine", "--rank", str(rank), "--world-size", str(world),
             "--master-addr", master, "--master-port", (f.get("--master-port") or [str(port + 20000)])[0],
             "--host", host, "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
-            "--kv-tokens", str(kv_tokens(f, cfg, root)), "--model-gib", f"{weights / 2**30:.4f}"]
+            "--kv-tokens", str(kv_tokens(f, cfg, root)), "--kv-memory-bytes", str(int(kv_budget(f, cfg, root))),
+            "--model-gib", f"{weights / 2**30:.4f}"]
     for name in f.get("--served-model-name") or ["model"]:
         argv += ["--served-name", name]
     if f.get("--max-model-len"):
@@ -1109,22 +1113,27 @@ def weights_bytes(flags: dict[str, list[str]], cfg: dict) -> int:
     return int(max(Fraction(0), Fraction(*cfg["model_gib"]) * 2**30 - offload))
 
 
+def kv_budget(flags: dict[str, list[str]], cfg: dict, root: Path) -> Fraction:
+    """The KV memory a rank profiles from its launch, in bytes (values.py says how both ways were
+    calibrated): --kv-cache-memory-bytes when given, else --gpu-memory-utilization (vLLM's default when
+    absent) x the GPU's memory less the weights and the rest. Below zero when the weights eat the budget."""
+    from fractions import Fraction
+
+    raw = (flags.get("--kv-cache-memory-bytes") or [None])[0]
+    if raw is not None:
+        return Fraction(int(raw))
+    gmu = Fraction((flags.get("--gpu-memory-utilization") or [None])[0] or Fraction(*cfg["default_gmu"]))
+    return gpu_memory_bytes(root) * gmu - weights_bytes(flags, cfg) - Fraction(*cfg["gmu_other_bytes"])
+
+
 def kv_tokens(flags: dict[str, list[str]], cfg: dict, root: Path) -> int:
-    """The KV cache a rank profiles from its launch (values.py says how both ways were calibrated):
-    --kv-cache-memory-bytes when given, else --gpu-memory-utilization (vLLM's default when absent) x the
-    GPU's memory less the weights and the rest; times the DCP size."""
+    """The KV cache in tokens: the budget less what vLLM keeps back, over a token's cost, times the DCP size."""
     from fractions import Fraction
 
     per_token = Fraction(*cfg["kv_bytes_per_token"])
     reserved = Fraction(*cfg["kv_reserved_bytes"])
     dcp = int((flags.get("--decode-context-parallel-size") or flags.get("-dcp") or ["1"])[0])
-    raw = (flags.get("--kv-cache-memory-bytes") or [None])[0]
-    if raw is not None:
-        budget = Fraction(int(raw))
-    else:
-        gmu = Fraction((flags.get("--gpu-memory-utilization") or [None])[0] or Fraction(*cfg["default_gmu"]))
-        budget = gpu_memory_bytes(root) * gmu - weights_bytes(flags, cfg) - Fraction(*cfg["gmu_other_bytes"])
-    tokens = int((budget - reserved) * dcp / per_token)
+    tokens = int((kv_budget(flags, cfg, root) - reserved) * dcp / per_token)
     return tokens if tokens > 0 else min(tokens, -1)  # below 1: the engine says there is no room for KV
 
 

@@ -27,7 +27,6 @@ FAULTS = (
 )
 DEFAULT_KV_TOKENS = 1_000_000
 KV_LOW_FACTOR = 0.6  # kv-low: the rank finds 60% of the KV memory it was configured for
-BYTES_PER_KV_TOKEN = 6442450944 / 1888800  # dcp2: 6 GiB of KV holds 1,888,800 tokens (CATALOG HLT-20)
 
 
 @dataclass
@@ -40,6 +39,7 @@ class Config:
     port: int = 8000
     served_names: list[str] = field(default_factory=lambda: ["sim-model"])
     kv_tokens: int = DEFAULT_KV_TOKENS  # 0 on the command line means this default; below 0: no room for KV
+    kv_memory_bytes: int | None = None  # the KV budget "Available KV cache memory" names (None: no such line)
     max_model_len: int = 262_144
     model: str = "/models/DeepSeek-V4.1-Flash"
     model_gib: float = 81.58
@@ -105,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--port", type=int)
     a("--served-name", dest="served_names", action="append", help="repeat for aliases; the first is the model")
     a("--kv-tokens", type=int)
+    a("--kv-memory-bytes", type=int, help="the KV budget in bytes, printed as 'Available KV cache memory'")
     a("--max-model-len", type=int)
     a("--model", help="model path printed in the load lines")
     a("--model-gib", type=float, help="GiB reported by 'Model loading took'")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from sparkfleet.simengine import config as cfgmod
-from sparkfleet.simengine.config import BYTES_PER_KV_TOKEN, KV_LOW_FACTOR, Config
+from sparkfleet.simengine.config import KV_LOW_FACTOR, Config
 from sparkfleet.simengine.log import Log
 from sparkfleet.simengine.rendezvous import Head, Member, Worker
 from sparkfleet.simengine.server import ROUTES, SIM_VERSION, App, make_server
@@ -163,14 +163,17 @@ class Rank:
                  f"{time.monotonic() - loaded:.6f} seconds")
         self.pause(0.1)
         kv = int(c.kv_tokens * (KV_LOW_FACTOR if c.has("kv-low") else 1.0))
+        budget = None if c.kv_memory_bytes is None else c.kv_memory_bytes * (KV_LOW_FACTOR if c.has("kv-low") else 1)
+        kv_line = None if budget is None else f"Available KV cache memory: {budget / 2**30:.2f} GiB"
         if kv < 0 and not c.tensorfold:  # the budget left nothing for KV: vLLM's profiling refuses (FM-45)
-            log.info(p, "gpu_worker.py:298", f"Available KV cache memory: {kv * BYTES_PER_KV_TOKEN / 2**30:.2f} GiB")
+            if kv_line:
+                log.info(p, "gpu_worker.py:298", kv_line)
             log.error(p, "core.py:708", "EngineCore failed to start.")
             log.raw("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                     "when initializing the engine.")
             raise Fatal
-        if not c.tensorfold:  # vLLM's KV line; TensorFold prints none
-            log.info(p, "gpu_worker.py:298", f"Available KV cache memory: {kv * BYTES_PER_KV_TOKEN / 2**30:.2f} GiB")
+        if kv_line and not c.tensorfold:  # vLLM's KV line (from the budget the launch gave); TensorFold prints none
+            log.info(p, "gpu_worker.py:298", kv_line)
         report_kv(kv)
         if c.autotune_configs is not None:
             log.info(p, "autotuner.py:283", f"Loaded {c.autotune_configs} configs from the FlashInfer autotune cache")
