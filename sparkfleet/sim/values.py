@@ -111,7 +111,7 @@ FOREIGN_PID = 48250
 
 
 # -- the sim engine that `docker run` starts for a sparkfleet lane (simulation inputs, not measurements) --
-ENGINE_BOOT_S = 2.0  # the seeds' Spark boot takes ~11 min (LCH-14); the sim compresses it to seconds
+ENGINE_BOOT_S = 0.5  # the seeds' Spark boot takes ~11 min (LCH-14); the sim compresses it to half a second
 # The weights a rank loads (the engine's "Model loading took" line, and what a memory-utilisation budget loses to
 # them): the seeds' one published per-rank figure, boot 10's TP4 rank incl. draft + vision (CATALOG §2.4, PRF-S
 # "Expected memory: weights per rank incl. draft + vision 81.58 GiB"). The sim has no other checkpoint size.
