@@ -207,6 +207,7 @@ def test_watch_unit_command_prints_a_unit_that_runs_this_watch(tmp_path, monkeyp
     (["--profile", "dcp2", "--max-restarts", "0"], "--max-restarts 0"),
     (["--profile", "no-such-lane"], "no-such-lane"),
     (["--profile", "dcp2", "--gates", "count100,bogus"], "unknown gate(s) bogus"),
+    (["--profile", "dcp2", "--clock-probe-seconds", "0"], "--clock-probe-seconds 0: expected seconds above 0"),
 ])
 def test_bad_input_exits_2_and_starts_nothing(tmp_path, monkeypatch, capsys, argv: list[str], words: str) -> None:
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))

@@ -113,11 +113,11 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       probe_seconds=probe_seconds(args), **extra)
 
 
-def probe_seconds(args: argparse.Namespace) -> float | None:
-    """--probe-seconds, checked: the probe kills a load that runs PROBE_MAX_S."""
+def probe_seconds(args: argparse.Namespace, flag: str = "--probe-seconds") -> float | None:
+    """--probe-seconds (watch: `flag` --clock-probe-seconds), checked: the probe kills a load that runs PROBE_MAX_S."""
     s = getattr(args, "probe_seconds", None)
     if s is not None and not 0 < s < PROBE_MAX_S:
-        raise UserError(f"--probe-seconds {s:g}: expected seconds above 0 and below {PROBE_MAX_S:g} "
+        raise UserError(f"{flag} {s:g}: expected seconds above 0 and below {PROBE_MAX_S:g} "
                         "(the probe kills a load that runs that long)")
     return s
 

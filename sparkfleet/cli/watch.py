@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from sparkfleet.checks.probe import LOAD_SECONDS
 from sparkfleet.cli.common import EXIT_OK, EXIT_USAGE, add_inventory, add_root, err, out, print_findings, spec
 from sparkfleet.runner.events import HumanEvents
 from sparkfleet.spec.errors import UserError
@@ -58,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gates", default="models,count100", metavar="LIST",
                    help="gates a restart must pass (default models,count100)")
     p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
+    p.add_argument("--clock-probe-seconds", type=float, metavar="SECONDS", dest="probe_seconds",
+                   help=f"how long each restart's GPU clock probe load runs on each rank (as up --probe-seconds; "
+                   f"default {LOAD_SECONDS:g})")
     p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while a restart waits")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
@@ -93,6 +97,7 @@ def _resolve(args: argparse.Namespace, sp) -> tuple[str, str, dict | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sparkfleet.cli.lifecycle import probe_seconds
     from sparkfleet.gates.run import GateSetupError, api_key_for, parse_only
     from sparkfleet.plan import make_plan
     from sparkfleet.root import state_dir
@@ -102,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     problems = settings.problems()
     if problems:
         raise UserError("watch: " + "; ".join(problems))
+    clock_probe_s = probe_seconds(args, "--clock-probe-seconds")
     sp = spec(args)
     profile, playbook, point = _resolve(args, sp)
     from sparkfleet.spec.overrides import from_mapping
@@ -129,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     events = JsonEvents() if args.json else WatchHumanEvents()
     watcher = Watcher(sp, loaded, inventory, settings, events, state_dir(), playbook=playbook, restore_point=point,
                       gates=args.gates, dry_run=args.dry_run, api_key=key, endpoint_url=args.endpoint,
-                      boot_budget_s=args.boot_budget, poll_s=args.poll,
+                      boot_budget_s=args.boot_budget, probe_seconds=clock_probe_s, poll_s=args.poll,
                       command=" ".join(["sparkfleet", "watch", *(sys.argv[2:] if sys.argv[1:2] == ["watch"] else
                                                                   ["--profile", profile])]))
     try:

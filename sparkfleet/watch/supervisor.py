@@ -63,8 +63,8 @@ class Watcher:
     def __init__(self, spec: Spec, loaded: Loaded, inventory: Inventory, settings: Settings, events: Events,
                  state: Path, *, playbook: str = "up", restore_point: dict | None = None,
                  gates: str = "models,count100", dry_run: bool = False, api_key: str | None = None,
-                 endpoint_url: str | None = None, boot_budget_s: float | None = None, poll_s: float = 1.0,
-                 command: str = "") -> None:
+                 endpoint_url: str | None = None, boot_budget_s: float | None = None,
+                 probe_seconds: float | None = None, poll_s: float = 1.0, command: str = "") -> None:
         self.spec, self.loaded, self.inventory, self.settings = spec, loaded, inventory, settings
         self.profile = loaded.profile
         self.events = events
@@ -74,6 +74,7 @@ class Watcher:
         self.gates = gates
         self.dry_run = dry_run
         self.boot_budget_s = boot_budget_s
+        self.probe_seconds = probe_seconds  # each restart's clock probe load (None: the probe's default)
         self.poll_s = poll_s
         self.command = command or f"sparkfleet watch --profile {self.profile.name}"
         self.ranks: list[Rank] = place(loaded, inventory)
@@ -342,7 +343,8 @@ class Watcher:
         self.set_state("restarting", verdict.why)
         rec = self.run_playbook(self.playbook, f"restart ({verdict.reason})", RunOptions(
             gate_args={"only": self.gates}, stop_on_gate_failure=True, restore_point=self.restore_point,
-            boot_budget_s=self.boot_budget_s, poll_s=self.poll_s, endpoint=self.endpoint_url))
+            boot_budget_s=self.boot_budget_s, probe_seconds=self.probe_seconds, poll_s=self.poll_s,
+            endpoint=self.endpoint_url))
         incident.steps.append({"step": f"restart:{self.playbook}", "status": "ok" if rec.outcome == "ok" else "fail",
                                "summary": rec.reason or rec.outcome, "run_id": rec.run_id})
         incident.data["restart"] = {"playbook": self.playbook, "run_id": rec.run_id, "outcome": rec.outcome,
