@@ -23,7 +23,7 @@ from tests.watchproc import FAST, WatchProc
 
 NODES = ("reddie", "asusi", "bluey", "spark4")
 RANK_NODE = {0: "reddie", 1: "asusi", 2: "bluey", 3: "spark4"}
-UP = ["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--json"]
+UP = ["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--no-probe", "--json"]
 
 
 @pytest.fixture
@@ -94,6 +94,8 @@ def test_a_worker_vanishing_while_serving_restarts_the_group_workers_before_head
         ("asusi", 1), ("bluey", 2), ("spark4", 3), ("reddie", 0)]
     gates = {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]}
     assert gates == {"models": "pass", "count100": "pass"}
+    # the restart's clock probe ran the load for --clock-probe-seconds 1 (FAST) on every rank
+    assert {n: p["load"]["command"].split()[-3] for n, p in rec["data"]["probe"].items()} == {n: "1" for n in NODES}
     # no old rank left: one running container per node, all of the restart's run
     now = containers(lane)
     assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs] for n, cs in now.items()} \

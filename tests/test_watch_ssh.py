@@ -44,7 +44,8 @@ def ssh_sim(tmp_path_factory):
 def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over_ssh(ssh_sim, capsys) -> None:
     inv = ssh_sim.inventory()
     assert {n.transport for n in inv.nodes.values()} == {"ssh"}
-    assert main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--json"]) == 0
+    assert main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--no-probe",
+                 "--json"]) == 0
     capsys.readouterr()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *FAST, "--failures", "2"], env)
@@ -78,7 +79,7 @@ def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over
 
 
 def test_a_loopback_bound_head_is_probed_through_the_ssh_tunnel_and_restarted(ssh_sim, capsys) -> None:
-    up = ["up", "--profile", "tf1017", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--json"]
+    up = ["up", "--profile", "tf1017", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--no-probe", "--json"]
     assert main(up) == 0, capsys.readouterr().out[-2000:]
     capsys.readouterr()
     env = {**os.environ, "PYTHONPATH": str(REPO)}

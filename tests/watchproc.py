@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["--interval", "2", "--probe-timeout", "1.5", "--backoff", "0", "--poll", "0.2"]
+FAST = ["--interval", "2", "--probe-timeout", "1.5", "--backoff", "0", "--poll", "0.2", "--clock-probe-seconds", "1"]
 
 
 class WatchProc:
