@@ -57,15 +57,25 @@ def shared_state(tmp_path_factory):
         lab.down()
 
 
-@pytest.fixture
-def ro_sim(shared_state, monkeypatch):
-    """The shared lab, read-only: tests using it must not change it."""
+def _shared(shared_state, monkeypatch):
     monkeypatch.setenv("SPARKFLEET_STATE", str(shared_state))
     s = lab.current()
     assert s is not None
     before = snapshot(paths.nodes_dir())
     yield s
-    assert snapshot(paths.nodes_dir()) == before, "a read-only test changed the shared simulated lab"
+    assert snapshot(paths.nodes_dir()) == before, "a test changed the shared simulated lab and did not restore it"
+
+
+@pytest.fixture
+def ro_sim(shared_state, monkeypatch):
+    """The shared lab, read-only: tests using it must not change it."""
+    yield from _shared(shared_state, monkeypatch)
+
+
+@pytest.fixture
+def restored_sim(shared_state, monkeypatch):
+    """The shared lab for a test that changes it and puts it back byte for byte (checked after, as ro_sim)."""
+    yield from _shared(shared_state, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -479,7 +489,9 @@ EXPECTED_CHANGES: dict[str, tuple[dict, set[str]]] = {
 
 
 @pytest.mark.parametrize("kind", list(EXPECTED_CHANGES))
-def test_fault_changes_exactly_what_it_should_and_heal_restores(sim, kind):
+def test_fault_changes_exactly_what_it_should_and_heal_restores(restored_sim, kind):
+    sim = restored_sim  # each kind's heal puts the shared lab back byte for byte (asserted below and after)
+    assert all(not sim.faults(n) for n in sim.nodes)
     params, expected = EXPECTED_CHANGES[kind]
     before = sandbox_snapshot()
     recorded = sim.fault("asusi", kind, **params)
