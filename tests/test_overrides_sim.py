@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sparkfleet.cli.main import main
 
-FAST = ["--gates", "models", "--poll", "0.2", "--probe-seconds", "1", "--json"]
+FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--json"]  # the clock probe has tests of its own
 OVERRIDES = ["-o", "flags.--gpu-memory-utilization=0.78", "--set", "env.NCCL_DEBUG=INFO"]
 
 

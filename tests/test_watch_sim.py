@@ -205,8 +205,8 @@ def test_up_by_a_second_controller_makes_watch_stand_down_naming_who(lane, tmp_p
         # lane: it holds the fleet lock on the lane's nodes while it stops, probes and relaunches
         other = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", "--profile", "dcp2",
                                   "--inventory", str(lane.inventory_path), "--gates", "models", "--poll", "0.2",
-                                  "--json"], env=env(SPARKFLEET_STATE=str(tmp_path / "other")), cwd=REPO,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  "--probe-seconds", "1", "--json"], env=env(SPARKFLEET_STATE=str(tmp_path / "other")),
+                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             stood = w.event("watch.stand-down")
             assert w.wait() == 0
