@@ -211,6 +211,42 @@ def storage_paths(node: Node, profiles: list[Profile]) -> tuple[list[str], list[
     return sorted(set(dirs)), sorted(set(files) - set(dirs))
 
 
+def checkpoint_dir(node: Node, p: Profile) -> str | None:
+    """The lane's checkpoint dir on this node (<model_root>/<repo_dir>/snapshots/<snapshot or revision>), where
+    the node holds the sim's stand-in checkpoint; None for a lane that reads no Engram rows from a vLLM checkpoint
+    (TensorFold's Engram shards come from another checkpoint, ENG-29)."""
+    if p.model is None or p.engram is None or p.engram.mode != "disk" or p.tensorfold is not None:
+        return None
+    repo = posixpath.join(node.storage.model_root, p.model.repo_dir)
+    snapshot = p.model.snapshot or p.model.revision
+    return posixpath.join(repo, "snapshots", snapshot) if snapshot else repo
+
+
+def place_checkpoints(root: Path, node: Node, profiles: list[Profile], made: dict[tuple[str, str], Path]) -> None:
+    """The stand-in checkpoint (values.ENGRAM_STANDIN_ROWS) in each lane's checkpoint dir on the node. `made`
+    (checkpoint dir under the model root, format) -> a dir already written on another node of this lab: its files
+    are hard-linked, as a worker's NFS mount shows the head's files (one checkpoint, many nodes)."""
+    from sparkfleet.engram.safetensors import make_checkpoint
+
+    for p in profiles:
+        d = checkpoint_dir(node, p)
+        if d is None or p.engram is None:
+            continue
+        target = inside(root, d)
+        if any(target.glob("*.safetensors")):
+            continue  # two lanes of one checkpoint: the first lane's format is what the checkpoint holds
+        key = (posixpath.relpath(d, node.storage.model_root), p.engram.format)
+        if key in made and made[key].is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            for f in made[key].iterdir():
+                (target / f.name).hardlink_to(f)
+            continue
+        make_checkpoint(target, rows=values.ENGRAM_STANDIN_ROWS, width=values.ENGRAM_STANDIN_WIDTH,
+                        layers=values.ENGRAM_LAYERS, fmt=p.engram.format,
+                        seed=int(hashlib.sha256(key[0].encode()).hexdigest()[:8], 16))
+        made[key] = target
+
+
 def engine_state() -> dict:
     """state/engine.json: how the docker shim starts the sim engine for a lane, and the sim's own inputs
     (values.py) it derives the engine's observables from. Nothing here comes from a profile: the engine
@@ -277,8 +313,9 @@ def install_shims(bin_dir: Path, *, netns: bool = False) -> None:
 
 
 def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lanes, *,
-               netns: bool = False) -> None:
-    """Create the node's directory (it must not exist yet): fs/ with the node's paths and state, bin/ with shims."""
+               netns: bool = False, checkpoints: dict[tuple[str, str], Path] | None = None) -> None:
+    """Create the node's directory (it must not exist yet): fs/ with the node's paths and state, bin/ with shims.
+    `checkpoints`: the lab's stand-in checkpoints already written (place_checkpoints), shared across its nodes."""
     from sparkfleet.sim.node import home_dir
 
     profiles = profiles_for(inv, node, lanes)
@@ -307,6 +344,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
             refs = inside(root, posixpath.join(node.storage.model_root, p.model.repo_dir, "refs", "main"))
             refs.parent.mkdir(parents=True, exist_ok=True)
             refs.write_text(p.model.revision)
+    place_checkpoints(root, node, profiles, {} if checkpoints is None else checkpoints)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
     install_shims(node_dir / "bin", netns=netns)
     shim.render(root)

@@ -254,8 +254,9 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
     paths.nodes_dir().mkdir(parents=True)
     try:
         names = list(inv.nodes)
+        checkpoints: dict = {}  # one stand-in checkpoint per lab, linked into every node that holds it
         for ordinal, n in enumerate(inv.nodes.values(), start=1):
-            build.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns)
+            build.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns, checkpoints=checkpoints)
         ssh = _ssh_config(names, netns) if transport == "ssh" else {}
         if netns:
             netlab.create(inv, names)

@@ -126,11 +126,20 @@ PIN_HOOK_SITE = "sitecustomize.py"
 # vLLM's default --gpu-memory-utilization when a launch gives neither it nor --kv-cache-memory-bytes
 # (vLLM EngineArgs.gpu_memory_utilization = 0.9).
 VLLM_DEFAULT_GMU = (9, 10)
-ENGRAM_TABLE_ROWS = 384_000_000  # ENG-01: 384 million rows per table; a rank reads its 1/TP share (ENG-03)
+ENGRAM_TABLE_ROWS = 384_000_000  # ENG-01: 384 million rows per table; a rank reads its 1/TP share (ENG-03).
+# Used only for a checkpoint dir without Engram headers (the nodes hold a stand-in with them: ENGRAM_STANDIN_ROWS).
 ENGRAM_LAYERS = (1, 14)  # ENG-01
 # The name of layer L's Engram values tensor in a checkpoint the sim reads rows from (the sim's own choice, the
 # same as the test checkpoints of sparkfleet/engram/safetensors.py; the seeds do not name the tensors).
 ENGRAM_TENSOR = "model.layers.{layer}.engram.embed.weight"
+# The checkpoint a sim node holds in each vLLM lane's snapshot dir: a STAND-IN for the ~150 GB checkpoint a real
+# node holds (INV-30), with only what the Engram path reads: ENGRAM_LAYERS' tables in shards 47 and 48 (ENG-04)
+# under ENGRAM_TENSOR (values F8_E4M3 plus per-32 scales, or NVFP4's for an nvfp4 lane), other tensors around
+# them, a shard without Engram tensors and the index (sparkfleet.engram.safetensors.make_checkpoint writes it).
+# Its tables have the sim's own size, not the real 384 M rows: small enough that the real copier copies a rank's
+# quarter in milliseconds and the engine re-hashes it at every launch. The engine reads the size from the headers.
+ENGRAM_STANDIN_ROWS = 4096
+ENGRAM_STANDIN_WIDTH = 64  # values per row (fp8: 64 bytes + 2 scale bytes a row)
 ENGINE_STOP_WAIT_S = 10.0  # `docker stop`'s default grace before SIGKILL
 
 # `--moe-backend NAME` -> the kernel vLLM names in its MoE line, for the lab's MXFP4 checkpoint: b12x prints
