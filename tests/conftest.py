@@ -37,8 +37,39 @@ def ops_root(tmp_path: Path) -> Path:
     return copy_ops(tmp_path / "ops")
 
 
+ENGRAM_TENSORS = "model.layers.{layer}.engram.*"  # the Engram tensors of the lab nodes' checkpoint
+
+
+def engram_copies(sim, profile: str = "dcp2", root: Path = REPO) -> None:
+    """Every rank of `profile` gets its node-local Engram copy on the lab, made by the real copier (engram_copy.py
+    under the node's root, as fleet mode runs it there) from the checkpoint its node holds, of the rows the sim
+    engine will read: the rank's 1/TP share of each table, its row count read from the checkpoint's header
+    (ENG-03). A wrong copy makes the engine read NFS and `up` fail. Copies persist on the node roots."""
+    from sparkfleet.engram import fleet
+    from sparkfleet.fleet.nodeside import engram_copy as ec
+    from sparkfleet.placement import place
+
+    spec = Spec(root)
+    loaded = spec.profile(profile)
+    p, e = loaded.profile, loaded.profile.engram
+    assert e is not None
+    for r in place(loaded, spec.inventory("lab")):
+        dest, source = fleet.copy_dir(p, r.node), fleet.source_dir(p, r.node)
+        node_root = sim.root(r.node.name)
+        if r.rank in e.nfs_ranks or dest is None or (node_root / dest.lstrip("/") / ec.MANIFEST).is_file():
+            continue
+        shards = [ec.read_shard(str(f)) for f in sorted((node_root / source.lstrip("/")).glob("*.safetensors"))]
+        rows = {layer: s.tensors[name].shape[0] for s in shards for layer in e.layers
+                if (name := f"model.layers.{layer}.engram.embed.weight") in s.tensors}
+        ec.copy(ec.CopyRequest(source=source, dest=dest, tensors=ENGRAM_TENSORS, shards=list(e.shards),
+                               ranges={k: (n * r.rank // p.tp, n * (r.rank + 1) // p.tp) for k, n in rows.items()},
+                               revision=p.model.revision if p.model else None, tp=p.tp, rank=r.rank),
+                root=str(node_root))
+
+
 def sim_lab(tmp_path_factory):
-    """A simulated lab of the repo's `lab` inventory in a state dir of its own, for a module's tests; down after."""
+    """A simulated lab of the repo's `lab` inventory in a state dir of its own, for a module's tests; down after.
+    dcp2's ranks hold their node-local Engram copies (engram_copies): dcp2 and its relatives expect them."""
     from sparkfleet.sim import lab
 
     state = tmp_path_factory.mktemp("state")
@@ -46,6 +77,7 @@ def sim_lab(tmp_path_factory):
         mp.setenv("SPARKFLEET_STATE", str(state))
         s = lab.up("lab")
         try:
+            engram_copies(s)
             yield s
         finally:
             lab.down()

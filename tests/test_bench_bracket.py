@@ -18,6 +18,7 @@ from sparkfleet.bench.promptsets import PromptSet
 from sparkfleet.bench.runner import BenchOptions, BenchResult, Cell, run_bench
 from sparkfleet.cli.main import main
 from sparkfleet.sim import shim
+from tests.conftest import engram_copies
 from tests.test_simengine_util import Lane, free_port
 
 PROSE = """
@@ -212,6 +213,7 @@ def test_bracket_cli_on_the_sim_lab_fails_a_slow_candidate_and_ends_with_the_con
     bars.write_text(f"drift_band: 50%\nbench: {{categories: [prose], concurrency: [1, 2], max_tokens: 60, "
                     f"ignore_eos: true}}\nbars:\n  decode.prose.C1: '{DRAFTER}'\n  decode.prose.C2: '>= -10%'\n")
     sim = lab.up("lab")
+    engram_copies(sim)
     up = cli_bench.RunnerLanes.up
 
     def up_with_a_slow_candidate(self, profile: str) -> str:

@@ -19,7 +19,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
 from sparkfleet.sim.paths import sim_inventory_path
 from tests.cli_run import findings
-from tests.conftest import copy_ops
+from tests.conftest import copy_ops, engram_copies
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the lab's own network namespaces need root")
 
@@ -36,6 +36,7 @@ def sim(tmp_path_factory):
         mp.setenv("SPARKFLEET_STATE", str(state))
         s = lab.up("lab", transport="ssh")
         try:
+            engram_copies(s)
             yield s
         finally:
             lab.down()

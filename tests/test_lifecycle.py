@@ -17,7 +17,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
 from tests.cli_run import lane_containers, record_of, result, run
-from tests.conftest import REPO
+from tests.conftest import REPO, engram_copies
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
 
@@ -257,6 +257,7 @@ def test_an_api_key_reaches_the_engine_and_never_a_record(sim, capsys, tmp_path,
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
     own = lab.up("lab", ops_root=str(ops))  # its own lab: it knows the extra profile
     try:
+        engram_copies(own)
         code, events = run(capsys, "up", "--profile", "dcp2-auth", "--inventory", "sim", "--root", str(ops),
                            "--gates", "models,auth", "--poll", "0.2", "--no-probe")
         assert code == 0, result(events)

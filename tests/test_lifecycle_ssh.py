@@ -11,6 +11,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
+from tests.conftest import engram_copies
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 
@@ -24,6 +25,7 @@ def ssh_sim(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
     s = lab.up("lab", transport="ssh")
     try:
+        engram_copies(s)
         yield s
     finally:
         lab.down()
@@ -63,6 +65,7 @@ def test_a_loopback_bound_head_is_reached_through_an_ssh_tunnel(tmp_path, monkey
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
     sim = lab.up("lab", transport="ssh", ops_root=str(ops))
     try:
+        engram_copies(sim)
         code = main(["up", "--profile", "dcp2-lo", "--inventory", "sim", "--root", str(ops), "--gates", "models",
                      "--poll", "0.2", "--no-probe", "--json"])
         events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]

@@ -31,7 +31,7 @@ from sparkfleet.fleet.connect import transport_for
 from sparkfleet.metrics import dashboards as dash
 from sparkfleet.metrics import names as n
 from sparkfleet.sim import lab, values
-from tests.conftest import REPO
+from tests.conftest import REPO, engram_copies
 from tests.prom import Prometheus, binary, free_port, promtool
 from tests.watchproc import FAST as WATCH_FAST
 from tests.watchproc import WatchProc
@@ -72,6 +72,7 @@ def fleet(tmp_path_factory):
         mp.setenv("SPARKFLEET_STATE", str(state))
         sim = lab.up("lab")
         try:
+            engram_copies(sim)
             # exporter and Prometheus first: their start-up (first poll, first scrape ~6 s) overlaps the lane's boot
             port = free_port()
             log = (tmp / "exporter.log").open("wb")

@@ -15,7 +15,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.patches import manifest as pm
 from sparkfleet.sim import lab
-from tests.conftest import REPO
+from tests.conftest import REPO, engram_copies
 
 NODES = ("reddie", "asusi", "bluey", "spark4")  # dcp2's ranks
 PATCH = "var/lib/sparkfleet/patches/probe/sparkfleet_patch_probe.py"  # the inventory's patch_root, on the node
@@ -31,6 +31,7 @@ def ops(tmp_path_factory):
         mp.setenv("SPARKFLEET_STATE", str(tmp_path_factory.mktemp("state")))
         s = lab.up("lab", ops_root=str(ops))
         try:
+            engram_copies(s)
             yield ops, s
         finally:
             s.down()

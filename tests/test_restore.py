@@ -22,7 +22,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
 from sparkfleet.sim.paths import sim_inventory_path
 from tests.cli_run import findings, result, run, step
-from tests.conftest import copy_ops
+from tests.conftest import copy_ops, engram_copies
 
 FAST = ["--gates", "models", "--poll", "0.2", "--probe-seconds", "1"]
 NODES = ("reddie", "asusi", "bluey", "spark4")
@@ -37,6 +37,7 @@ def env(tmp_path_factory):
         mp.setenv("SPARKFLEET_STATE", str(state))
         s = lab.up("lab")
         try:
+            engram_copies(s)
             shutil.copy(sim_inventory_path(), ops / "inventories/sim.yaml")
             base = ["--inventory", "sim", "--root", str(ops)]
             code = main(["up", "--profile", "dcp2", *base, *FAST, "--save-as", "night", "--json"])

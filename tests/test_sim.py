@@ -286,6 +286,23 @@ def test_storage_dirs_for_the_shipped_lanes(ro_sim, source):
     assert (dcp2 / "snapshots/df42c109f1defefcbfcedbe7d905718a12266e40").is_dir()
     assert (dcp2 / "refs/main").read_text() == "df42c109f1defefcbfcedbe7d905718a12266e40"
     assert paths.inside(ro_sim.root("station"), "/home/milo/dsv41/hook/sitecustomize.py").is_file()  # a -v source
+    # the stand-in checkpoint: Engram tables of the sim's size in shards 47 and 48; the workers' NFS mount shows
+    # the head's files (one inode), the Station holds none (its lanes pin Engram in memory)
+    from sparkfleet.fleet.nodeside.engram_copy import read_shard
+
+    snap = dcp2 / "snapshots/df42c109f1defefcbfcedbe7d905718a12266e40"
+    assert sorted(p.name for p in snap.iterdir()) == [
+        "model-00001-of-00048.safetensors", "model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors",
+        "model.safetensors.index.json"]
+    for layer, shard in ((1, 47), (14, 48)):
+        t = read_shard(str(snap / f"model-000{shard}-of-00048.safetensors")).tensors
+        assert t[f"model.layers.{layer}.engram.embed.weight"].shape == [values.ENGRAM_STANDIN_ROWS,
+                                                                         values.ENGRAM_STANDIN_WIDTH]
+    head = paths.inside(ro_sim.root("reddie"), "/nvme/hf/models--deepseek-ai--DeepSeek-V4.1-Flash") / snap.relative_to(
+        dcp2)
+    assert (head / "model-00047-of-00048.safetensors").stat().st_ino == (
+        snap / "model-00047-of-00048.safetensors").stat().st_ino
+    assert not list(paths.inside(ro_sim.root("station"), "/models").rglob("*.safetensors"))
 
 
 def test_docker_images_for_every_shipped_lane(ro_sim, source):

@@ -19,7 +19,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
-from tests.conftest import REPO
+from tests.conftest import REPO, engram_copies
 from tests.watchproc import FAST, WatchProc
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
@@ -35,6 +35,7 @@ def ssh_sim(tmp_path_factory):
     mp.setenv("SPARKFLEET_STATE", str(tmp_path_factory.mktemp("watch-ssh") / "state"))
     s = lab.up("lab", transport="ssh")
     try:
+        engram_copies(s)
         yield s
     finally:
         lab.down()
