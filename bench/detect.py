@@ -47,7 +47,8 @@ def ops_root(tmp: Path) -> Path:
         shutil.copytree(REPO / d, ops / d)
     # own ports, so the bench never meets another lane (or a test run) on dcp2's 8410/29551
     (ops / "profiles/bench-detect.yaml").write_text("extends: dcp2\ndescription: \"bench input: dcp2, own ports\"\n"
-                                                    "port: 18411\nmaster_port: 39552\n")
+                                                    "port: 18411\nmaster_port: 39552\n"
+                                                    "expect: {engram_node_local: false}  # no copies: NFS on purpose\n")
     return ops
 
 

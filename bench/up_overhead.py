@@ -52,7 +52,8 @@ def ops_root(tmp: Path) -> Path:
     (ops / "inventories/lab8.yaml").write_text(yaml.safe_dump(inv, sort_keys=False))
     # own ports, so the bench never meets another lane (or a test run) on dcp2's 8410/29551
     (ops / "profiles/bench-tp4.yaml").write_text("extends: dcp2\ndescription: \"bench input: dcp2, own ports\"\n"
-                                                 "port: 18410\nmaster_port: 39551\n")
+                                                 "port: 18410\nmaster_port: 39551\n"
+                                                 "expect: {engram_node_local: false}  # no copies: NFS on purpose\n")
     (ops / "profiles/bench-tp8.yaml").write_text("extends: bench-tp4\ndescription: \"bench input: dcp2 on 8 nodes\"\n"
                                                  "group: sparks8\ntp: 8\n")
     pb = yaml.safe_load((REPO / "playbooks/up.yaml").read_text())

@@ -57,7 +57,8 @@ def ops_root(tmp: Path) -> Path:
     for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
         shutil.copytree(REPO / d, ops / d)
     (ops / f"profiles/{LANE}.yaml").write_text("extends: dcp2\ndescription: \"bench input: dcp2, own ports\"\n"
-                                               "port: 18412\nmaster_port: 39553\n")
+                                               "port: 18412\nmaster_port: 39553\n"
+                                               "expect: {engram_node_local: false}  # no copies: NFS on purpose\n")
     return ops
 
 

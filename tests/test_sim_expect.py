@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
-from sparkfleet.engram.safetensors import make_checkpoint
 from sparkfleet.fleet.nodeside import engram_copy as ec
+from sparkfleet.sim import values
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--json"]
 NODES = ("reddie", "asusi", "bluey", "spark4")  # ranks 0..3 of dcp2 on the lab inventory
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's checkpoint (spark-vllm / production-1.2)
 REPO = "models--deepseek-ai--DeepSeek-V4.1-Flash"
-ROWS = 4096  # the test checkpoint's Engram tables: rank r of TP4 reads rows [1024 r, 1024 (r + 1))
+ROWS = values.ENGRAM_STANDIN_ROWS  # the lab checkpoint's Engram tables: rank r of TP4 reads its quarter
 
 
 @pytest.fixture(autouse=True)
@@ -65,27 +65,11 @@ def test_changed_flags_under_an_unchanged_expectation_fail_expect(sim, capsys) -
     assert moe["status"] == "fail" and moe["message"].startswith("ranks [0, 1, 2, 3] did not log ")
 
 
-def _place_copies(sim) -> None:
-    """The checkpoint on every node, and each rank's node-local copy of its rows made by the real copier."""
-    for rank, node in enumerate(NODES):
-        root = sim.root(node)
-        model_root = json.loads((sim.state_dir(node) / "node.json").read_text())["storage"]["model_root"]
-        snap = f"{model_root}/{REPO}/snapshots/{REV}"
-        dest = f"/nvme/engram-local/{REV}"
-        if (root / dest.lstrip("/") / ec.MANIFEST).is_file():
-            continue
-        make_checkpoint(root / snap.lstrip("/"), rows=ROWS)
-        rows = (ROWS * rank // 4, ROWS * (rank + 1) // 4)
-        ec.copy(ec.CopyRequest(source=snap, dest=dest, ranges={1: rows, 14: rows},
-                               tensors="model.layers.{layer}.engram.*", tp=4, rank=rank, revision=REV,
-                               chunk_bytes=64 * 1024, window_bytes=256 * 1024), root=str(root))
-
-
 def test_node_local_engram_only_where_the_copy_covers_the_rows(sim, capsys) -> None:
-    """Two wrong copies, two judges: another rank's copy (its manifest says so) is refused by `up`'s engram
-    step before launch; a copy whose manifest is right but whose bytes end half-way is only seen by the
-    engine reading it (the sim reads the files), which then reads those rows over NFS and `expect` says so."""
-    _place_copies(sim)
+    """The copies the real copier made (conftest.engram_copies) are node-local; then two wrong copies, two judges:
+    another rank's copy (its manifest says so) is refused by `up`'s engram step before launch; a copy whose
+    manifest is right but whose bytes end half-way is only seen by the engine reading it (the sim reads the files),
+    which then reads those rows over NFS, and `expect` fails the lane for it."""
     code, events = up(capsys)
     assert code == 0, result(events)
     assert expect_findings(events)["engram-local"]["status"] == "ok"
@@ -110,12 +94,19 @@ def test_node_local_engram_only_where_the_copy_covers_the_rows(sim, capsys) -> N
         fh.truncate(t["offset"] + t["length"] // 2)  # the copy ends half-way through the rows it claims
     try:
         code, events = up(capsys)
-        local = expect_findings(events)["engram-local"]
-        assert local["status"] in ("warn", "fail")
-        assert local["message"] == "ranks [3] read Engram rows over NFS (not expected: [3])"
+        assert code == 1
+        assert result(events)["reason"] == "expect: expectations not met; every rank of this launch was stopped"
+        fails = [f for f in next(e for e in events if e["event"] == "findings" and e["step"] == "expect")["findings"]
+                 if f["status"] == "fail"]
+        assert [(f["check"], f["node"], f["message"]) for f in fails] == [(
+            "engram-local", "spark4", "rank 3 (spark4) read Engram rows over NFS, not from its node-local copy "
+            "(expect.engram_node_local; 6-8 ms a step against 3, ENG-16)")]
+        assert _lane_states(sim) == dict.fromkeys(NODES, ["exited"])  # the lane was stopped, like any failure
         logs = {n: _head_log_lines(sim, n) for n in ("spark4", "asusi")}
-        assert "Engram layer 14 rows [3072, 4096) read from the model directory (no node-local copy)" in logs["spark4"]
-        assert "Engram layer 1 rows [1024, 2048) read from node-local /engram-local" in logs["asusi"]
+        q = ROWS // 4
+        assert f"Engram layer 14 rows [{3 * q}, {ROWS}) read from the model directory (no node-local copy)" in logs[
+            "spark4"]
+        assert f"Engram layer 1 rows [{q}, {2 * q}) read from node-local /engram-local" in logs["asusi"]
     finally:
         for name, data in kept.items():
             (spark4 / name).write_bytes(data)
@@ -126,3 +117,13 @@ def _head_log_lines(sim, node: str) -> str:
     docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
     [c] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
     return (sim.state_dir(node) / "logs" / f"{c['Id']}.log").read_text()
+
+
+def _lane_states(sim) -> dict[str, list[str]]:
+    """node -> the state of each dcp2 container in the node's docker state."""
+    out = {}
+    for node in NODES:
+        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
+        out[node] = [c["State"]["Status"] for c in docker["containers"]
+                     if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
+    return out

@@ -65,7 +65,7 @@ def test_the_engram_step_judges_each_copy_with_the_one_rule(repo_spec: Spec, tmp
     assert (result.status, result.summary) == ("fail", "expect.engram_node_local: rank 1 (asusi): the copy is of "
                                                f"checkpoint 0123456789abcdef, the lane runs {REV} (CATALOG FM-62): "
                                                "falls back to reading the model directory over NFS (6-8 ms a step "
-                                               "against 3, CATALOG ENG-16) (and 1 more)")
+                                               "against 3, CATALOG ENG-16) (and 2 more)")
     got = [(f.node, f.status, f.message) for f in result.findings]
     assert ("asusi", "fail", "rank 1 (asusi): the copy is of checkpoint 0123456789abcdef, the lane runs "
             f"{REV} (CATALOG FM-62): falls back to reading the model directory over NFS (6-8 ms a step "
@@ -73,7 +73,28 @@ def test_the_engram_step_judges_each_copy_with_the_one_rule(repo_spec: Spec, tmp
     assert ("bluey", "fail", "rank 2 (bluey): the copy was never verified (made with --no-verify, or its read-back "
             "failed): falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG "
             "ENG-16)") in got
-    assert ("spark4", "warn", "rank 3 (spark4): no engram-manifest.json: the copy is missing or incomplete: falls "
+    # no copy at all fails too, with the operator's way out
+    assert ("spark4", "fail", "rank 3 (spark4): no engram-manifest.json: the copy is missing or incomplete: falls "
             "back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)") in got
+    [spark4] = [f for f in result.findings if f.node == "spark4"]
+    assert spark4.remedy == ("make the copies: boot once reading NFS on purpose (sparkfleet up --profile dcp2 "
+                             "-o expect.engram_node_local=false), then sparkfleet engram-local harvest --profile dcp2 "
+                             "and sparkfleet engram-local --profile dcp2 --tensors PATTERN; or keep serving from NFS "
+                             "with that -o")
     assert [f.status for f in result.findings if f.node == "reddie"] == ["ok"]
     assert set(ctx.record.data["engram_manifests"]) == {"0"}
+
+
+def test_without_the_expectation_every_fallback_is_a_warning(repo_spec: Spec, tmp_path: Path) -> None:
+    loaded, inv = repo_spec.profile("dcp2"), repo_spec.inventory("lab")
+    loaded.profile.expect.engram_node_local = False
+    pb = repo_spec.playbook("up")
+    plan = make_plan(loaded, inv, pb, repo_spec.root)
+    path = f"/nvme/engram-local/{REV}/engram-manifest.json"
+    shell = Shell({"reddie": {path: manifest()}, "bluey": {path: manifest(verified=False)}})
+    ctx = RunContext(repo_spec, loaded, inv, pb, plan, shell, Record("r", "up", "dcp2", "lab", "up"), Events(),
+                     RunOptions(), tmp_path)
+    result = drive(ctx, STEPS["engram"](ctx, Step(step="engram")))
+    assert (result.status, result.summary) == ("warn", "ranks on NFS: 1, 2, 3")
+    assert [(f.node, f.status) for f in result.findings] == [("reddie", "ok"), ("asusi", "warn"), ("bluey", "warn"),
+                                                            ("spark4", "warn")]

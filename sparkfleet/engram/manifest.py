@@ -134,6 +134,15 @@ def read_manifest(res: Result) -> tuple[dict | None, str | None]:
     return (m, None) if isinstance(m, dict) else (None, "engram-manifest.json is not a JSON object")
 
 
+def no_copy_remedy(profile: Profile) -> str:
+    """What an operator does about a rank without a copy in a lane that expects node-local rows."""
+    lane = profile.name
+    tensors = "" if profile.engram and profile.engram.tensor_pattern else " --tensors PATTERN"
+    return (f"make the copies: boot once reading NFS on purpose (sparkfleet up --profile {lane} "
+            f"-o expect.engram_node_local=false), then sparkfleet engram-local harvest --profile {lane} and "
+            f"sparkfleet engram-local --profile {lane}{tensors}; or keep serving from NFS with that -o")
+
+
 def judge_lane(profile: Profile, ranks: list[Rank], dirs: dict[str, tuple[int, str]],
                answers: dict[str, Result], harvest: Harvest | None
                ) -> tuple[list[Finding], dict[int, str], dict[str, str]]:
@@ -141,9 +150,10 @@ def judge_lane(profile: Profile, ranks: list[Rank], dirs: dict[str, tuple[int, s
     findings, rank -> "node-local" | "nfs", and rank -> sha256 of each qualifying manifest (a restore pin).
 
     `dirs` is node -> (rank, copy dir) for the ranks that read a node-local copy, `answers` each such
-    node's `cat` of its manifest. A copy that does not serve its rank falls back to NFS (a warning), unless
-    the lane expects node-local rows (expect.engram_node_local): then a copy that is there but does not
-    qualify is a failure. A rank with no copy at all stays a warning (`expect` judges what it logged)."""
+    node's `cat` of its manifest. A copy that does not serve its rank falls back to NFS: a warning, unless
+    the lane expects node-local rows (expect.engram_node_local) for a rank not in engram.nfs_ranks: then
+    any rank without a qualifying copy (none at all, no engram_local_dir, or one that does not qualify)
+    is a failure, before anything starts."""
     e = profile.engram
     assert e is not None
     must = profile.expect.engram_node_local
@@ -158,6 +168,13 @@ def judge_lane(profile: Profile, ranks: list[Rank], dirs: dict[str, tuple[int, s
             continue
         if name not in dirs:
             per_rank[r.rank] = "nfs"
+            if must and r.rank not in e.nfs_ranks:
+                findings.append(Finding(CHECK, "fail", f"rank {r.rank} ({name}): the node has no "
+                                        "storage.engram_local_dir, so the rank reads Engram rows over NFS, and the "
+                                        "lane expects node-local rows (expect.engram_node_local)",
+                                        "set storage.engram_local_dir for the node in the inventory, then "
+                                        + no_copy_remedy(profile), node=name))
+                continue
             findings.append(Finding("engram", "warn", f"rank {r.rank} reads Engram rows over NFS "
                                     "(listed in engram.nfs_ranks or no engram_local_dir)", node=name,
                                     remedy="sparkfleet engram-local --profile ... (6-8 ms a step over NFS vs 3)"))
@@ -170,7 +187,9 @@ def judge_lane(profile: Profile, ranks: list[Rank], dirs: dict[str, tuple[int, s
         per_rank[r.rank] = "nfs" if nfs else "node-local"
         if not nfs:
             shas[str(r.rank)] = hashlib.sha256(res.stdout.encode()).hexdigest()
-        if not (must and manifest is not None and r.rank not in e.nfs_ranks):
+        if not (must and r.rank not in e.nfs_ranks):
             verdicts = [replace(f, status="warn") if f.status == "fail" else f for f in verdicts]
+        elif manifest is None:  # no copy at all: the remedy is to make it (or to boot from NFS on purpose)
+            verdicts = [replace(f, remedy=no_copy_remedy(profile)) if f.status == "fail" else f for f in verdicts]
         findings += verdicts
     return findings, per_rank, shas

@@ -49,20 +49,34 @@ def assert_expectations(ctx: RunContext, after: dict) -> list[Finding]:
         else:
             out.append(Finding("moe-backend", "ok", e.moe_backend))
     if e.engram_node_local and p.engram is not None:
-        nfs_ok = set(p.engram.nfs_ranks)
-        on_nfs = [r for r, lf in sorted(ctx.log_facts.items()) if not lf.engram_node_local]
-        surprising = [r for r in on_nfs if r not in nfs_ok]
-        if on_nfs:
-            out.append(Finding("engram-local", "warn", f"ranks {on_nfs} read Engram rows over NFS"
-                               + (f" (not expected: {surprising})" if surprising else " (as the profile lists)"),
-                               "6-8 ms a step over NFS against 3 locally (ENG-16); check the copy's manifest"))
-        else:
-            out.append(Finding("engram-local", "ok", "every rank logged 'read from node-local'"))
+        out += engram_node_local(ctx)
     for line in e.log_lines:
         head = ctx.logs_tail.get(head_rank, [])
         if not any(re.search(line, x) for x in head):
             out.append(Finding("log-line", "fail", f"the head never logged {line!r}", expected=line))
     out += memory_after_load(ctx, after)
+    return out
+
+
+def engram_node_local(ctx: RunContext) -> list[Finding]:
+    """expect.engram_node_local: every rank outside engram.nfs_ranks logged 'read from node-local'. A rank that
+    read NFS rows although its copy qualified before launch (the engine found its bytes short or changed) fails."""
+    assert ctx.profile.engram is not None
+    nfs_ok = set(ctx.profile.engram.nfs_ranks)
+    nodes = {r.rank: r.node.name for r in ctx.plan.ranks}
+    on_nfs = [r for r, lf in sorted(ctx.log_facts.items()) if not lf.engram_node_local]
+    out = [Finding("engram-local", "fail", f"rank {r} ({nodes.get(r, '?')}) read Engram rows over NFS, not from "
+                   "its node-local copy (expect.engram_node_local; 6-8 ms a step against 3, ENG-16)",
+                   "its manifest qualified before launch, so the copy's bytes are not what it claims (short, "
+                   f"changed): copy again: sparkfleet engram-local --profile {ctx.profile.name} --node "
+                   f"{nodes.get(r, 'NODE')} --force",
+                   node=nodes.get(r), observed="read from the model directory", expected="read from node-local")
+           for r in on_nfs if r not in nfs_ok]
+    listed = [r for r in on_nfs if r in nfs_ok]
+    if not out:
+        out.append(Finding("engram-local", "ok", "every rank logged 'read from node-local'" if not listed
+                           else f"every other rank logged 'read from node-local'; ranks {listed} read the model "
+                           "directory (engram.nfs_ranks)"))
     return out
 
 

@@ -254,8 +254,9 @@ def drop_caches(ctx: RunContext, st: Step) -> StepGen:
 @step("engram")
 def engram(ctx: RunContext, st: Step) -> StepGen:
     """Per rank: node-local Engram rows (a copy the one Engram rule accepts) or NFS fallback, said before
-    launch: a warning, or, with `expect.engram_node_local: true`, a failure for a copy that is there but
-    does not qualify (wrong revision or format, missing rows, unverified, another rank's): nothing starts."""
+    launch: a warning, or, with `expect.engram_node_local: true`, a failure for every rank outside
+    engram.nfs_ranks without a qualifying copy (none at all, wrong revision or format, missing rows,
+    unverified, another rank's): nothing starts."""
     from sparkfleet.engram import ranges as engram_ranges
 
     e = ctx.profile.engram
