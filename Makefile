@@ -19,6 +19,11 @@ demo: $(STAMP)
 	$(BIN)/sparkfleet profiles
 	$(BIN)/sparkfleet plan --profile dcp2
 	$(BIN)/sparkfleet sim up --force
+	@echo "First boot: the nodes hold no node-local Engram copies yet, so dcp2 (which expects them) reads its"
+	@echo "rows over NFS on purpose; then harvest each rank's rows from its log, copy them, and boot again."
+	$(BIN)/sparkfleet up --profile dcp2 --inventory sim -o expect.engram_node_local=false --soak-minutes 0.05
+	$(BIN)/sparkfleet engram-local harvest --profile dcp2 --inventory sim
+	$(BIN)/sparkfleet engram-local --profile dcp2 --inventory sim --tensors 'model.layers.{layer}.engram.*'
 	$(BIN)/sparkfleet up --profile dcp2 --inventory sim --soak-minutes 0.25
 	$(BIN)/sparkfleet status --inventory sim
 	@echo
