@@ -137,6 +137,7 @@ def test_without_the_expectation_a_rank_without_a_copy_is_a_warning(sim, capsys)
     evs = events(capsys)
     [f] = [f for f in step_findings(evs, "engram") if f["status"] != "ok"]
     assert (f["status"], f["node"], f["message"]) == ("warn", "spark4", f"rank 3 (spark4): {NO_COPY}{NFS}")
+    assert f["remedy"] == "make (or resume) the copy: sparkfleet engram-local --profile dcp2 --node spark4"
     assert "engram-local" not in {f["check"] for f in step_findings(evs, "expect")}  # not expected: not judged
 
 

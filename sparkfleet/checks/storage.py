@@ -100,8 +100,9 @@ def engram(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
                         "engram.nfs_ranks (reads over NFS cost 6-8 ms a step, CATALOG FM-11)", node=node,
                         observed=f"missing, {gib(info.free_bytes)} free", expected=expected)]
     return [Finding(CHECK, "warn", f"the rank's Engram copy {copy} is not made yet (there is room for it)",
-                    "`sparkfleet engram-local` (or the engram step of `up`) makes it; without it the rank reads "
-                    "rows over NFS, 6-8 ms a step (CATALOG FM-11, HLT-22)", node=node,
+                    "`sparkfleet engram-local` makes it (from the ranges `sparkfleet engram-local harvest` reads "
+                    "off a boot); without it the rank reads rows over NFS, 6-8 ms a step (CATALOG FM-11, HLT-22)",
+                    node=node,
                     observed=f"missing, {gib(info.free_bytes)} free", expected=expected)]
 
 

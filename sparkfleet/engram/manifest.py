@@ -39,13 +39,14 @@ def judge_rank(manifest: dict | None, *, profile: Profile, rank: int, node: str,
     return check_rank(manifest, rank=rank, node=node, dest=dest,
                       revision=profile.model.revision if profile.model else None,
                       fmt=e.format if e else None, ranges=ranges, whole_shards=whole_shards, problem=problem,
-                      source_changed=source_changed, tp=profile.tp, layers=list(e.layers) if e else None)
+                      source_changed=source_changed, tp=profile.tp, layers=list(e.layers) if e else None,
+                      lane=profile.name)
 
 
 def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revision: str | None,
                fmt: str | None, ranges: Ranges | None, whole_shards: bool = False,
                problem: str | None = None, source_changed: list[str] | None = None,
-               tp: int | None = None, layers: list[int] | None = None) -> list[Finding]:
+               tp: int | None = None, layers: list[int] | None = None, lane: str = "<lane>") -> list[Finding]:
     """Findings for one rank's copy: ok (node-local) or fail (this rank falls back to NFS), plus warnings.
     Callers go through judge_rank, which derives the lane's side from the profile.
 
@@ -60,7 +61,7 @@ def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revisi
         return Finding(CHECK, "fail", f"{who}: {msg}: {nfs}", remedy, node=node, where=dest,
                        observed=observed, expected=expected)
 
-    redo = f"sparkfleet engram-local --profile <lane> --node {node}"
+    redo = f"sparkfleet engram-local --profile {lane} --node {node}"
     if manifest is None:
         return [fail(problem or "no engram-manifest.json: the copy is missing or incomplete",
                      f"make (or resume) the copy: {redo}")]
