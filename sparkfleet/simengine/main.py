@@ -479,7 +479,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGUSR1, lambda *_: rank.hang.set())  # the sim's rank-hang fault on a running rank
+    def on_hang(_signum: int, _frame: object) -> None:
+        """The sim's rank-hang fault on a running rank: a serving head stops producing tokens at once (its
+        serving loop would only see it at its next 0.1 s tick, so a request sent right after the fault acted
+        could still be answered)."""
+        rank.hang.set()
+        if isinstance(rank, HeadRank):
+            rank.app.hung.set()
+
+    signal.signal(signal.SIGUSR1, on_hang)
     signal.signal(signal.SIGUSR2, lambda *_: rank.crash.set())  # the sim's serve-crash fault on a running rank
     try:
         return rank.run()  # type: ignore[attr-defined]
