@@ -87,7 +87,7 @@ def one(sim: lab.Sim, ops: Path, env: dict, fault: str, poll: float) -> dict:
     if fault != "rank-vanish":  # the rank's engine exit, as the sim's supervisor recorded it
         docker = json.loads((sim.state_dir(NODE) / "docker.json").read_text())
         c = next(c for c in docker["containers"] if c["Name"].lstrip("/") == launch["container"])
-        injected = os.stat(c["SimProcess"]["exit_file"]).st_mtime
+        injected = os.stat(sim.root(NODE) / c["SimProcess"]["exit_file"].lstrip("/")).st_mtime  # a node path
     said = next(e["t"] for e in events if e["event"] == "message" and "stopping every rank" in e.get("text", ""))
     stopped = next(e["t"] for e in events if e["event"] == "step" and e["step"] == "wait_ready"
                    and e["status"] == "fail")
