@@ -123,8 +123,15 @@ def roce_v2_ipv4_index(table: dict[int, tuple[str, str | None]]) -> int | None:
     return None
 
 
+BIG = 1 << 20  # a file this size or more is compared by inode, size and mtime, not read (below)
+
+
 def snapshot(top: Path) -> dict[str, object]:
-    """Every path under `top` with its content (bytes), symlink target or 'dir', plus its mode."""
+    """Every path under `top` with its content (bytes), symlink target or 'dir', plus its mode.
+
+    A file of BIG bytes or more (the real 253 MB GGUF the lab hard-links onto each Spark when the llama
+    extra is installed, as in CI: four of them made each snapshot read 1 GB) is recorded by inode, size
+    and mtime in ns instead of its bytes: rewriting or replacing it changes one of them."""
     out: dict[str, object] = {}
     for dirpath, dirnames, filenames in os.walk(top):
         d = Path(dirpath)
@@ -136,7 +143,9 @@ def snapshot(top: Path) -> dict[str, object]:
             elif p.is_dir():
                 out[rel] = ("dir", p.stat().st_mode)
             else:
-                out[rel] = (p.read_bytes(), p.stat().st_mode)
+                st = p.stat()
+                content = ("big", st.st_ino, st.st_size, st.st_mtime_ns) if st.st_size >= BIG else p.read_bytes()
+                out[rel] = (content, st.st_mode)
     return out
 
 
