@@ -145,7 +145,7 @@ def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_noth
     """Ctrl-C as a terminal sends it (SIGINT to the command's process group) while `up` holds every node's
     lock and waits for a head that boots slowly: exit 130, no lock file on any node, nothing it started
     still running (no lane container running, every node's processes as they were before the up)."""
-    sim.fault("reddie", "slow-boot")  # the head boots ten times longer: up is still waiting when Ctrl-C comes
+    sim.fault("reddie", "slow-boot", factor=100)  # the head boots 100 times longer: up still waits when Ctrl-C comes
     before = node_processes(sim)
     log = tmp_path / "up.log"
     up = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", "--profile", "dcp2",

@@ -123,7 +123,7 @@ def test_kv_below_the_expected_range_fails_expect(sim, capsys) -> None:
 
 
 def test_a_boot_past_its_budget_fails(sim, capsys) -> None:
-    sim.fault("reddie", "slow-boot")
+    sim.fault("reddie", "slow-boot", factor=100)  # far past the budget, whatever the machine's load
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST, "--boot-budget", "3")
     assert code == 1
     assert result(events)["reason"].startswith("wait_ready: not healthy after 3 s (the profile's boot budget)")
@@ -289,7 +289,7 @@ def test_a_rank_that_vanishes_during_boot_fails_up_within_one_poll(sim, capsys) 
 
     from sparkfleet.fleet.connect import transport_for
 
-    sim.fault("reddie", "slow-boot")  # the head boots for long enough that nothing is ready before the vanish
+    sim.fault("reddie", "slow-boot", factor=100)  # the head boots long enough that nothing is ready before the vanish
     bluey = sim.inventory().nodes["bluey"]
     transport = transport_for([bluey])
     proc = up_streaming("--profile", "dcp2", "--inventory", "sim", *FAST)

@@ -754,10 +754,26 @@ def test_ssh_mode_sshd_inside_each_node_pinned_keys(state):
     assert not [ns for ns in netlab.ours()]
 
 
-def _engine_argv(root: Path, *flags: str, env: tuple[str, ...] = (), binds: tuple[str, ...] = ()) -> list[str]:
+def _engine_argv(root: Path, *flags: str, env: tuple[str, ...] = (), binds: tuple[str, ...] = (),
+                 active: dict | None = None) -> list[str]:
     c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": list(env),
                     "Cmd": ["/models/repo", "--port", "8410", *flags]}, "HostConfig": {"Binds": list(binds)}}
-    return shim.engine_argv(root, c, build.engine_state() | {"python": "python3"}, {})
+    return shim.engine_argv(root, c, build.engine_state() | {"python": "python3"}, active or {})
+
+
+def test_slow_boot_takes_its_factor_to_the_engine(tmp_path):
+    """slow-boot's --factor reaches the rank as --slow-boot-factor; without it the engine's default (10) holds;
+    a factor below 1 (a faster boot) is refused."""
+    from sparkfleet.sim import faults
+
+    root = _gb10_root(tmp_path)
+    a = _engine_argv(root, active={"slow-boot": {"factor": 100.0}})
+    assert a[a.index("--fault") + 1] == "slow-boot" and a[a.index("--slow-boot-factor") + 1] == "100.0"
+    a = _engine_argv(root, active={"slow-boot": {}})
+    assert "slow-boot" in a and "--slow-boot-factor" not in a
+    assert faults.check_params("slow-boot", {"factor": 3.0}) == {"factor": 3.0}
+    with pytest.raises(lab.UserError, match=r"slow-boot --factor 0.5: expected a number of at least 1"):
+        faults.APPLY["slow-boot"](root, {"factor": 0.5})
 
 
 def _gb10_root(tmp_path: Path) -> Path:

@@ -60,9 +60,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "next one (--sticky: every later launch too)", ("sticky",)),
     Kind("serve-crash", "the engine exits after it has served a few seconds, on the running rank or else the next "
          "one (--sticky: every later launch too)", ("sticky",)),
+    Kind("slow-boot", "sim engine fault for the next launch on this node: the boot takes --factor times longer "
+         "(default 10)", ("factor",)),
     *(Kind(name, f"sim engine fault for the next launch on this node: {what}") for name, what in (
         ("worker-crash", "the rank dies while loading weights"),
-        ("slow-boot", "the boot takes ten times longer"),
         ("kv-low", "the rank profiles less KV than the lane expects"),
         ("missing-patch", "an ImportError at model init (a patch file that was not mounted)"),
         ("engine-fatal", "a CUDA error line, then the rank exits"),
@@ -150,6 +151,13 @@ def active(root: Path) -> dict[str, dict[str, Any]]:
 
 def _nothing(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     return {}
+
+
+def _slow_boot(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    factor = params.get("factor")
+    if factor is not None and not float(factor) >= 1:
+        raise UserError(f"slow-boot --factor {factor}: expected a number of at least 1 (times the normal boot)")
+    return {} if factor is None else {"factor": float(factor)}
 
 
 def _clock_latch(root: Path, params: dict[str, Any]) -> dict[str, Any]:
@@ -400,6 +408,7 @@ APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "missing-mount-source": _missing_source, "cifs-model": _nothing, "port-taken": _port_taken,
     "unreachable": _nothing, "docker-down": _daemon("down"),
     **{k: _nothing for k in ENGINE_FAULTS},
+    "slow-boot": _slow_boot,
     **{k: _rank_fault(k) for k in shim.RANK_FAULTS},
 }
 

@@ -1048,6 +1048,8 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     for fault in sorted(faults):
         if fault in ENGINE_FAULT_NAMES:
             argv += ["--fault", fault]
+    if (faults.get("slow-boot") or {}).get("factor") is not None:
+        argv += ["--slow-boot-factor", str(faults["slow-boot"]["factor"])]
     return argv
 
 
