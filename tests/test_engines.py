@@ -140,3 +140,17 @@ def test_spark_multinode_without_rdma_is_a_spec_error(ops_root: Path) -> None:
     lab = lab.model_copy(update={"nodes": {**lab.nodes, "asusi": node}})
     with pytest.raises(SpecError, match="node asusi has no rdma"):
         make_plan(loaded, lab, ONE, REPO)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("image: null\n", "profiles/tfx.yaml:2: image: a lane needs image"),
+    ("tensorfold: {recipe_dir: null}\n", "profiles/tfx.yaml:2: tensorfold.recipe_dir: Input should be a valid string"),
+])
+def test_a_tensorfold_lane_without_image_or_recipe_dir_names_the_field(ops_root, capsys, body, message) -> None:
+    """`up` of such a lane is refused with exit 2 and one line naming file, line and field; nothing runs."""
+    from sparkfleet.cli.main import main
+
+    (ops_root / "profiles" / "tfx.yaml").write_text("extends: tf1017\n" + body)
+    assert main(["up", "--profile", "tfx", "--inventory", "lab", "--root", str(ops_root), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"sparkfleet: {message}"), err
