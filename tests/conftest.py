@@ -48,6 +48,7 @@ def engram_copies(sim, profile: str = "dcp2", root: Path = REPO) -> None:
     from sparkfleet.engram import fleet
     from sparkfleet.fleet.nodeside import engram_copy as ec
     from sparkfleet.placement import place
+    from sparkfleet.sim import values
 
     spec = Spec(root)
     loaded = spec.profile(profile)
@@ -60,7 +61,7 @@ def engram_copies(sim, profile: str = "dcp2", root: Path = REPO) -> None:
             continue
         shards = [ec.read_shard(str(f)) for f in sorted((node_root / source.lstrip("/")).glob("*.safetensors"))]
         rows = {layer: s.tensors[name].shape[0] for s in shards for layer in e.layers
-                if (name := f"model.layers.{layer}.engram.embed.weight") in s.tensors}
+                if (name := values.ENGRAM_TENSOR.format(layer=layer)) in s.tensors}
         ec.copy(ec.CopyRequest(source=source, dest=dest, tensors=ENGRAM_TENSORS, shards=list(e.shards),
                                ranges={k: (n * r.rank // p.tp, n * (r.rank + 1) // p.tp) for k, n in rows.items()},
                                revision=p.model.revision if p.model else None, tp=p.tp, rank=r.rank),

@@ -240,15 +240,21 @@ def copy_dirs(profile: Profile, inventory, ranks: list[Rank], templates) -> dict
     return {n: (rank, d) for n, (rank, d) in dirs.items() if d}
 
 
+def manifest_reads(dirs: dict[str, tuple[int, str]]) -> dict[str, str]:
+    """node -> the command that prints its rank's engram-manifest.json (what judge_lane judges)."""
+    from sparkfleet.fleet.commands import read_file_command
+    from sparkfleet.naming import engram_manifest_path
+
+    return {n: read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}
+
+
 def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list[Rank], templates,
                   timeout_s: float = 30.0) -> list[Finding]:
     """`check`'s Engram findings: each rank's manifest read on its node, judged by the one rule
     (manifest.judge_lane, as `up`'s engram step judges it). Empty for a lane without node-local rows."""
     from sparkfleet.engram import ranges
     from sparkfleet.engram.manifest import judge_lane
-    from sparkfleet.fleet.commands import read_file_command
     from sparkfleet.fleet.transport import fan_out
-    from sparkfleet.naming import engram_manifest_path
 
     e = profile.engram
     if e is None or not e.node_local:
@@ -256,10 +262,10 @@ def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list
     harvest = ranges.stored(profile)
     dirs = copy_dirs(profile, inventory, ranks, templates)
     nodes = {r.node.name: r.node for r in ranks if r.node.name in dirs}
+    cmds = manifest_reads(dirs)
 
     def one(node: Node) -> Result:
-        cmd = read_file_command(engram_manifest_path(dirs[node.name][1]))
-        return transport.run([node], cmd, timeout_s=timeout_s)[node.name]
+        return transport.run([node], cmds[node.name], timeout_s=timeout_s)[node.name]
 
     answers = fan_out(list(nodes.values()), one)
     reach = [n for n, r in answers.items() if not r.ok and r.error not in ("exit", None)]

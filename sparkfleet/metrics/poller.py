@@ -38,8 +38,7 @@ from sparkfleet.watch.status import read_all as read_watches
 
 def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
     """A lane's ranks and node-local Engram manifest paths (raises SpecError/UserError as `plan` would)."""
-    from sparkfleet.engines.base import LaneContext
-    from sparkfleet.engines.registry import engine_for
+    from sparkfleet.engram.fleet import copy_dirs
     from sparkfleet.naming import engram_manifest_path
     from sparkfleet.placement import place
 
@@ -47,13 +46,8 @@ def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
     if loaded.profile.abstract:
         raise UserError(f"{name} is a base for other lanes (abstract: true), not a lane")
     ranks = place(loaded, inventory)
-    ctx = LaneContext(loaded.profile, inventory, ranks, spec.root / "templates")
-    manifests: dict[int, str] = {}
-    engine = engine_for(loaded.profile.engine)
-    for r in ranks:
-        d = engine.engram_copy_dir(ctx, r)
-        if d:
-            manifests[r.rank] = engram_manifest_path(d)
+    manifests = {rank: engram_manifest_path(d)
+                 for rank, d in copy_dirs(loaded.profile, inventory, ranks, spec.root / "templates").values()}
     from sparkfleet.engram.ranges import stored
 
     harvest = stored(loaded.profile) if manifests else None  # the one Engram rule judges with these rows

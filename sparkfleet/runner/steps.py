@@ -22,7 +22,6 @@ from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL as LABEL
-from sparkfleet.naming import engram_manifest_path
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepFn, StepGen, StepResult, query
@@ -258,6 +257,7 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
     engram.nfs_ranks without a qualifying copy (none at all, wrong revision or format, missing rows,
     unverified, another rank's): nothing starts."""
     from sparkfleet.engram import ranges as engram_ranges
+    from sparkfleet.engram.fleet import manifest_reads
 
     e = ctx.profile.engram
     if e is None or not e.node_local:
@@ -268,8 +268,7 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
         return StepResult("fail", "the lane's harvested Engram ranges cannot be read",
                           [Finding("engram", "fail", str(exc), "harvest again (sparkfleet engram-local harvest)")])
     dirs = ctx.engram_dirs()
-    results = yield query("read each rank's Engram manifest",
-                          {n: nodeops.read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}, 30)
+    results = yield query("read each rank's Engram manifest", manifest_reads(dirs), 30)
     findings, per_rank, shas = judge_lane(ctx.profile, ctx.plan.ranks, dirs, results, harvest)
     if shas:
         ctx.record.data["engram_manifests"] = shas
