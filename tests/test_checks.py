@@ -30,7 +30,7 @@ from sparkfleet.fleet.facts import (
     Versions,
 )
 from sparkfleet.fleet.gather import facts_requests
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.plan import Plan, make_plan
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Spec
@@ -662,7 +662,7 @@ def good_copy(rank: int) -> dict:
             "completed_at": "2026-12-01T09:00:00+00:00"}
 
 
-class FakeTransport:
+class FakeTransport(RunEachByRun):
     """Records commands; drop-caches and probe answers per node come from the test."""
 
     def __init__(self, answers: dict[str, Result] | None = None, probe_stdout: str = "") -> None:

@@ -23,7 +23,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS as LLAMA
 from sparkfleet.fleet.facts import Container, Docker, EarlyOom, Gpu, MemInfo, NodeFacts
 from sparkfleet.fleet.local import LocalTransport
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.metrics import dashboards as dash
 from sparkfleet.metrics import extras
 from sparkfleet.metrics import names as n
@@ -388,7 +388,7 @@ def test_extras_parse_failures_are_one_line() -> None:
 
 # -- the poller: never crashes, never blocks a scrape ------------------------------------------------------
 
-class BlockingTransport:
+class BlockingTransport(RunEachByRun):
     """Every command waits for `release`, then fails as an unreachable node would."""
 
     def __init__(self) -> None:

@@ -15,6 +15,7 @@ from sparkfleet.checks import nccl
 from sparkfleet.cli.main import main
 from sparkfleet.fleet import nccl as run_nccl
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.transport import RunEachByRun
 from sparkfleet.spec.load import Spec
 from tests.test_checks import healthy, lane
 
@@ -102,7 +103,7 @@ def test_check_nccl_dry_run_shows_the_commands_and_runs_none(repo_spec: Spec, mo
     facts = healthy(profile, inv, plan)
     ran: list[str] = []
 
-    class NoRun:
+    class NoRun(RunEachByRun):
         def run(self, nodes, command, **kw):
             ran.append(command)
             raise AssertionError("a command was run")

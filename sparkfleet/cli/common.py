@@ -63,6 +63,50 @@ def add_inventory(p: argparse.ArgumentParser, default: str | None = None) -> Non
                    help=f"inventory name under inventories/ or a YAML file (default: {shown})")
 
 
+def _dry_mode(value: str) -> str:
+    if value not in ("all", "facts"):
+        raise argparse.ArgumentTypeError(f"expected no value or 'facts', got {value!r} (put --dry-run after "
+                                         "positional arguments)")
+    return value
+
+
+def add_dry_run(p: argparse.ArgumentParser, what: str = "print every command it would run, per node, in order; "
+                "run none and open no connection") -> None:
+    """`--dry-run` (nothing reaches a node) and `--dry-run=facts` (read-only facts and queries run)."""
+    p.add_argument("--dry-run", nargs="?", const="all", default=None, type=_dry_mode, metavar="facts",
+                   help=what + " (--dry-run=facts: read-only facts and queries do run)")
+
+
+def dry_reads(args: argparse.Namespace) -> bool:
+    """--dry-run=facts: read-only commands run."""
+    return getattr(args, "dry_run", None) == "facts"
+
+
+def executor(args: argparse.Namespace, nodes: list) -> Any:
+    """The executor a verb outside the runner drives its node operations through: under --dry-run it
+    opens no connection and prints each command (a JSON line each with --json); --dry-run=facts runs reads."""
+    from sparkfleet.fleet.op import Executor, NoConnection
+
+    def show(op: Any) -> None:
+        for node, command in op.commands.items():
+            for path in op.files.get(node, {}):
+                line = {"event": "would", "what": op.what, "node": node, "write": path}
+                print(json.dumps(line)) if getattr(args, "json", False) else out.print(
+                    f"would: {node}: {op.what}: write {path}", markup=False, soft_wrap=True)
+            line = {"event": "would", "what": op.what, "node": node, "command": command}
+            print(json.dumps(line)) if getattr(args, "json", False) else out.print(
+                f"would: {node}: {op.what}: {command}", markup=False, soft_wrap=True)
+
+    dry, reads = bool(getattr(args, "dry_run", None)), dry_reads(args)
+    if dry and not reads:
+        transport: Any = NoConnection()
+    else:
+        from sparkfleet.fleet.connect import transport_for
+
+        transport = transport_for(nodes)
+    return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads, show=show)
+
+
 def add_overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile field after `extends` (repeatable; VALUE is YAML), e.g. "

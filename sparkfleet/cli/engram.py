@@ -32,6 +32,7 @@ from rich.progress import (
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    add_dry_run,
     add_inventory,
     add_json,
     add_root,
@@ -78,6 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dest", metavar="DIR", help="copy dir on the nodes (default: <engram_local_dir>/<revision>)")
     p.add_argument("--no-verify", action="store_true", help="skip the read-back verification")
     p.add_argument("--force", action="store_true", help="copy again even when a matching copy exists")
+    add_dry_run(p, "print each rank's copy command and request; run none and open no connection")
     p.set_defaults(func=run_fleet)
     s = p.add_subparsers(dest="engram_cmd", metavar="{harvest,copy,verify}", parser_class=type(p))
 
@@ -416,6 +418,18 @@ def run_fleet(args: argparse.Namespace) -> int:
                                      force=args.force)
     results: dict = {}
     answers: dict = {}
+    if getattr(args, "dry_run", None):  # the copies change the nodes: shown, never run (also with =facts)
+        from sparkfleet.cli.common import executor
+
+        ex = executor(args, [j.node for j in jobs])
+        try:
+            ex.drive(fleet.copy_ops(jobs))
+        finally:
+            ex.transport.close()
+        if not as_json:
+            for f in findings:
+                out.print(f"{f.status}: {f.message}", markup=False, soft_wrap=True)
+        return EXIT_OK
     if jobs:
         transport = transport_for([j.node for j in jobs])
         try:

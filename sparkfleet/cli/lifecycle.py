@@ -10,9 +10,11 @@ from sparkfleet.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    add_dry_run,
     add_inventory,
     add_overrides,
     add_root,
+    dry_reads,
     err,
     out,
     overrides,
@@ -30,7 +32,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_root(p)
     add_inventory(p)
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
-    p.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
+    add_dry_run(p)
     p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while waiting")
     p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
@@ -105,7 +107,8 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
         gate_args["only"] = args.gates
     if getattr(args, "soak_minutes", None) is not None:
         gate_args["soak_minutes"] = args.soak_minutes
-    return RunOptions(gate_args=gate_args, dry_run=args.dry_run, save_as=getattr(args, "save_as", None),
+    return RunOptions(gate_args=gate_args, dry_run=bool(args.dry_run), dry_reads=dry_reads(args),
+                      save_as=getattr(args, "save_as", None),
                       keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,

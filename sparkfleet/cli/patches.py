@@ -8,9 +8,11 @@ from pathlib import Path
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    add_dry_run,
     add_inventory,
     add_json,
     add_root,
+    executor,
     out,
     print_findings,
     print_json,
@@ -48,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_inventory(a)
         add_json(a)
         a.add_argument("--profile", "-p", required=True)
+        add_dry_run(a)
         a.set_defaults(func=run_sync, push=action == "push")
 
 
@@ -64,7 +67,6 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_sync(args: argparse.Namespace) -> int:
-    from sparkfleet.fleet.connect import transport_for
     from sparkfleet.patches import sync
 
     sp = spec(args)
@@ -80,12 +82,13 @@ def run_sync(args: argparse.Namespace) -> int:
         print_findings(local)
         return EXIT_FAIL
     nodes = [r.node for r in place(loaded, sp.inventory(args.inventory))]
-    transport = transport_for(nodes)
+    ex = executor(args, nodes)
     try:
-        states = (sync.push if args.push else lambda t, n, m, _r: sync.inspect(t, n, m))(
-            transport, nodes, manifest, sp.root)
+        states = ex.drive(sync.push_ops(nodes, manifest, sp.root) if args.push else sync.inspect_ops(nodes, manifest))
     finally:
-        transport.close()
+        ex.transport.close()
+    if states is None:  # --dry-run: the commands were shown, none ran
+        return EXIT_OK
     findings = sync.findings(states, manifest)
     if args.json:
         print_json({"set": manifest.name, "nodes": {k: vars(v) | {"ok": v.ok} for k, v in states.items()},

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
-from sparkfleet.fleet.ship import run_helper
+from sparkfleet.fleet.op import OpGen, run_ops
+from sparkfleet.fleet.ship import helper_ops
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Inventory, Node
@@ -150,18 +151,26 @@ def parse_facts(node: str, r: Result) -> NodeFacts | Result:
     return facts
 
 
-def gather(transport: Transport, nodes: Iterable[Node], requests: dict[str, FactsRequest],
-           timeout_s: float = 30.0) -> dict[str, NodeFacts | Result]:
-    """One helper run per node, in parallel; each node's NodeFacts, or its failed Result with the cause."""
+def gather_ops(nodes: Iterable[Node], requests: dict[str, FactsRequest],
+               timeout_s: float = 30.0) -> OpGen[dict[str, NodeFacts | Result]]:
+    """One helper run per node, in parallel; each node's NodeFacts, or its failed Result with the cause.
+    Under --dry-run (the helper's run not made) there are no facts: an empty mapping."""
     nodes = list(nodes)
     stdin = {n.name: requests.get(n.name, FactsRequest(node=n.name)).model_dump_json() for n in nodes}
-    results = run_helper(transport, nodes, HELPER, stdin, timeout_s)
-    out = {n.name: parse_facts(n.name, results[n.name]) for n in nodes}
+    results = yield from helper_ops(HELPER, nodes, stdin, timeout_s)
+    out = {n.name: parse_facts(n.name, results[n.name]) for n in nodes if n.name in results}
     for n in nodes:  # the inventory says a node is simulated (sim up writes it); tables tag it [sim]
-        f = out[n.name]
+        f = out.get(n.name)
         if isinstance(f, NodeFacts):
             f.simulated = n.simulation
     return out
+
+
+def gather(transport: Transport, nodes: Iterable[Node], requests: dict[str, FactsRequest],
+           timeout_s: float = 30.0) -> dict[str, NodeFacts | Result]:
+    """gather_ops run now through the executor (for commands that only read)."""
+    nodes = list(nodes)
+    return run_ops(transport, nodes, gather_ops(nodes, requests, timeout_s))
 
 
 def resolve_gid_indexes(inventory_nodes: Iterable[Node], facts: dict[str, NodeFacts | Result]) -> dict[str, int]:

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -105,9 +105,17 @@ class SshTransport:
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
         """Run `command` (a shell string) on every node at once; one Result per node, in input order."""
-        full = env_prefix(env) + command
-        data = (stdin or "").encode()
-        return self._each(nodes, lambda conn, node: self._exec(conn, node, full, data, timeout_s))
+        return self.run_each(nodes, {n.name: command for n in nodes},
+                             stdin={n.name: stdin for n in nodes} if stdin else None, timeout_s=timeout_s, env=env)
+
+    def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
+                 stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> dict[str, Result]:
+        """Each node's own command (and stdin), all at once over its connection; one Result per node."""
+        prefix = env_prefix(env)
+        stdin = stdin or {}
+        return self._each([n for n in nodes if n.name in commands], lambda conn, node: self._exec(
+            conn, node, prefix + commands[node.name], (stdin.get(node.name) or "").encode(), timeout_s))
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]:
         """Write `data` to `remote_path` on every node: parents created, tmp file + rename, `mode` applied.

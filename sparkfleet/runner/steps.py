@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import httpx
 
@@ -20,11 +20,12 @@ from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.op import placeholder
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL as LABEL
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, Started
-from sparkfleet.runner.ops import NodeCommands, StepFn, StepGen, StepResult, query
+from sparkfleet.runner.ops import NodeCommands, Reply, StepFn, StepGen, StepResult, query
 from sparkfleet.runner.ranks import LOG_TAIL, follow, launch_failure, stop_launch, stop_launch_commands
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.playbook import Step
@@ -45,11 +46,12 @@ def step(name: str, dry: Callable[[RunContext, Step], str] | None = None) -> Cal
     return wrap
 
 
-def gather_facts(ctx: RunContext, with_lane: bool = True) -> dict:
-    from sparkfleet.fleet.gather import facts_requests, gather
+def gather_facts(ctx: RunContext, with_lane: bool = True) -> Generator[NodeCommands, Reply, dict]:
+    """The lane's facts, one helper run per node; {} under --dry-run (unless --dry-run=facts)."""
+    from sparkfleet.fleet.gather import facts_requests, gather_ops
 
     requests = facts_requests(ctx.inventory, ctx.plan, ctx.profile, root=ctx.spec.root) if with_lane else {}
-    return gather(ctx.transport, ctx.nodes, requests)
+    return (yield from gather_ops(ctx.nodes, requests))
 
 
 # -- stop ------------------------------------------------------------------------------------------
@@ -58,6 +60,8 @@ def lane_containers(ctx: RunContext, running_only: bool) -> StepGen:
     """This lane's container ids per node, by label (one `docker ps` per node); node failures as findings."""
     cmd = nodeops.lane_containers_command(ctx.profile.name, running_only)
     results = yield query("list the lane's containers", {n.name: cmd for n in ctx.nodes})
+    if results is None:  # --dry-run: not read; the stop command names what it would have found
+        return {n.name: [placeholder(f"ids of the lane's containers on {n.name}")] for n in ctx.nodes}, []
     found, bad = {}, []
     for name, res in results.items():
         ids = nodeops.parse_container_ids(res)
@@ -88,7 +92,7 @@ def stop(ctx: RunContext, st: Step) -> StepGen:
     results = yield NodeCommands("stop the lane's containers",
                                  {n: nodeops.stop_command(found[n], remove=not keep) for n in order}, serial=head_first)
     if results is None:
-        return StepResult("ok", "would stop " + ", ".join(f"{n}: {len(found[n])}" for n in order))
+        return StepResult("ok", "would stop this lane's containers on " + ", ".join(order))
     bad = nodeops.failures(results)
     if bad:
         return StepResult("fail", "could not stop every container", bad)
@@ -111,10 +115,13 @@ def stop(ctx: RunContext, st: Step) -> StepGen:
 # -- facts, check -----------------------------------------------------------------------------------
 
 @step("facts")
-def facts(ctx: RunContext, st: Step) -> StepResult:
+def facts(ctx: RunContext, st: Step) -> StepGen:
     from sparkfleet.fleet.gather import resolve_gid_indexes
 
-    ctx.facts = gather_facts(ctx)
+    ctx.facts = yield from gather_facts(ctx)
+    if not ctx.facts:  # --dry-run: the helper was not run
+        return StepResult("ok", f"would gather facts on {len(ctx.nodes)} node(s) (--dry-run=facts gathers them, "
+                          "read-only)")
     ctx.gid_index = resolve_gid_indexes(ctx.nodes, ctx.facts)
     ctx.record.data["facts"] = {n: (f.model_dump(mode="json") if isinstance(f, NodeFacts) else
                                     {"error": f.error, "message": f.message}) for n, f in ctx.facts.items()}
@@ -130,6 +137,9 @@ def facts(ctx: RunContext, st: Step) -> StepResult:
 def check(ctx: RunContext, st: Step) -> StepResult:
     from sparkfleet.checks import run_checks
 
+    if ctx.options.dry_run and not ctx.facts:
+        return StepResult("ok", "would run the preflight checks on the facts (not gathered under --dry-run; "
+                          "--dry-run=facts gathers them)")
     findings = run_checks(ctx.plan, ctx.inventory, ctx.facts, profile=ctx.profile,
                           caches_dropped=ctx.caches_dropped)
     ctx.record.data["findings"] = [f.as_dict() for f in findings]
@@ -205,7 +215,7 @@ def _replace_clock_findings(ctx: RunContext, findings: list[Finding]) -> None:
 # -- patches, drop_caches, engram, rail2 ------------------------------------------------------------
 
 @step("patches")
-def patches(ctx: RunContext, st: Step) -> StepResult:
+def patches(ctx: RunContext, st: Step) -> StepGen:
     from sparkfleet.patches import manifest as pm
     from sparkfleet.patches import sync
 
@@ -224,7 +234,9 @@ def patches(ctx: RunContext, st: Step) -> StepResult:
     local = pm.verify_local(ctx.spec.root, manifest)
     if local:
         return StepResult("fail", f"patch set {name!r} differs from its manifest here", local)
-    states = sync.inspect(ctx.transport, ctx.nodes, manifest)
+    states = yield from sync.inspect_ops(ctx.nodes, manifest)
+    if states is None:
+        return StepResult("ok", f"would verify patch set {name!r} ({len(manifest.files)} file(s)) on every rank")
     findings = sync.findings(states, manifest)
     ctx.record.data["patches"] = {"set": name, "manifest_sha256": ctx.patch_manifest_sha256(), "nodes": {
         k: {"ok": v.ok, "missing": v.missing, "wrong": v.wrong, "found": v.found} for k, v in states.items()}}
@@ -269,6 +281,8 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
                           [Finding("engram", "fail", str(exc), "harvest again (sparkfleet engram-local harvest)")])
     dirs = ctx.engram_dirs()
     results = yield query("read each rank's Engram manifest", manifest_reads(dirs), 30)
+    if results is None:
+        return StepResult("ok", f"would judge the node-local Engram copies of {len(dirs)} rank(s) by their manifests")
     findings, per_rank, shas = judge_lane(ctx.profile, ctx.plan.ranks, dirs, results, harvest)
     if shas:
         ctx.record.data["engram_manifests"] = shas
@@ -328,7 +342,7 @@ def rail2_down(ctx: RunContext, st: Step) -> StepGen:
 # -- pins (restore) ----------------------------------------------------------------------------------
 
 @step("pins")
-def pins(ctx: RunContext, st: Step) -> StepResult:
+def pins(ctx: RunContext, st: Step) -> StepGen:
     """restore: adopt the recorded launches, say what today would render differently, refuse on drifted pins."""
     from sparkfleet.runner import restore as rp
 
@@ -337,9 +351,12 @@ def pins(ctx: RunContext, st: Step) -> StepResult:
         return StepResult("warn", "no recorded restore point: restoring from the profile's own pins")
     point = view["point"]
     rp.adopt(ctx, point)
-    ctx.facts = gather_facts(ctx)
+    ctx.facts = yield from gather_facts(ctx)
     changes = rp.today_changes(ctx, point)
-    drift = rp.pin_drift(ctx, point)
+    drift = yield from rp.pin_drift(ctx, point)
+    if drift is None:
+        return StepResult("ok", f"would verify every pin of {point.name!r} against the fleet (not read under "
+                          "--dry-run)", changes)
     ctx.record.data["pins"] = {"drift": [f.message for f in drift], "today": [f.message for f in changes]}
     if drift and not ctx.options.force:
         return StepResult("fail", f"{len(drift)} pin(s) drifted since {point.name!r} was recorded: nothing was "
@@ -507,7 +524,7 @@ def _fail_launch(ctx: RunContext, why: str, findings: list[Finding] | None = Non
 def expect(ctx: RunContext, st: Step) -> StepGen:
     from sparkfleet.runner.expect import assert_expectations
 
-    after = gather_facts(ctx)
+    after = yield from gather_facts(ctx)
     ctx.record.data["facts_after_load"] = {n: f.model_dump(mode="json") for n, f in after.items()
                                            if isinstance(f, NodeFacts)}
     findings = assert_expectations(ctx, after)
