@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -307,26 +305,27 @@ def _lane(args: argparse.Namespace) -> tuple[Any, Any, list]:
 def _logs(profile: Any, ranks: list, container: str | None) -> tuple[dict[int, str], list[Finding]]:
     """Each rank's Engram DISK mode lines from its container's log on its node."""
     from sparkfleet.engines.base import container_name
+    from sparkfleet.fleet.commands import engram_lines_command
     from sparkfleet.fleet.connect import transport_for
 
     transport = transport_for([r.node for r in ranks])
     texts: dict[int, str] = {}
     findings: list[Finding] = []
 
-    def one(r: Any) -> tuple[Any, Any]:
-        name = container.replace("{rank}", str(r.rank)) if container else container_name(profile, r.rank)
-        cmd = f"docker logs {shlex.quote(name)} 2>&1 | grep -F 'Engram DISK mode' || true"
-        return r, transport.run([r.node], cmd, timeout_s=60.0)[r.node.name]
+    def name(r: Any) -> str:
+        return container.replace("{rank}", str(r.rank)) if container else container_name(profile, r.rank)
 
+    cmds = {r.node.name: engram_lines_command(name(r)) for r in ranks}
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(ranks))) as pool:
-            for r, result in pool.map(one, ranks):
-                if result.ok:
-                    texts[r.rank] = result.stdout
-                else:
-                    findings.append(Finding("engram-ranges", "fail", f"rank {r.rank}: cannot read its log: "
-                                            f"{result.message}", "check the node, or give --from NODE=FILE",
-                                            node=r.node.name))
+        results = transport.run_each([r.node for r in ranks], cmds, timeout_s=60.0)
+        for r in ranks:
+            result = results[r.node.name]
+            if result.ok:
+                texts[r.rank] = result.stdout
+            else:
+                findings.append(Finding("engram-ranges", "fail", f"rank {r.rank}: cannot read its log: "
+                                        f"{result.message}", "check the node, or give --from NODE=FILE",
+                                        node=r.node.name))
     finally:
         transport.close()
     return texts, findings

@@ -265,20 +265,13 @@ def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list
     (manifest.judge_lane, as `up`'s engram step judges it). Empty for a lane without node-local rows."""
     from sparkfleet.engram import ranges
     from sparkfleet.engram.manifest import judge_lane
-    from sparkfleet.fleet.transport import fan_out
-
     e = profile.engram
     if e is None or not e.node_local:
         return []
     harvest = ranges.stored(profile)
     dirs = copy_dirs(profile, inventory, ranks, templates)
     nodes = {r.node.name: r.node for r in ranks if r.node.name in dirs}
-    cmds = manifest_reads(dirs)
-
-    def one(node: Node) -> Result:
-        return transport.run([node], cmds[node.name], timeout_s=timeout_s)[node.name]
-
-    answers = fan_out(list(nodes.values()), one)
+    answers = transport.run_each(list(nodes.values()), manifest_reads(dirs), timeout_s=timeout_s)
     reach = [n for n, r in answers.items() if not r.ok and r.error not in ("exit", None)]
     findings, _, _ = judge_lane(profile, [r for r in ranks if r.node.name not in reach], dirs, answers, harvest)
     return findings

@@ -299,3 +299,18 @@ def lock_release_command(path: str, holder: str) -> str:
     """Remove the node's fleet lock only while it is this holder's (never another controller's)."""
     lock = shlex.quote(path)
     return f"if [ \"$(cat {lock} 2>/dev/null)\" = {shlex.quote(holder)} ]; then rm -f {lock}; fi"
+
+
+# -- docker logs: every other reader of a container's log ---------------------------------------------
+
+LOG_TAIL = 60  # a rank's last log lines kept as evidence (a failed launch's record, watch, the bundle)
+
+
+def log_tail_command(container: str, lines: int = LOG_TAIL) -> str:
+    """The container's last `lines` lines, stdout and stderr together, as `docker logs` prints them."""
+    return f"docker logs --tail {int(lines)} {shlex.quote(container)} 2>&1"
+
+
+def engram_lines_command(container: str) -> str:
+    """The container's `Engram DISK mode` boot lines (none is not an error)."""
+    return f"docker logs {shlex.quote(container)} 2>&1 | grep -F 'Engram DISK mode' || true"
