@@ -156,8 +156,7 @@ class Transport(RunEachByRun):
 
 def test_dry_run_prints_every_command_and_runs_none_or_only_reads() -> None:
     """--dry-run: every command shown, none run; --dry-run=facts: only the read-only ones run."""
-    from sparkfleet.fleet.op import Executor
-    from sparkfleet.runner.ops import show
+    from sparkfleet.fleet.op import Executor, shown_as
 
     def a_step():
         listed = yield NodeCommands("list", {"a": "docker ps -q", "b": "docker ps -q"}, changes=False)
@@ -168,7 +167,7 @@ def test_dry_run_prints_every_command_and_runs_none_or_only_reads() -> None:
 
     def executor(dry_run: bool, reads: bool = False) -> tuple[Executor, Events, Transport]:
         events, transport = Events(), Transport()
-        return Executor(transport, nodes, dry_run=dry_run, reads=reads, show=lambda op: show(events, op)), \
+        return Executor(transport, nodes, dry_run=dry_run, reads=reads, show=shown_as(events.emit)), \
             events, transport
 
     ex, events, transport = executor(dry_run=True)

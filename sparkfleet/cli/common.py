@@ -85,17 +85,14 @@ def dry_reads(args: argparse.Namespace) -> bool:
 def executor(args: argparse.Namespace, nodes: list) -> Any:
     """The executor a verb outside the runner drives its node operations through: under --dry-run it
     opens no connection and prints each command (a JSON line each with --json); --dry-run=facts runs reads."""
-    from sparkfleet.fleet.op import Executor, NoConnection
+    from sparkfleet.fleet.op import Executor, NoConnection, shown_as
 
-    def show(op: Any) -> None:
-        for node, command in op.commands.items():
-            for path in op.files.get(node, {}):
-                line = {"event": "would", "what": op.what, "node": node, "write": path}
-                print(json.dumps(line)) if getattr(args, "json", False) else out.print(
-                    f"would: {node}: {op.what}: write {path}", markup=False, soft_wrap=True)
-            line = {"event": "would", "what": op.what, "node": node, "command": command}
-            print(json.dumps(line)) if getattr(args, "json", False) else out.print(
-                f"would: {node}: {op.what}: {command}", markup=False, soft_wrap=True)
+    def emit(event: str, **line: Any) -> None:
+        if getattr(args, "json", False):
+            print(json.dumps({"event": event, **{k: v for k, v in line.items() if k != "content"}}))
+        else:
+            did = f"write {line['write']}" if "write" in line else line["command"]
+            out.print(f"{event}: {line['node']}: {line['what']}: {did}", markup=False, soft_wrap=True)
 
     dry, reads = bool(getattr(args, "dry_run", None)), dry_reads(args)
     if dry and not reads:
@@ -104,7 +101,7 @@ def executor(args: argparse.Namespace, nodes: list) -> Any:
         from sparkfleet.fleet.connect import transport_for
 
         transport = transport_for(nodes)
-    return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads, show=show)
+    return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads, show=shown_as(emit))
 
 
 def add_overrides(p: argparse.ArgumentParser) -> None:

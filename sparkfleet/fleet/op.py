@@ -57,6 +57,21 @@ def placeholder(what: str) -> str:
     return f"<{what}>"
 
 
+def shown_as(emit: Callable[..., None]) -> Callable[[NodeCommands], None]:
+    """How a command that is not run is shown: one `would` event per node (and per file it would write),
+    through `emit(event, **fields)` (the run's events, or a verb's printer)."""
+
+    def show(op: NodeCommands) -> None:
+        for node, command in op.commands.items():
+            for path, content in op.files.get(node, {}).items():
+                text = content if isinstance(content, str) else f"<{len(content)} bytes>"
+                emit("would", what=op.what, node=node, write=path, content=text)
+            emit("would", what=op.what, node=node, command=command, **({"env": sorted(op.env)} if op.env else {}),
+                 **({"stdin": op.stdin[node]} if node in op.stdin else {}))
+
+    return show
+
+
 class DryRunLeak(RuntimeError):
     """Something tried to reach a node under --dry-run without going through the executor: a bug."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.op import Executor
+from sparkfleet.fleet.op import Executor, shown_as
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.plan import Plan
 from sparkfleet.runner.events import Events
@@ -71,10 +71,8 @@ class RunContext:
     executor: Executor = field(init=False)  # the one place this run's node commands run (or are shown)
 
     def __post_init__(self) -> None:
-        from sparkfleet.runner.ops import show
-
         self.executor = Executor(self.transport, self.inventory.nodes, dry_run=self.options.dry_run,
-                                 reads=self.options.dry_reads, show=lambda op: show(self.events, op))
+                                 reads=self.options.dry_reads, show=shown_as(self.events.emit))
 
     @property
     def profile(self):

@@ -17,10 +17,9 @@ from sparkfleet.fleet.op import NodeCommands, Reply, query
 
 if TYPE_CHECKING:
     from sparkfleet.runner.context import RunContext
-    from sparkfleet.runner.events import Events
     from sparkfleet.spec.playbook import Step
 
-__all__ = ["NodeCommands", "Reply", "StepFn", "StepGen", "StepResult", "drive", "query", "run_now", "show"]
+__all__ = ["NodeCommands", "Reply", "StepFn", "StepGen", "StepResult", "drive", "query", "run_now"]
 
 
 @dataclass
@@ -33,17 +32,6 @@ class StepResult:
 
 StepGen = Generator[NodeCommands, Reply, StepResult]
 StepFn = Callable[["RunContext", "Step"], StepResult | StepGen]
-
-
-def show(events: Events, op: NodeCommands) -> None:
-    """Under --dry-run: say exactly what would run where (and what would be written)."""
-    for node, command in op.commands.items():
-        for path, content in op.files.get(node, {}).items():
-            text = content if isinstance(content, str) else f"<{len(content)} bytes>"
-            events.emit("would", what=op.what, node=node, write=path, content=text)
-        events.emit("would", what=op.what, node=node, command=command,
-                    **({"env": sorted(op.env)} if op.env else {}),
-                    **({"stdin": op.stdin[node]} if node in op.stdin else {}))
 
 
 def drive(ctx: RunContext, out: StepResult | StepGen) -> StepResult:
