@@ -763,7 +763,7 @@ def test_cli_drop_caches(repo_spec: Spec, fake_fleet: dict, capsys: pytest.Captu
     assert cli("--profile", "dcp2", "--drop-caches", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
     commands = fake_fleet["transport"].commands
-    assert [c for c in commands if not c.startswith("cat ")] == ["sync && sysctl -q -w vm.drop_caches=3"]
+    assert [c for c in commands if not c.startswith("cat ")] == ["sync && sysctl -q -w vm.drop_caches=3"] * 4
     # and each rank's Engram manifest, judged by the one rule as `up` judges it
     assert [c for c in commands if c.startswith("cat ")] == [f"cat {MANIFEST_PATH}"] * 4
     drop = [f for f in doc["findings"] if f["check"] == "drop-caches"]
