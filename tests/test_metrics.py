@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS as LLAMA
+from sparkfleet.engines.vllm import METRICS as VLLM
 from sparkfleet.fleet.facts import Container, Docker, EarlyOom, Gpu, MemInfo, NodeFacts
 from sparkfleet.fleet.local import LocalTransport
 from sparkfleet.fleet.transport import Result, RunEachByRun
@@ -498,7 +499,7 @@ def test_dashboard_queries_name_only_series_that_exist() -> None:
                     assert name in exported, (file, title, name)
                 elif name.startswith("llamacpp:"):  # checked against llama.cpp's real server (test_llamacpp_lab)
                     assert name in {*LLAMA.counters.values(), *LLAMA.gauges.values()}, (file, title, name)
-                elif name != dash.VLLM_KV_OLD:  # the deprecated fallback, absent from vLLM >= 0.10 by design
+                elif name != VLLM.fallbacks["kv_usage"]:  # the deprecated name, absent from vLLM >= 0.10
                     assert name in vllm, (file, title, name)
     assert {*GAUGES, *(c + "_total" for c in (*COUNTERS, *SPEC_COUNTERS))} <= vllm
 

@@ -191,9 +191,9 @@ def run_dashboards(args: argparse.Namespace) -> int:
             notes.append(f"{p.name} runs {p.engine}, which exports no /metrics sparkfleet reads, so its engine "
                          "is not added to the scrape config")
         elif p.port is not None:
-            if names.prefix != "vllm:":
+            if not names.histograms:
                 notes.append(f"{p.name} runs {p.engine}: its {names.prefix}* series are scraped; the Lane "
-                             "dashboard's requests and token-rate panels read them, its vLLM-only panels stay empty")
+                             "dashboard's requests and token-rate panels read them, its latency panels stay empty")
             engines.append(EngineTarget(p.name, head.name, endpoint(head, p.port).removeprefix("http://")))
             if p.host.startswith("127.") and head.transport != "local":
                 notes.append(f"{p.name} listens on {p.host} on {head.name}: Prometheus must run on that node")

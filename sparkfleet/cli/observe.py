@@ -101,8 +101,10 @@ def _endpoint_status(base: str) -> dict:
 
 
 def _kv_usage(text: str) -> float | None:
-    # vllm:kv_cache_usage_perc, falling back to the deprecated vllm:gpu_cache_usage_perc (REFERENCE.md §1)
-    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+    # each engine's KV usage gauge, then its older name (vLLM's gpu_cache_usage_perc, REFERENCE.md §1)
+    from sparkfleet.metrics.dashboards import engine_series
+
+    for name in engine_series("gauges", "kv_usage", fallback=True):
         for line in text.splitlines():
             if line.startswith(name + "{") or line.startswith(name + " "):
                 try:

@@ -76,6 +76,8 @@ METRICS = MetricNames(
     gauges={"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
             "kv_usage": "vllm:kv_cache_usage_perc"},
     per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    histograms={"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"},
+    fallbacks={"kv_usage": "vllm:gpu_cache_usage_perc"},  # images before vLLM 0.10 (REFERENCE.md §1)
 )
 
 

@@ -50,12 +50,10 @@ def storage_paths(node: Node) -> list[str]:
 
 
 def model_dir(profile: Profile, node: Node) -> str | None:
-    """Where the lane's weights are on this node (TensorFold names its own dir)."""
-    if profile.tensorfold is not None:
-        return profile.tensorfold.model_dir
-    if profile.model is None:
-        return None
-    return posixpath.join(node.storage.model_root, profile.model.repo_dir)
+    """Where the lane's weights are on this node (the engine adapter says)."""
+    from sparkfleet.engines.registry import engine_for
+
+    return engine_for(profile.engine).model_dir(profile, node)
 
 
 def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
@@ -105,9 +103,10 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
             node = rank.node
             mine = paths.setdefault(node.name, storage_paths(node))
             if profile is not None:
-                _add(mine, model_dir(profile, node))
-                if profile.tensorfold is not None:
-                    _add(mine, profile.tensorfold.recipe_dir)
+                from sparkfleet.engines.registry import engine_for
+
+                for path in engine_for(profile.engine).fact_paths(profile, node):
+                    _add(mine, path)
             for launch in plan.launches:
                 if launch.node == node.name and launch.spec is not None:
                     for src in launch.spec.bind_sources:
