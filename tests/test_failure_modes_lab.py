@@ -239,3 +239,43 @@ def test_up_refuses_a_lane_its_rules_refuse(sim, capsys, profile, extra, check_n
     failed = refused_by_plan(sim, capsys, profile, *extra)
     assert [f["check"] for f in failed] == [check_name]
     assert failed[0]["message"].startswith(message), failed[0]["message"]
+
+
+# -- the Station's boot: what `up` sees while the lane comes up ---------------------------------------------
+
+STATION_UP = ["up", "--profile", "gb300-v23", "--inventory", "sim", *FAST,
+              "-o", "expect.kv_tokens=!unset"]  # the sim's Station KV is not a seed figure (docs/sim-layout.md)
+
+
+@pytest.fixture
+def station_down(capsys):
+    yield
+    main(["down", "--profile", "gb300-v23", "--inventory", "sim", "--json"])
+    capsys.readouterr()
+
+
+def test_negative_available_kv_is_fatal_and_stops_the_boot(sim, capsys, station_down) -> None:
+    """FM-45: a budget that leaves nothing for KV (here a gpu-memory-utilization of 0.05) makes vLLM log a negative
+    `Available KV cache memory`: `up` fails the boot on that line at once and stops the rank."""
+    code, events = run(capsys, *STATION_UP, "-o", "flags.--gpu-memory-utilization=0.05")
+    assert code == 1
+    reason = result(events)["reason"]
+    assert reason.startswith("wait_ready: rank 0 logged a fatal line: ") and "Available KV cache memory: -" in reason
+    assert reason.endswith("(on station); every rank of this launch was stopped")
+    assert [c["State"]["Status"] for c in lane_containers(sim, "gb300-v23", ("station",))["station"]] == ["exited"]
+
+
+def test_changed_kernel_shapes_are_named_before_the_station_retunes(sim, capsys, station_down) -> None:
+    """FM-41: seeding the autotune cache cannot help once the capture list changed against the last good run:
+    `up` says so while the lane boots; the same launch again says nothing."""
+    def shape_messages(events: list[dict]) -> list[str]:
+        return [e["text"] for e in events if e["event"] == "message" and "kernel shapes changed" in e["text"]]
+
+    code, events = run(capsys, *STATION_UP)
+    assert code == 0, result(events)
+    assert shape_messages(events) == []  # the first good run: nothing to compare with
+    code, events = run(capsys, *STATION_UP, "-o", "flags.--cudagraph-capture-sizes=[1, 2, 4, 8]")
+    assert code == 0, result(events)
+    assert shape_messages(events) == [
+        "kernel shapes changed since the last good run (--cudagraph-capture-sizes): seeding the autotune cache "
+        "cannot help; the first boot retunes (75-90 min, LCH-G3)"]
