@@ -279,3 +279,44 @@ def test_changed_kernel_shapes_are_named_before_the_station_retunes(sim, capsys,
     assert shape_messages(events) == [
         "kernel shapes changed since the last good run (--cudagraph-capture-sizes): seeding the autotune cache "
         "cannot help; the first boot retunes (75-90 min, LCH-G3)"]
+
+
+# -- the chat template: pinned by sha256 on every rank ---------------------------------------------------------
+
+TEMPLATE = "/opt/templates/dsv41-1017.jinja"  # where the lane's engine reads its chat template, in the container
+
+
+@pytest.fixture(scope="module")
+def template_ops(tmp_path_factory):
+    """A copy of the ops directory with a patch set holding one chat template, and dcp2 taking it from there."""
+    import hashlib
+
+    from tests.conftest import copy_ops
+
+    ops = copy_ops(tmp_path_factory.mktemp("ops"))
+    body = b"{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|Assistant|>\n"
+    (ops / "patches/tmpl").mkdir()
+    (ops / "patches/tmpl/dsv41-1017.jinja").write_bytes(body)
+    (ops / "patches/tmpl/manifest.yaml").write_text(
+        f"name: tmpl\ndescription: a chat template\nfiles:\n- source: dsv41-1017.jinja\n"
+        f"  sha256: {hashlib.sha256(body).hexdigest()}\n  target: {TEMPLATE}\n")
+    (ops / "profiles/dcp2-tmpl.yaml").write_text(f"extends: dcp2\npatches: tmpl\nflags:\n  --chat-template: {TEMPLATE}\n")
+    return ops, hashlib.sha256(body).hexdigest()
+
+
+def test_a_chat_template_from_the_patch_set_is_checked_on_every_rank(sim, capsys, template_ops) -> None:
+    """FM-33: the template comes from the lane's patch set, so every rank's copy is hashed and compared with the
+    manifest's sha256; bound from the node's cache dir instead, it is pinned by nothing and `up` refuses."""
+    ops, digest = template_ops
+    root = ("--root", str(ops))
+    assert main(["patches", "push", "--profile", "dcp2-tmpl", "--inventory", "sim", *root, "--json"]) == 0
+    capsys.readouterr()
+    code, fs = check(capsys, "dcp2-tmpl", *root)
+    assert [(f["node"], f["status"], f["message"]) for f in fs if f["check"] == "chat-template"] == [
+        (n, "ok", f"chat template {TEMPLATE} is dsv41-1017.jinja of patch set tmpl, sha256 {digest[:12]}")
+        for n in LAB_NODES]
+    loose = "/cache/templates/dsv41-1017.jinja"  # under the lane's cache bind: a file each node has its own of
+    failed = refused_at_check(sim, capsys, "dcp2", "-o", f"flags.--chat-template={loose}")
+    assert [(f["node"], f["check"], f["message"]) for f in failed] == [
+        (n, "chat-template", f"chat template {loose} is bound from /nvme/cache/templates/dsv41-1017.jinja on {n}, "
+         "which no patch set pins: each rank could serve another template") for n in LAB_NODES]
