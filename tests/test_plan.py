@@ -86,7 +86,7 @@ def test_tensorfold_starts_ranks_3_2_1_then_0(capsys) -> None:
         "--label", "sparkfleet.rank=0", "--label", "sparkfleet.run=plan", "--network", "host", "--gpus", "all",
         "-v", f"{recipe}:{recipe}", "-v", f"{recipe}/.sparkfleet-tf1017-r0.config.env:{recipe}/config.env:ro",
         "-v", "/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw:/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw:ro",
-        "nvcr.io/nvidia/pytorch:26.07-py3", "bash", f"{recipe}/scripts/serve.sh"]
+        "nvcr.io/nvidia/pytorch:26.07-py3", "bash", f"{recipe}/scripts/serve.sh", "start"]
     assert list(head["files"]) == [f"{recipe}/.sparkfleet-tf1017-r0.config.env"]
     assert (head["env"]["HOST"], head["env"]["PORT"], head["env"]["RANK"]) == ("127.0.0.1", "8001", "0")
     assert head["env"]["RDMA_HCA"] == "rocep1s0f0"  # one rail
