@@ -111,8 +111,9 @@ class TensorFold(Engine):
 
 
 def rank_command(recipe_dir: str, override: list[str] | None) -> list[str]:
-    """The recipe's serve script in the foreground (the container lives as long as the rank serves)."""
-    return list(override) if override else ["bash", posixpath.join(recipe_dir, "scripts", "serve.sh")]
+    """The recipe's `scripts/serve.sh start` (seed 002: "start1.sh runs the recipe's scripts/serve.sh start")
+    as the container's command (the container lives as long as the rank serves)."""
+    return list(override) if override else ["bash", posixpath.join(recipe_dir, "scripts", "serve.sh"), "start"]
 
 
 def rank_container(ctx: LaneContext, r: Rank) -> ContainerSpec:

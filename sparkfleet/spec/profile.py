@@ -123,7 +123,7 @@ class TensorFold(Strict):
     recipe_dir: str  # where the recipe (scripts/serve.sh) lives on every node
     model_dir: str  # weights directory on every node (NFS on workers)
     args: dict[str, Any] = Field(default_factory=dict)  # serve settings, flag-dict form
-    # what each rank's container runs in the foreground; default: bash <recipe_dir>/scripts/serve.sh
+    # what each rank's container runs in the foreground; default: bash <recipe_dir>/scripts/serve.sh start
     rank_command: list[str] | None = None
 
 

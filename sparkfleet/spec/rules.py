@@ -64,25 +64,17 @@ def station_offload(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterat
 
 
 @rule
-def image_pin(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
-    p = loaded.profile
-    if p.image and not p.image.digest:
-        yield Finding("image-digest", "warn", f"image {p.image.ref} has no digest pin",
-                      "add image.digest (sha256:...) so a re-pushed tag cannot change the lane",
-                      field="image.digest", where=at(loaded, "image"))
-
-
-@rule
 def examples(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """A lane shipped with example values says so once: the profile's fields and the inventory's."""
     p = loaded.profile
-    if p.examples:
-        yield Finding("example-values", "warn", f"example values, not from the seeds: {', '.join(p.examples)}",
-                      "set them to your lab's values before a real launch", field="examples",
-                      where=at(loaded, "examples"))
+    parts = [f"profile: {', '.join(p.examples)}"] if p.examples else []
     if inv.example:
-        yield Finding("example-values", "warn",
-                      f"inventory {inv.name!r} holds example addresses, HCAs and interfaces",
-                      "set your nodes' values in the inventory (marked example: true)")
+        parts.append(f"inventory {inv.name!r}: node addresses, HCAs and interfaces")
+    if parts:
+        yield Finding("example-values", "warn", f"example values, not from the seeds: {'; '.join(parts)}",
+                      "set them to your lab's values before a real launch (the inventory: remove example: true "
+                      "once its nodes are yours)", field="examples" if p.examples else None,
+                      where=at(loaded, "examples") if p.examples else None)
 
 
 @rule
