@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from sparkfleet.fleet.local import NOT_RUN_FD
 from sparkfleet.sim import shim
 from sparkfleet.spec.errors import UserError
 
@@ -41,6 +42,7 @@ OWN_ETC = {"hostname", "mtab", "default"}  # /etc entries the node has of its ow
 NSENTER = "/usr/bin/nsenter"
 BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/usr/local/bin/bwrap")
 START_TIMEOUT_S = 10.0
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")  # what bubblewrap's --dev makes, less devpts
 
 
 def bwrap_path() -> str | None:
@@ -127,11 +129,30 @@ def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool) -> li
         args += _ro_tree("/etc/default", "/etc/default", {"earlyoom"})
     for p in python_roots():
         args += ["--ro-bind", p, p]
-    args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", "--dev", "/dev"]
+    args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", *dev_args(userns)]
     for node_path in shim.BOUND_FILES:
         args += ["--ro-bind", str(shim.bound_source(fs, node_path)), node_path]
     args += ["--chdir", home_dir(), "--clearenv", "--setenv", "PATH", NODE_PATH, "--setenv", "HOME", home_dir()]
     return args
+
+
+def dev_args(userns: bool) -> list[str]:
+    """The node's /dev. As root, bubblewrap's own (`--dev`). Without root, `--dev` makes bubblewrap map the
+    user to uid 0 first (to mount devpts) and then nest a second user namespace for the sandbox; the
+    node's mount, ipc, uts and pid namespaces belong to the first, which no process stays in, so nothing
+    outside can ever enter the node (nsenter: "reassociate to namespace 'ns/ipc' failed: Operation not
+    permitted"). So the unprivileged node gets the host's harmless devices bound one by one instead, and
+    its one user namespace (the sandbox's, owned by this user) is the one commands join first."""
+    if not userns:
+        return ["--dev", "/dev"]
+    args = ["--dir", "/dev"]
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        args += ["--symlink", target, f"/dev/{name}"]
+    return args + ["--perms", "1777", "--tmpfs", "/dev/shm"]
 
 
 def init_path(node_dir: Path) -> Path:
@@ -233,18 +254,30 @@ def _reap(pids: list[int]) -> None:
 
 def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool) -> str:
     """The wrapper the local transport runs each command under: it enters the running node (or answers
-    as ssh does for a host that cannot be reached, exit 255)."""
+    as ssh does for a host that cannot be reached, exit 255).
+
+    Without root it joins the node's user namespace first (--preserve-credentials: the same uid there),
+    which owns the node's other namespaces (dev_args). What nsenter itself says (it could not enter, or
+    not start the node's shell) goes to the local transport's status pipe, fd $SPARKFLEET_NOT_RUN_FD, so
+    a command that never ran is told from one that ran and failed; the command never sees that fd."""
     ns = "-m -u -i -p" + (" -n" if netns else "") + (" -U --preserve-credentials" if userns else "")
     d = shlex.quote(str(node_dir))
     state = shlex.quote(shim.STATE)
+    user = shlex.quote(pwd.getpwuid(os.getuid()).pw_name)
+    inner = "exec 2>&8 8>&- 9>&-; exec /usr/bin/env -u " + NOT_RUN_FD + ' "$@"'
     return (f"#!/bin/sh\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
             f"d={d}\n"
+            f'fd=${{{NOT_RUN_FD}:-}}\n'
+            'case "$fd" in 9) ;; [0-2]|""|*[!0-9]*) exec 9>&2 ;; *) eval "exec 9>&$fd $fd>&-" ;; esac\n'
             f'pid=$(sed -n \'s/.*"pid": \\([0-9]*\\).*/\\1/p\' "$d/init.json" 2>/dev/null)\n'
             f'if [ -e "$d/unreachable" ] || [ -z "$pid" ] || [ ! -f "/proc/$pid/root/"{state}/node.json ]; then\n'
             f'  echo "ssh: connect to host {node} port 22: No route to host" >&2\n  exit 255\nfi\n'
-            f"exec {NSENTER} -t \"$pid\" {ns} -r -w -- /usr/bin/env PATH={NODE_PATH} "
-            f"HOME={shlex.quote(home_dir())} USER={shlex.quote(pwd.getpwuid(os.getuid()).pw_name)} "
-            f"LOGNAME={shlex.quote(pwd.getpwuid(os.getuid()).pw_name)} SHELL=/bin/bash LANG=C.UTF-8 \"$@\"\n")
+            f'if [ ! -x {NSENTER} ]; then\n'
+            f'  echo "cannot enter simulated node {node}: {NSENTER} is not installed here (util-linux)" >&9\n'
+            f"  exit 125\nfi\n"
+            f"exec 8>&2\n"
+            f"exec {NSENTER} -t \"$pid\" {ns} -r -w -- /bin/sh -c {shlex.quote(inner)} sh PATH={NODE_PATH} "
+            f"HOME={shlex.quote(home_dir())} USER={user} LOGNAME={user} SHELL=/bin/bash LANG=C.UTF-8 \"$@\" 2>&9\n")
 
 
 def enter_path(node_dir: Path) -> Path:
