@@ -265,10 +265,11 @@ def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool) -> str
     state = shlex.quote(shim.STATE)
     user = shlex.quote(pwd.getpwuid(os.getuid()).pw_name)
     inner = "exec 2>&8 8>&- 9>&-; exec /usr/bin/env -u " + NOT_RUN_FD + ' "$@"'
-    return (f"#!/bin/sh\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
+    # bash, not sh: the status pipe's fd may be 10 or more, which dash cannot name in a redirection
+    return (f"#!/bin/bash\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
             f"d={d}\n"
             f'fd=${{{NOT_RUN_FD}:-}}\n'
-            'case "$fd" in 9) ;; [0-2]|""|*[!0-9]*) exec 9>&2 ;; *) eval "exec 9>&$fd $fd>&-" ;; esac\n'
+            'case "$fd" in 9) ;; [0-2]|""|*[!0-9]*) exec 9>&2 ;; *) exec 9>&"$fd" {fd}>&- ;; esac\n'
             f'pid=$(sed -n \'s/.*"pid": \\([0-9]*\\).*/\\1/p\' "$d/init.json" 2>/dev/null)\n'
             f'if [ -e "$d/unreachable" ] || [ -z "$pid" ] || [ ! -f "/proc/$pid/root/"{state}/node.json ]; then\n'
             f'  echo "ssh: connect to host {node} port 22: No route to host" >&2\n  exit 255\nfi\n'
