@@ -234,7 +234,10 @@ def without_root(transport: TransportKind, root: bool) -> list[str]:
         return []
     return ["per-node networks: each node's own network namespace, bridge and veth pair need root (ip netns), so "
             "the nodes' sshd listen on 127.0.0.1 ports and share this machine's network, and the slow-link fault "
-            "(tc on a node's own link) is refused"]
+            "(tc on a node's own link) is refused",
+            "root on the nodes: each sshd must switch to the login user, and a user namespace made without root "
+            "maps one uid, so sessions run as you, not root, and what needs root there fails as on a real node "
+            "(up's drop_caches: sysctl: permission denied); the local transport has root on its nodes"]
 
 
 def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: str | Path | None = None,
@@ -274,7 +277,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         for n in inv.nodes.values():
             nd = paths.node_dir(n.name)
             ns = netlab.netns_name(n.name) if netns else None
-            node.enter_path(nd).write_text(node.enter_script(nd, n.name, netns=netns, userns=not root))
+            node.enter_path(nd).write_text(node.enter_script(nd, n.name, netns=netns, userns=not root,
+                                                          root=node.node_root_user(ssh=transport == "ssh")))
             node.enter_path(nd).chmod(0o755)
             info = ssh.get(n.name)
             sshd_argv = ([sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]]

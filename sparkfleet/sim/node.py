@@ -104,12 +104,22 @@ def _ro_tree(host_dir: str, node_dir: str, skip: set[str]) -> list[str]:
     return args
 
 
-def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool) -> list[str]:
-    """The bubblewrap command line of the node's init (everything the node is, as mounts)."""
+def node_root_user(*, ssh: bool) -> bool:
+    """Whether commands run as root inside the node. As root, always (the lab's nodes are entered as root:
+    its inventory's ssh.user). Without root, the local lab's user namespace maps this user to uid 0 (root
+    there, nowhere else), so `up` can do what needs root on a node (drop the page cache) as on the lab. Not
+    in ssh mode: sshd must switch to the login user, and a user namespace made without root maps one uid."""
+    return os.geteuid() == 0 or not ssh
+
+
+def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool, root: bool = True) -> list[str]:
+    """The bubblewrap command line of the node's init (everything the node is, as mounts); `root`: the
+    node's user is uid 0 in its user namespace (with userns), else this user's own uid."""
     fs = node_dir / "fs"
     args = [bwrap_path() or "bwrap", "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--hostname", hostname]
     if userns:
-        args += ["--unshare-user", "--uid", str(os.getuid()), "--gid", str(os.getgid())]
+        uid, gid = (0, 0) if root else (os.getuid(), os.getgid())
+        args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid)]
     if caps:
         args += ["--cap-add", "ALL"]  # root's node: its sshd drops privileges per session, as on a real node
     args += ["--tmpfs", "/"]
@@ -129,21 +139,21 @@ def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool) -> li
         args += _ro_tree("/etc/default", "/etc/default", {"earlyoom"})
     for p in python_roots():
         args += ["--ro-bind", p, p]
-    args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", *dev_args(userns)]
+    args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", *dev_args(userns and not root)]
     for node_path in shim.BOUND_FILES:
         args += ["--ro-bind", str(shim.bound_source(fs, node_path)), node_path]
     args += ["--chdir", home_dir(), "--clearenv", "--setenv", "PATH", NODE_PATH, "--setenv", "HOME", home_dir()]
     return args
 
 
-def dev_args(userns: bool) -> list[str]:
-    """The node's /dev. As root, bubblewrap's own (`--dev`). Without root, `--dev` makes bubblewrap map the
-    user to uid 0 first (to mount devpts) and then nest a second user namespace for the sandbox; the
-    node's mount, ipc, uts and pid namespaces belong to the first, which no process stays in, so nothing
-    outside can ever enter the node (nsenter: "reassociate to namespace 'ns/ipc' failed: Operation not
-    permitted"). So the unprivileged node gets the host's harmless devices bound one by one instead, and
-    its one user namespace (the sandbox's, owned by this user) is the one commands join first."""
-    if not userns:
+def dev_args(nests: bool) -> list[str]:
+    """The node's /dev: bubblewrap's own (`--dev`), unless that would nest user namespaces (`nests`: without
+    root, for a node user other than uid 0). There `--dev` makes bubblewrap map the user to uid 0 first (to
+    mount devpts), then nest a second user namespace for the sandbox's uid; the node's mount, ipc, uts and
+    pid namespaces belong to the first, which no process stays in, so nothing outside could ever enter the
+    node (nsenter: "reassociate to namespace 'ns/ipc' failed: Operation not permitted"). That node gets the
+    host's harmless devices bound one by one instead, so its one user namespace owns all the others."""
+    if not nests:
         return ["--dev", "/dev"]
     args = ["--dir", "/dev"]
     for name in DEVICES:
@@ -162,7 +172,7 @@ def init_path(node_dir: Path) -> Path:
 def start(node_dir: Path, hostname: str, *, netns: str | None, sshd: list[str] | None) -> int:
     """Start the node's init (returns its pid on this machine) and wait until it says it is up."""
     userns = os.geteuid() != 0
-    argv = bwrap_args(node_dir, hostname, userns=userns, caps=not userns)
+    argv = bwrap_args(node_dir, hostname, userns=userns, caps=not userns, root=node_root_user(ssh=bool(sshd)))
     info_r, info_w = os.pipe()
     argv[1:1] = ["--info-fd", str(info_w)]
     argv += ["--", "/usr/bin/python3", f"{SHIM_DIR}/sim-node-init", *(["--sshd", *sshd] if sshd else [])]
@@ -252,7 +262,7 @@ def _reap(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool) -> str:
+def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool, root: bool = True) -> str:
     """The wrapper the local transport runs each command under: it enters the running node (or answers
     as ssh does for a host that cannot be reached, exit 255).
 
@@ -263,7 +273,7 @@ def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool) -> str
     ns = "-m -u -i -p" + (" -n" if netns else "") + (" -U --preserve-credentials" if userns else "")
     d = shlex.quote(str(node_dir))
     state = shlex.quote(shim.STATE)
-    user = shlex.quote(pwd.getpwuid(os.getuid()).pw_name)
+    user = "root" if root else shlex.quote(pwd.getpwuid(os.getuid()).pw_name)  # as `id -un` says there
     inner = "exec 2>&8 8>&- 9>&-; exec /usr/bin/env -u " + NOT_RUN_FD + ' "$@"'
     # bash, not sh: the status pipe's fd may be 10 or more, which dash cannot name in a redirection
     return (f"#!/bin/bash\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
