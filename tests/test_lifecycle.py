@@ -34,6 +34,7 @@ def clean(sim, capsys):
 
 
 
+@pytest.mark.nonroot  # also run as an unprivileged user by .ci/run
 def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
@@ -326,6 +327,7 @@ def test_a_rank_that_vanishes_during_boot_fails_up_within_one_poll(sim, capsys) 
     assert rec["data"]["last_log_lines"]["2"], "the vanished rank's last log lines are kept"
 
 
+@pytest.mark.nonroot  # also run as an unprivileged user by .ci/run
 def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> None:
     sim.fault("spark4", "docker-down")
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)

@@ -16,7 +16,8 @@ from typing import Literal, Protocol
 
 from sparkfleet.spec.inventory import Node
 
-ErrorKind = Literal["unreachable", "auth", "hostkey-unknown", "hostkey-changed", "timeout", "exit", "error"]
+ErrorKind = Literal["unreachable", "auth", "hostkey-unknown", "hostkey-changed", "timeout", "exit", "error",
+                    "not-run"]
 
 
 @dataclass
