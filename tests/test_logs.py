@@ -140,3 +140,16 @@ def test_expected_lines_are_matched_as_they_arrive_not_on_a_tail() -> None:
     feed(f, [f"{CYAN}(Worker_TP0 pid=3){RESET} INFO [hook.py:1] rehome done layers=40"], [], v)
     feed(f, [f"INFO [launcher.py:46] Route: /r{i}, Methods: GET" for i in range(200)], [], v)
     assert f.expected_seen == {"rehome done layers=40": "INFO [hook.py:1] rehome done layers=40"}
+
+
+def test_a_logged_traceback_has_the_header_on_every_line_and_still_names_its_exception() -> None:
+    # logger.exception("EngineCore failed to start.") (v1/engine/core.py:708, 0.11.0): the formatter repeats
+    # the header after "\r\n" on every line of the message (logging_utils/formatter.py:78)
+    h = "ERROR 12-01 10:00:00 [core.py:708] "
+    msg = "EngineCore failed to start.\nTraceback (most recent call last):\n  File \"core.py\", line 1, in run\n" \
+          "ValueError: No available memory for the cache blocks."
+    record = h + msg.replace("\n", "\r\n" + h) + "\n"
+    wrapped = "".join(f"{CYAN}(EngineCore_DP0 pid=4){RESET} {x}" for x in record.splitlines(keepends=True))
+    f = parse(wrapped, signatures())
+    assert f.fatal == h + "EngineCore failed to start."
+    assert f.fatal_detail == "ValueError: No available memory for the cache blocks."

@@ -21,6 +21,10 @@ EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*")
 WARNING = re.compile(r"\bWARN(ING)?\b")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PREFIX = re.compile(r"^\([^()\s]+(?: [^()\s]+)* pid=\d+\) ")  # vLLM's `(Name pid=N) `
+# vLLM's record header, `%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] ` (vllm/logger.py:25, 0.11.0); a
+# multi-line message (logger.exception's traceback) repeats it on every line after `\r\n`
+# (logging_utils/formatter.py:78)
+HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ")
 
 
 def text(line: str) -> str:
@@ -144,11 +148,11 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVoc
                 facts.phase = phase
         if facts.fatal is None and fatal_match(line, fatal):
             facts.fatal = line.strip()
-        elif facts.fatal and facts.fatal_detail is None and not EXCEPTION.match(facts.fatal) \
-                and EXCEPTION.match(line):
+        elif facts.fatal and facts.fatal_detail is None and not EXCEPTION.match(HEADER.sub("", facts.fatal)) \
+                and EXCEPTION.match(msg := HEADER.sub("", line)):
             # the exception a traceback (or vLLM's `EngineCore failed to start.` and the traceback
-            # logger.exception prints under it) ends with: what the failure report names
-            facts.fatal_detail = line.strip()
+            # logger.exception prints under it, header on every line) ends with: what the report names
+            facts.fatal_detail = msg.strip()
     return facts
 
 
