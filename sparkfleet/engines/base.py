@@ -8,6 +8,7 @@ variable its API key is read from.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -127,6 +128,10 @@ class Engine:
     def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
         """The node-local Engram copy this engine's rank mounts, or None (it reads the model dir)."""
         return None
+
+    def log_for(self, p: Profile) -> LogVocabulary:
+        """The lines this lane's ranks are read for: the engine's, and the profile's expect.log_lines."""
+        return dataclasses.replace(self.log, expected=tuple(p.expect.log_lines))
 
     def launches(self, ctx: LaneContext) -> list[Launch]:
         """Every rank's launch, in the order they start (waves)."""

@@ -54,7 +54,8 @@ def follow(ctx: RunContext) -> StepGen:
         tail = ctx.logs_tail.setdefault(rank, [])
         tail.extend(lines)
         del tail[:-LOG_TAIL]
-        feed(ctx.log_facts[rank], lines, ctx.profile.fatal_signatures, engine_for(ctx.profile.engine).log)
+        vocab = engine_for(ctx.profile.engine).log_for(ctx.profile)  # the image's version, the profile's lines
+        feed(ctx.log_facts[rank], lines, ctx.profile.fatal_signatures, vocab)
     return states, errors
 
 

@@ -17,6 +17,9 @@ FLAG_KEY = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class Image(Strict):
     ref: str = Field(min_length=1)  # repository:tag
     digest: str | None = None  # sha256:... pin
+    # the engine version inside, as its own `--version` says ("0.11.1"): it picks the log lines the reader
+    # expects (vLLM's MoE line differs by version) and the lane rules that need a version (multi-node vLLM)
+    engine_version: str | None = Field(None, pattern=r"^\d+\.\d+(\.\d+)?([.+-]?[A-Za-z0-9][A-Za-z0-9.+-]*)?$")
 
     @field_validator("digest")
     @classmethod
