@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_inventory(p)
     add_json(p)
     add_overrides(p)
-    p.add_argument("--profile", "-p", required=True)
+    p.add_argument("--profile", "-p", required=True, help="the lane to benchmark (it must be serving)")
     p.add_argument("--endpoint", metavar="URL", help="API base URL (default: http://HEAD:PORT of the lane)")
     p.add_argument("--concurrency", "-c", default="1,2,3,4,5,6,8,16", metavar="LIST",
                    help="concurrency levels (default 1,2,3,4,5,6,8,16)")
@@ -88,8 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(b)
     add_inventory(b)
     add_json(b)
-    b.add_argument("--control", required=True, metavar="PROFILE")
-    b.add_argument("--candidate", required=True, metavar="PROFILE")
+    b.add_argument("--control", required=True, metavar="PROFILE", help="the lane run before and after the candidate")
+    b.add_argument("--candidate", required=True, metavar="PROFILE",
+                   help="the lane measured between the two control runs")
     b.add_argument("--bars", required=True, metavar="FILE", help="the pre-registered bars (YAML)")
     b.add_argument("--out", metavar="DIR", help="output directory (default: <state dir>/bench/<run>-bracket)")
     b.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while a lane boots")

@@ -41,8 +41,7 @@ EPILOG = """examples:
   sparkfleet check --profile dcp2 --probe-command 'python3 my_load.py'
   sparkfleet check --profile dcp2 --fabric          # also measure every pair of ranks over the fabric
   sparkfleet check --profile dcp2 --nccl --dry-run  # the all-reduce each rank would run in the lane's image
-  sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'
-exit status: 0 nothing failed, 1 a check failed or a node did not answer, 2 bad input or a refused lane."""
+  sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

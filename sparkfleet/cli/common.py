@@ -76,6 +76,25 @@ def overrides(args: argparse.Namespace) -> list:
     return parse(getattr(args, "overrides", None))
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a duration in seconds above 0 (`--poll -1` or `--poll 0` would spin or never wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text}")
+    return value
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    """-v / -q of the commands that run steps (up, down, play, restore, watch)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--verbose", "-v", action="store_true",
+                   help="also print the commands each step runs on each node")
+    g.add_argument("--quiet", "-q", action="store_true", help="print only findings and the result")
+
+
 def add_wide(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", "-w", action="store_true",
                    help="the full table on one line per row, whatever the terminal's width")

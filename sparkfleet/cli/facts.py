@@ -21,8 +21,7 @@ REASONS = {0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 
 EPILOG = """examples:
   sparkfleet facts --profile dcp2            # the lane's nodes, with its model/Engram/cache dirs and -v sources
   sparkfleet facts --node reddie --node asusi
-  sparkfleet facts --json | jq '.reddie.meminfo'
-exit status: 0 every node answered, 1 some node failed (its cause is shown), 2 bad input."""
+  sparkfleet facts --json | jq '.reddie.meminfo'"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

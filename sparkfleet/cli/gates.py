@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(p)
     add_inventory(p)
     add_json(p)
-    p.add_argument("--profile", "-p", required=True)
+    p.add_argument("--profile", "-p", required=True, help="the lane whose endpoint to ask")
     p.add_argument("--only", metavar="GATE[,GATE]", help="run only these gates")
     p.add_argument("--endpoint", metavar="URL", help="API base URL (default: http://HEAD:PORT of the lane)")
     p.add_argument("--long", action="store_true",

@@ -29,7 +29,7 @@ EPILOG = """examples:
 
 Compare the fingerprint with the node's own (on its console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub)
 before you pin it. Nodes behind a ProxyJump (ssh.proxy_jump or ~/.ssh/config) have their jump hosts' keys
-shown and pinned first. Exit status: 0 when every named node ends up pinned, 1 otherwise, 2 for bad input.
+shown and pinned first.
 """
 
 

@@ -11,7 +11,18 @@ import time
 from pathlib import Path
 
 from sparkfleet.checks.probe import LOAD_SECONDS
-from sparkfleet.cli.common import EXIT_OK, EXIT_USAGE, add_inventory, add_root, err, out, print_findings, spec
+from sparkfleet.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_inventory,
+    add_progress,
+    add_root,
+    err,
+    out,
+    print_findings,
+    seconds,
+    spec,
+)
 from sparkfleet.runner.events import HumanEvents
 from sparkfleet.spec.errors import UserError
 
@@ -58,15 +69,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: two intervals)")
     p.add_argument("--gates", default="models,count100", metavar="LIST",
                    help="gates a restart must pass (default models,count100)")
-    p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
+    p.add_argument("--boot-budget", type=seconds, metavar="SECONDS", help="override the profile's boot budget")
     p.add_argument("--clock-probe-seconds", type=float, metavar="SECONDS", dest="probe_seconds",
                    help=f"how long each restart's GPU clock probe load runs on each rank (as up --probe-seconds; "
                    f"default {LOAD_SECONDS:g})")
-    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while a restart waits")
+    p.add_argument("--poll", type=seconds, default=1.0, metavar="SECONDS",
+                   help="poll interval while a restart waits (default 1)")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
     p.add_argument("--dry-run", action="store_true", help="probe, and report what it would do at each failure")
     p.add_argument("--unit", action="store_true", help="print a systemd unit that runs this watch, and exit")
+    add_progress(p)
     p.set_defaults(func=run)
 
 
