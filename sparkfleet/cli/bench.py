@@ -20,6 +20,7 @@ from sparkfleet.cli.common import (
     add_overrides,
     add_root,
     err,
+    fleet_inventory,
     out,
     overrides,
     print_json,
@@ -186,7 +187,7 @@ def probe_lane(sp: Spec, loaded: Loaded, inventory_name: str) -> dict:
     from sparkfleet.fleet.gather import facts_requests, gather
     from sparkfleet.plan import make_plan
 
-    inventory = sp.inventory(inventory_name)
+    inventory = fleet_inventory(sp, inventory_name)
     plan = make_plan(loaded, inventory, sp.playbook("up"), sp.root)
     nodes = [r.node for r in plan.ranks]
     transport = transport_for(nodes)
@@ -267,7 +268,7 @@ def _bench(args: argparse.Namespace, loaded: Loaded, opts: BenchOptions, pset: P
     if args.endpoint:
         base = args.endpoint.rstrip("/")
     else:
-        base = lane_base(tunnel, place(loaded, sp.inventory(args.inventory))[0].node, loaded.profile, args.json)
+        base = lane_base(tunnel, place(loaded, fleet_inventory(sp, args.inventory))[0].node, loaded.profile, args.json)
     if not args.json:
         err.print(f"bench {loaded.profile.name} at {base}: prompt set {pset.name} (sha256 {pset.sha256[:12]}), "
                   f"concurrency {','.join(map(str, opts.concurrency))}" + (", prefill" if opts.prefill else ""),

@@ -18,6 +18,7 @@ from sparkfleet.cli.common import (
     add_root,
     add_wide,
     err,
+    fleet_inventory,
     out,
     overrides,
     print_findings,
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane; "
                         "see `sparkfleet profiles`")
     profile = loaded.profile
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     plan = make_plan(loaded, inventory, sp.playbook("up"), sp.root)
     if plan.refused:
         if args.json:

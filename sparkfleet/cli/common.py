@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from sparkfleet.findings import Finding
+    from sparkfleet.spec.inventory import Inventory
     from sparkfleet.spec.load import Spec
 
 # Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane,
@@ -105,6 +106,23 @@ def spec(args: argparse.Namespace) -> Spec:
     from sparkfleet.spec.load import Spec
 
     return Spec(find_root(getattr(args, "root", None)))
+
+
+EXAMPLE = "example inventory: set SPARKFLEET_INVENTORY or -i"
+
+
+def fleet_inventory(sp: Spec, name: str | None) -> Inventory:
+    """The inventory of a command that contacts nodes. Left to the built-in default (no -i, no
+    $SPARKFLEET_INVENTORY, no config file) while that default is the shipped example (`example: true`,
+    addresses nobody owns), it is refused before anything connects: plan may read it, nothing may dial it."""
+    from sparkfleet.spec.errors import UserError
+    from sparkfleet.userconfig import setting
+
+    inventory = sp.inventory(name)
+    if inventory.example and setting("inventory", name).source == "default":
+        raise UserError(f"{EXAMPLE} (the default {sp.inventory_path('lab')} holds example addresses; "
+                        "`sparkfleet config` shows where the default comes from)")
+    return inventory
 
 
 def print_json(data: Any) -> None:

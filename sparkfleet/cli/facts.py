@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import facts_requests, gather, model_dir, plan_for, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result
@@ -42,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     sp = spec(args)
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     names = [n for arg in args.node for n in arg.split(",") if n]
     plan = profile = None
     if args.profile:

@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    err,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.spec.errors import SpecError, UserError
 
 if TYPE_CHECKING:
@@ -57,7 +68,7 @@ def _ranks(args: argparse.Namespace, sp: Spec, loaded: Loaded) -> list[Rank]:
     """The lane's ranks on the inventory (for the default endpoint and the memory sampler)."""
     from sparkfleet.placement import place
 
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     return place(loaded, inventory)
 
 

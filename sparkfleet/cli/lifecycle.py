@@ -15,6 +15,7 @@ from sparkfleet.cli.common import (
     add_progress,
     add_root,
     err,
+    fleet_inventory,
     out,
     overrides,
     print_json,
@@ -147,7 +148,7 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         where = f"{file}:{line}: " if file else ""
         raise UserError(f"{where}probe: required (profile {profile}): --no-probe is refused; the clock latch "
                         "(FM-09) must be judged under load before this lane starts")
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     pb = sp.playbook(playbook)
     events = JsonEvents() if args.json else HumanEvents(out)
     try:
@@ -189,6 +190,7 @@ def run_restore(args: argparse.Namespace) -> int:
             known = point_names(state_dir())
             raise UserError(f"no restore point and no profile named {args.name!r}; restore points: "
                             + (", ".join(known) if known else "none (record one with `up --save-as NAME`)"))
+        fleet_inventory(sp, args.inventory)  # refused before anything is said or done
         if not args.json:
             out.print(f"no recorded restore point {args.name!r}: restoring profile {args.name!r} from its own pins "
                       "(image digest, patch manifest)", markup=False)

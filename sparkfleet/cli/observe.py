@@ -8,7 +8,18 @@ import shlex
 import sys
 import time
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, add_wide, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    add_wide,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.naming import PROFILE_LABEL as LABEL
 from sparkfleet.naming import RANK_LABEL, RUN_LABEL
 from sparkfleet.spec.errors import UserError
@@ -65,7 +76,7 @@ def _fleet(args: argparse.Namespace):
     from sparkfleet.fleet.gather import gather
 
     sp = spec(args)
-    inv = sp.inventory(args.inventory)
+    inv = fleet_inventory(sp, args.inventory)
     nodes = list(inv.nodes.values())
     if getattr(args, "profile", None):
         p = sp.profile(args.profile).profile

@@ -11,6 +11,7 @@ from sparkfleet.cli.common import (
     add_inventory,
     add_json,
     add_root,
+    fleet_inventory,
     out,
     print_findings,
     print_json,
@@ -69,6 +70,7 @@ def run_sync(args: argparse.Namespace) -> int:
 
     sp = spec(args)
     loaded = sp.profile(args.profile)
+    inventory = fleet_inventory(sp, args.inventory)
     if not loaded.profile.patches:
         raise UserError(f"profile {args.profile!r} uses no patch set (patches: is unset)")
     manifest = pm.load(sp.root, loaded.profile.patches)
@@ -79,7 +81,7 @@ def run_sync(args: argparse.Namespace) -> int:
     if failed(local):
         print_findings(local)
         return EXIT_FAIL
-    nodes = [r.node for r in place(loaded, sp.inventory(args.inventory))]
+    nodes = [r.node for r in place(loaded, inventory)]
     transport = transport_for(nodes)
     try:
         states = (sync.push if args.push else lambda t, n, m, _r: sync.inspect(t, n, m))(

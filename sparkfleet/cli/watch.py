@@ -18,6 +18,7 @@ from sparkfleet.cli.common import (
     add_progress,
     add_root,
     err,
+    fleet_inventory,
     out,
     print_findings,
     seconds,
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = sp.profile(profile, from_mapping(point.get("overrides")) if point else [])
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     plan = make_plan(loaded, inventory, sp.playbook(playbook), sp.root)
     if plan.refused:
         print_findings([f for f in plan.findings if f.status == "fail"], err)
