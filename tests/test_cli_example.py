@@ -75,7 +75,7 @@ def test_chosen_lab_is_used(how: str, unchosen, tmp_path: Path, monkeypatch, cap
 
 
 class HangUp:
-    """A TCP server that accepts every connection and closes it at once (sshd refusing by MaxStartups does)."""
+    """A TCP server that accepts every connection and ends it at once (sshd over its MaxStartups does)."""
 
     def __init__(self) -> None:
         self.sock = socket.socket()
@@ -91,6 +91,13 @@ class HangUp:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            conn.shutdown(socket.SHUT_WR)  # EOF first, then wait for the client to go: no reset races it
+            conn.settimeout(10)
+            try:
+                while conn.recv(4096):
+                    pass
+            except OSError:
+                pass
             conn.close()
 
     def close(self) -> None:

@@ -438,10 +438,12 @@ def connect_failure(node: Node, exc: BaseException, known_hosts: Path, timeout_s
         return fail("unreachable", f"{name}: cannot reach {at}: {_reason(exc)}; check the node and its network")
     # The peer closed the connection mid-handshake: EOFError from the transport thread, or paramiko's
     # banner read wrapping it ("Error reading SSH protocol banner" + str(EOFError()), i.e. nothing after it).
-    if isinstance(exc, EOFError) or isinstance(exc.__context__, EOFError) or \
-            str(exc) == "Error reading SSH protocol banner":
+    # A reset there (the peer closed with our banner unread) is the same hang-up.
+    hung_up = exc.__context__ if isinstance(exc.__context__, EOFError | ConnectionResetError) else None
+    if isinstance(exc, EOFError) or hung_up is not None or str(exc) == "Error reading SSH protocol banner":
+        how = "reset" if isinstance(hung_up, ConnectionResetError) else "EOF"
         return fail("unreachable", f"{name}: {at} accepted TCP, then closed the connection during the SSH "
-                    f"handshake (EOF); check sshd on the node (MaxStartups, a tcpwrapper or fail2ban ban, "
+                    f"handshake ({how}); check sshd on the node (MaxStartups, a tcpwrapper or fail2ban ban, "
                     f"or not sshd)")
     # paramiko's start_client() returns on timeout without an error; the next step then finds
     # "No existing session": both mean the SSH handshake did not finish in time.
