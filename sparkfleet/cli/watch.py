@@ -35,7 +35,7 @@ examples:
   sparkfleet watch --profile dcp2 --interval 10 --failures 3 --json
   sparkfleet watch --restore boot10                   # restarts relaunch the restore point
   sparkfleet watch --profile dcp2 --dry-run           # say what it would do at each failure
-  sparkfleet watch --profile dcp2 --unit > /etc/systemd/system/sparkfleet-watch-dcp2.service
+  sparkfleet watch --profile dcp2 --unit | sudo tee /etc/systemd/system/sparkfleet-watch-dcp2.service
 
 exit codes: 0 stood down (an operator ran up/down/restore of the lane) or ended by SIGTERM/Ctrl-C;
 1 the lane was left stopped (restart budget spent, or a restart's preflight failed); 2 bad input.
@@ -80,6 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
     p.add_argument("--dry-run", action="store_true", help="probe, and report what it would do at each failure")
     p.add_argument("--unit", action="store_true", help="print a systemd unit that runs this watch, and exit")
+    p.add_argument("--user", metavar="NAME", help="with --unit: the unit's User= (default: you, the invoking user)")
     add_progress(p)
     p.set_defaults(func=run)
 
@@ -188,19 +189,29 @@ def _refuse_second_watch(state: Path, profile: str) -> None:
 
 
 def _unit(args: argparse.Namespace, sp, profile) -> int:
+    """A unit that runs this very watch wherever systemd starts it: every path absolute (the inventory
+    wherever it came from: -i, $SPARKFLEET_INVENTORY, the config file or a restore point), run as the
+    invoking user (or --user) in the ops root, with the state dir and SSH config this shell uses."""
     from sparkfleet.root import state_dir
     from sparkfleet.runner.context import RunOptions
+    from sparkfleet.userconfig import setting
     from sparkfleet.watch import unit
 
     me = Path(sys.argv[0])
     exe = str(me.absolute()) if me.name == "sparkfleet" and me.is_file() else shutil.which("sparkfleet")
     argv = [exe] if exe else [sys.executable, "-m", "sparkfleet.cli.main"]
-    raw = sys.argv[1:] if sys.argv[1:2] == ["watch"] else ["watch"]
-    argv += [a for a in raw if a != "--unit"] + ([] if "--root" in raw else ["--root", str(sp.root)])
-    environment = {"SPARKFLEET_STATE": str(state_dir())}
+    raw = sys.argv[1:] if sys.argv[1:2] == ["watch"] else ["watch", "--profile", profile.name]
+    inventory = sp.inventory_path(setting("inventory", args.inventory).value or "lab")
+    argv += [*unit.without(raw, {"--unit": 0, "--user": 1, "--root": 1, "--inventory": 1, "-i": 1}),
+             "--inventory", str(Path(inventory).expanduser().absolute()), "--root", str(sp.root)]
+    environment = {"SPARKFLEET_STATE": str(state_dir().absolute())}
+    ssh = setting("ssh_config")
+    if ssh.source != "default" and ssh.value:  # the default (~/.ssh/config) is the service user's own
+        environment["SPARKFLEET_SSH_CONFIG"] = str(Path(ssh.value).expanduser().absolute())
     budget = args.boot_budget or profile.expect.boot_budget_s or 900
     text = unit.render(sp.root / "templates", profile.name, argv, environment, budget + RunOptions().stop_timeout_s,
-                       sp.root / "docs" / "watch.md", profile.api_key_env)
+                       sp.root / "docs" / "watch.md", profile.api_key_env, user=args.user or unit.invoking_user(),
+                       working_directory=sp.root)
     sys.stdout.write(text)
     return EXIT_OK
 
