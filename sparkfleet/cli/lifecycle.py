@@ -22,8 +22,9 @@ from sparkfleet.cli.common import (
     seconds,
     spec,
 )
+from sparkfleet.cli.progress import Progress, verbosity
 from sparkfleet.runner.context import RunOptions
-from sparkfleet.runner.events import HumanEvents, JsonEvents
+from sparkfleet.runner.events import JsonEvents
 from sparkfleet.spec.errors import UserError
 
 ORDER = 12
@@ -150,7 +151,7 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
                         "(FM-09) must be judged under load before this lane starts")
     inventory = fleet_inventory(sp, args.inventory)
     pb = sp.playbook(playbook)
-    events = JsonEvents() if args.json else HumanEvents(out)
+    events = JsonEvents() if args.json else Progress(out, verbosity(args))
     try:
         record = execute(sp, loaded, inventory, pb, options, events, " ".join(["sparkfleet", args.command, profile]))
     finally:
@@ -159,6 +160,8 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         events.emit("result", outcome=record.outcome, reason=record.reason, run_id=record.run_id)
     elif record.outcome != "ok":
         err.print(f"sparkfleet: {pb.name} {profile}: {record.outcome}: {record.reason}", markup=False)
+    elif args.quiet:  # -q: the findings above, and this
+        out.print(f"{pb.name} {profile}: ok (run {record.run_id})", markup=False)
     return {"ok": EXIT_OK, "refused": EXIT_USAGE, "interrupted": EXIT_INTERRUPTED}.get(record.outcome, EXIT_FAIL)
 
 

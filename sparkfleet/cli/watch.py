@@ -24,7 +24,7 @@ from sparkfleet.cli.common import (
     seconds,
     spec,
 )
-from sparkfleet.runner.events import HumanEvents
+from sparkfleet.cli.progress import Progress, verbosity
 from sparkfleet.spec.errors import UserError
 
 ORDER = 13
@@ -144,10 +144,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"watch: {exc}") from None
     if args.unit:
         return _unit(args, sp, loaded.profile)
+    if args.user:
+        raise UserError("watch: --user is the unit's User=: it goes with --unit")
     _refuse_second_watch(state_dir(), profile)
     from sparkfleet.watch.supervisor import Watcher
 
-    events = JsonEvents() if args.json else WatchHumanEvents()
+    events = JsonEvents() if args.json else WatchHumanEvents(verbosity(args))
     watcher = Watcher(sp, loaded, inventory, settings, events, state_dir(), playbook=playbook, restore_point=point,
                       gates=args.gates, dry_run=args.dry_run, api_key=key, endpoint_url=args.endpoint,
                       boot_budget_s=args.boot_budget, probe_seconds=clock_probe_s, poll_s=args.poll,
@@ -216,15 +218,21 @@ def _unit(args: argparse.Namespace, sp, profile) -> int:
     return EXIT_OK
 
 
-class WatchHumanEvents(HumanEvents):
-    """Watch's own events as timestamped lines; the runner's (steps, findings) as `up` shows them."""
+class WatchHumanEvents(Progress):
+    """Watch's own events as timestamped lines; the runner's (steps, findings) as `up` shows them.
+    With -q only what changes the lane (failures, restarts given up or failed, stops, the end)."""
 
-    def __init__(self) -> None:
-        super().__init__(out)
+    LOUD = ("watch.failure", "watch.restart-failed", "watch.give-up", "watch.stopped", "watch.stand-down",
+            "watch.end", "watch.serving")
+
+    def __init__(self, verbosity: int = 0) -> None:
+        super().__init__(out, verbosity)
 
     def emit(self, event: str, **data) -> None:
         if not event.startswith("watch."):
             super().emit(event, **data)
+            return
+        if self.verbosity < 0 and event not in self.LOUD:
             return
         self._stop_live()
         width = self.console.width if self.console.is_terminal else 80  # a log file gets 80 columns
