@@ -75,7 +75,7 @@ def test_diff_names_each_ranks_flag_env_and_mount_changes(state, capsys, tmp_pat
     assert changes(got, 2) == [("env", "B12X_ROCE_HCA", hca, "mlx5_0"), ("env", "NCCL_IB_HCA", hca, "mlx5_0"), kv]
     main(["diff", "r1", "dcp2", "--root", str(ops)])  # the table
     table = capsys.readouterr().out
-    assert "A = run r1 (dcp2), B = profile dcp2" in table and "env NCCL_IB_HCA" in table and "mlx5_0" in table
+    assert "a = run r1 (dcp2), b = profile dcp2" in table and "env NCCL_IB_HCA" in table and "mlx5_0" in table
 
 
 def test_plan_against_shows_the_differences_inline(state, capsys, tmp_path) -> None:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
+from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, fleet_inventory, out, print_json, spec
 from sparkfleet.spec.errors import UserError
 
 ORDER = 70
@@ -161,6 +161,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
         if args.no_fleet:
             missing["facts.json"] = "not collected (--no-fleet)"
         elif plan is not None:
+            fleet_inventory(sp, args.inventory or record.get("inventory"))  # the example fleet is never dialled
             docs["facts.json"], live = _fleet(inventory, plan, loaded.profile, args)
             logs.update(live)
     docs["logs.json"] = logs

@@ -20,6 +20,7 @@ from sparkfleet.cli.common import (
     add_wide,
     dry_reads,
     err,
+    fleet_inventory,
     out,
     overrides,
     print_findings,
@@ -43,8 +44,7 @@ EPILOG = """examples:
   sparkfleet check --profile dcp2 --probe-command 'python3 my_load.py'
   sparkfleet check --profile dcp2 --fabric          # also measure every pair of ranks over the fabric
   sparkfleet check --profile dcp2 --nccl --dry-run  # the all-reduce each rank would run in the lane's image
-  sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'
-exit status: 0 nothing failed, 1 a check failed or a node did not answer, 2 bad input or a refused lane."""
+  sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane; "
                         "see `sparkfleet profiles`")
     profile = loaded.profile
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     plan = make_plan(loaded, inventory, sp.playbook("up"), sp.root)
     if plan.refused:
         if args.json:

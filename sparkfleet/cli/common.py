@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from sparkfleet.findings import Finding
+    from sparkfleet.spec.inventory import Inventory
     from sparkfleet.spec.load import Spec
 
 # Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane,
@@ -117,6 +118,25 @@ def overrides(args: argparse.Namespace) -> list:
     return parse(getattr(args, "overrides", None))
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a duration in seconds above 0 (`--poll -1` or `--poll 0` would spin or never wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text}")
+    return value
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    """-v / -q of the commands that run steps (up, down, play, restore, watch)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--verbose", "-v", action="store_true",
+                   help="also print the commands each step runs on each node")
+    g.add_argument("--quiet", "-q", action="store_true", help="print only findings and the result")
+
+
 def add_wide(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", "-w", action="store_true",
                    help="the full table on one line per row, whatever the terminal's width")
@@ -127,6 +147,23 @@ def spec(args: argparse.Namespace) -> Spec:
     from sparkfleet.spec.load import Spec
 
     return Spec(find_root(getattr(args, "root", None)))
+
+
+EXAMPLE = "example inventory: set SPARKFLEET_INVENTORY or -i"
+
+
+def fleet_inventory(sp: Spec, name: str | None) -> Inventory:
+    """The inventory of a command that contacts nodes. Left to the built-in default (no -i, no
+    $SPARKFLEET_INVENTORY, no config file) while that default is the shipped example (`example: true`,
+    addresses nobody owns), it is refused before anything connects: plan may read it, nothing may dial it."""
+    from sparkfleet.spec.errors import UserError
+    from sparkfleet.userconfig import setting
+
+    inventory = sp.inventory(name)
+    if inventory.example and setting("inventory", name).source == "default":
+        raise UserError(f"{EXAMPLE} (the default {sp.inventory_path('lab')} holds example addresses; "
+                        "`sparkfleet config` shows where the default comes from)")
+    return inventory
 
 
 def print_json(data: Any) -> None:

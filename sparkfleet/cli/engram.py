@@ -35,6 +35,7 @@ from sparkfleet.cli.common import (
     add_json,
     add_root,
     err,
+    fleet_inventory,
     out,
     print_findings,
     spec,
@@ -296,7 +297,7 @@ def _lane(args: argparse.Namespace) -> tuple[Any, Any, list]:
 
     sp = spec(args)
     loaded = sp.profile(args.profile)
-    inventory = sp.inventory(getattr(args, "inventory", "lab"))
+    inventory = fleet_inventory(sp, getattr(args, "inventory", None))
     if loaded.profile.abstract:
         raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane")
     return loaded, inventory, place(loaded, inventory)

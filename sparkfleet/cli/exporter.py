@@ -11,7 +11,17 @@ import threading
 import time
 from pathlib import Path
 
-from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    err,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.spec.errors import UserError
 
 ORDER = 45
@@ -105,7 +115,7 @@ def _poller(args: argparse.Namespace):
     from sparkfleet.root import state_dir
 
     sp = spec(args)
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     interval = parse_duration(args.interval)
     timeout = parse_duration(args.timeout, "--timeout")
     transport = transport_for(list(inventory.nodes.values()))

@@ -13,6 +13,7 @@ from sparkfleet.cli.common import (
     add_json,
     add_root,
     executor,
+    fleet_inventory,
     out,
     print_findings,
     print_json,
@@ -71,6 +72,7 @@ def run_sync(args: argparse.Namespace) -> int:
 
     sp = spec(args)
     loaded = sp.profile(args.profile)
+    inventory = fleet_inventory(sp, args.inventory)
     if not loaded.profile.patches:
         raise UserError(f"profile {args.profile!r} uses no patch set (patches: is unset)")
     manifest = pm.load(sp.root, loaded.profile.patches)
@@ -81,7 +83,7 @@ def run_sync(args: argparse.Namespace) -> int:
     if failed(local):
         print_findings(local)
         return EXIT_FAIL
-    nodes = [r.node for r in place(loaded, sp.inventory(args.inventory))]
+    nodes = [r.node for r in place(loaded, inventory)]
     ex = executor(args, nodes)
     try:
         states = ex.drive(sync.push_ops(nodes, manifest, sp.root) if args.push else sync.inspect_ops(nodes, manifest))

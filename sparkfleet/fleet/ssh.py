@@ -444,10 +444,19 @@ def connect_failure(node: Node, exc: BaseException, known_hosts: Path, timeout_s
                     f"the inventory")
     if isinstance(exc, OSError):
         return fail("unreachable", f"{name}: cannot reach {at}: {_reason(exc)}; check the node and its network")
+    # The peer closed the connection mid-handshake: EOFError from the transport thread, or paramiko's
+    # banner read wrapping it ("Error reading SSH protocol banner" + str(EOFError()), i.e. nothing after it).
+    # A reset there (the peer closed with our banner unread) is the same hang-up.
+    hung_up = exc.__context__ if isinstance(exc.__context__, EOFError | ConnectionResetError) else None
+    if isinstance(exc, EOFError) or hung_up is not None or str(exc) == "Error reading SSH protocol banner":
+        how = "reset" if isinstance(hung_up, ConnectionResetError) else "EOF"
+        return fail("unreachable", f"{name}: {at} accepted TCP, then closed the connection during the SSH "
+                    f"handshake ({how}); check sshd on the node (MaxStartups, a tcpwrapper or fail2ban ban, "
+                    f"or not sshd)")
     # paramiko's start_client() returns on timeout without an error; the next step then finds
     # "No existing session": both mean the SSH handshake did not finish in time.
     stalled = ("banner", "No existing session")
-    if isinstance(exc, EOFError) or (isinstance(exc, paramiko.SSHException) and any(s in str(exc) for s in stalled)):
+    if isinstance(exc, paramiko.SSHException) and any(s in str(exc) for s in stalled):
         return fail("unreachable", f"{name}: {at} accepted TCP but did not complete the SSH handshake within "
                     f"{timeout_s:g}s; check sshd on the node (hung, overloaded, or not sshd)")
     return fail("error", f"{name}: SSH to {at} failed: {type(exc).__name__}: {exc}")

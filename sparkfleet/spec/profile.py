@@ -179,6 +179,9 @@ class Profile(Strict):
     model: ModelSpec | None = None
     group: str | None = None
     ranks: list[str] | None = None  # rank order by node name; rank 0 is the head
+    # true: the lane runs on the first `tp` nodes of its group on purpose (one Spark of the sparks group);
+    # otherwise a tp below the group's size is refused unless `ranks:` names the nodes (spec/rules.py lane_shape)
+    partial_group: bool = False
     tp: int = Field(1, ge=1)
     dcp: int = Field(1, ge=1)
     port: int | None = Field(None, ge=1, le=65535)
