@@ -72,8 +72,8 @@ def serve(port: int, interval: float) -> int:
     from sparkfleet.fleet.connect import transport_for
     from sparkfleet.metrics.collector import MetricsServer, exposition
     from sparkfleet.metrics.poller import Poller
+    from sparkfleet.opsdir import Spec
     from sparkfleet.root import find_root, state_dir
-    from sparkfleet.spec.load import Spec
 
     sp = Spec(find_root())
     inv = sp.inventory("sim")

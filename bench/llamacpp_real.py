@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from sparkfleet.bench import promptsets  # noqa: E402
 from sparkfleet.bench.runner import BenchOptions, run_bench  # noqa: E402
-from sparkfleet.spec.load import Spec  # noqa: E402
+from sparkfleet.opsdir import Spec  # noqa: E402
 
 SERVER = """
 import sys, time
@@ -62,7 +62,7 @@ def ready(base: str) -> bool:
 def lane_args(port: int) -> list[str]:
     """local-gemma's llama-server arguments, as its plan renders them, on a free port."""
     from sparkfleet.plan import make_plan
-    from sparkfleet.spec.playbook import Playbook, Step
+    from sparkfleet.schema.playbook import Playbook, Step
 
     sp = Spec(REPO)
     plan = make_plan(sp.profile("local-gemma"), sp.inventory("lab"),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.load import Loaded
-from sparkfleet.spec.yamlsrc import locate
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.yamlsrc import locate
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding, failed
 from sparkfleet.patches.manifest import mounts_for
 from sparkfleet.placement import Rank, place
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Loaded
-from sparkfleet.spec.playbook import STEPS, Playbook
-from sparkfleet.spec.rules import lint
+from sparkfleet.rules import lint
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.playbook import STEPS, Playbook
 
 
 @dataclass

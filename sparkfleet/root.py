@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 from sparkfleet.userconfig import setting
 
 LAYOUT = ("inventories", "profiles", "templates", "playbooks", "patches")

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkfleet.spec.errors import SpecError
+from sparkfleet.schema.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def file_values() -> dict[str, tuple[str, int]]:
     key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key in _cache:
         return _cache[key]
-    from sparkfleet.spec.yamlsrc import load_yaml
+    from sparkfleet.schema.yamlsrc import load_yaml
 
     data, marks = load_yaml(path, str(path))
     if data is None or data == {}:

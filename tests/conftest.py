@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sparkfleet.fleet.transport import Result, RunEachByRun, fan_out
 from sparkfleet.placement import Rank
-from sparkfleet.spec.inventory import Node, Ssh, Storage
+from sparkfleet.schema.inventory import Node, Ssh, Storage
 
 SUBNET = "10.250.77"  # a private test subnet, only on the lab's own bridge
 

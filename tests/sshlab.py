@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sparkfleet.spec.inventory import Inventory
+from sparkfleet.schema.inventory import Inventory
 
 Mode = Literal["auto", "netns", "loopback"]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"

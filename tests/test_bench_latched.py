@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.connect import api_base
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 BENCH = ["bench", "--profile", "dcp2", "--inventory", "sim", "--probe", "--concurrency", "1", "--categories",
          "prose", "--max-tokens", "12", "--no-warmup", "--json"]

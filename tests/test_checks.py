@@ -31,10 +31,10 @@ from sparkfleet.fleet.facts import (
 )
 from sparkfleet.fleet.gather import facts_requests
 from sparkfleet.fleet.transport import Result, RunEachByRun
+from sparkfleet.opsdir import Spec
 from sparkfleet.plan import Plan, make_plan
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Spec
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.profile import Profile
 
 REPO = Path(__file__).resolve().parent.parent
 GB10_TOTAL = 126_701_056 * 1024  # a GB10's MemTotal in /proc/meminfo (kB): 120.8 GiB of its 121 GiB

@@ -57,7 +57,7 @@ def assert_columns_not_narrower_than_headers(text: str, headers: list[str]) -> N
 
 
 def test_profiles_fit_80_columns(at80, capsys: pytest.CaptureFixture) -> None:
-    from sparkfleet.spec.load import Spec
+    from sparkfleet.opsdir import Spec
 
     assert main(["profiles", "--root", str(REPO)]) == 0
     text = capsys.readouterr().out
@@ -212,8 +212,8 @@ def test_bad_override_is_one_line_exit_2_nothing_contacted(command, override, me
 
 
 def test_overrides_kept_in_the_restore_point(tmp_path: Path) -> None:
-    from sparkfleet.spec.load import Spec
-    from sparkfleet.spec.overrides import as_mapping, from_mapping, parse
+    from sparkfleet.opsdir import Spec
+    from sparkfleet.schema.overrides import as_mapping, from_mapping, parse
 
     sp = Spec(REPO)
     loaded = sp.profile("dcp2", parse(["flags.--gpu-memory-utilization=0.78", "env.NCCL_DEBUG=!unset"]))

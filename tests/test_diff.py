@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
+from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.record import Record
-from sparkfleet.spec.load import Spec
 from tests.conftest import REPO, copy_ops
 
 

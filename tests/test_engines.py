@@ -12,13 +12,13 @@ from sparkfleet.engines.container import Bind, ContainerSpec, docker_argv, docke
 from sparkfleet.engines.logs import parse
 from sparkfleet.engines.registry import ADAPTERS, NAMES, engine_for
 from sparkfleet.fleet.gather import facts_requests
+from sparkfleet.opsdir import Spec
 from sparkfleet.placement import place
 from sparkfleet.plan import make_plan
 from sparkfleet.render.shell import to_argv
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.load import Spec
-from sparkfleet.spec.playbook import Playbook, Step
-from sparkfleet.spec.rules import lint
+from sparkfleet.rules import lint
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.playbook import Playbook, Step
 from tests.conftest import REPO
 
 ONE = Playbook(name="t", steps=[Step(step="launch", role="all")])

@@ -17,8 +17,8 @@ from sparkfleet.engram import ranges as rng
 from sparkfleet.engram.safetensors import make_checkpoint
 from sparkfleet.fleet.connect import transport_for
 from sparkfleet.fleet.nodeside import engram_copy as ec
+from sparkfleet.opsdir import Spec
 from sparkfleet.placement import place
-from sparkfleet.spec.load import Spec
 from tests.noderoot import write_wrapper
 
 REV = "1bae0e1088993b9b82de08f59de5be5a34e42170"

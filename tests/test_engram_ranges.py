@@ -10,7 +10,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.engram import ranges as rng
 from sparkfleet.engram.manifest import check_rank, falls_back
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 Q = 96_000_000  # a quarter of a 384M-row table (CATALOG ENG-01/03)
 

@@ -18,8 +18,8 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.engram import ranges
 from sparkfleet.naming import ENGRAM_MANIFEST
+from sparkfleet.opsdir import Spec
 from sparkfleet.sim import values
-from sparkfleet.spec.load import Spec
 from tests.conftest import REPO, engram_copies
 
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's model.revision

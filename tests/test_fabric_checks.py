@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparkfleet.checks import drift
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
 from tests.test_checks import check, healthy, lane, of
 
 

@@ -19,7 +19,7 @@ import pytest
 from sparkfleet.checks.fabric_probe import suspects, verdict
 from sparkfleet.fleet import fabric_probe as fp
 from sparkfleet.fleet.fabric_probe import Link, ProbeRun, probe, rounds
-from sparkfleet.spec.inventory import Node, Ssh, Storage
+from sparkfleet.schema.inventory import Node, Ssh, Storage
 from tests import netnslab
 
 HELPER = Path(fp.__file__).resolve().parent / "nodeside" / "fabric_probe.py"

@@ -19,7 +19,7 @@ from sparkfleet.gates.client import ApiClient, Reply, RequestFailed, ToolCall, c
 from sparkfleet.gates.env import GateEnv, GateOptions, MemSample
 from sparkfleet.gates.run import GateSetupError, default_gates, left_out, options_from_args, parse_only, run_gates
 from sparkfleet.gates.text import degenerate, judge_count, judge_number, number_runs
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.profile import Profile
 
 KEY = "sk-test-0123456789abcdef"
 

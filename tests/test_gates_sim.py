@@ -26,7 +26,7 @@ import pytest
 
 from sparkfleet.gates.env import GateOptions, MemSample
 from sparkfleet.gates.run import GATES, run_gates
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.profile import Profile
 
 KEY_ENV = "SPARKFLEET_TEST_GATE_KEY"
 KEY = "sk-gate-e2e-5f1c0d7e9a"
@@ -261,7 +261,7 @@ def test_cli_default_endpoint_is_the_heads_host_and_port(cli_root):
     """Without --endpoint: the head's SSH host (127.0.0.1 for a local-transport node) at the profile's port,
     the rule RunContext.endpoint() follows. No request is sent (the lab hosts are not on loopback)."""
     from sparkfleet.cli.gates import endpoint_for
-    from sparkfleet.spec.load import Spec
+    from sparkfleet.opsdir import Spec
 
     inv = Spec(cli_root).inventory("lab")
     head = inv.nodes[inv.groups["sparks"][0]]
@@ -298,7 +298,7 @@ def fake_ctx(url: str, stop_on_gate_failure: bool):
 @pytest.mark.parametrize("stop", [False, True])
 def test_up_gates_step_fails_the_run_and_stops_the_lane_only_when_asked(engine_for, monkeypatch, stop):
     from sparkfleet.runner.gates_step import gates_step
-    from sparkfleet.spec.playbook import Step
+    from sparkfleet.schema.playbook import Step
 
     monkeypatch.setenv(KEY_ENV, KEY)
     stopped: list[object] = []
@@ -322,7 +322,7 @@ def test_up_gates_step_fails_the_run_and_stops_the_lane_only_when_asked(engine_f
 
 def test_up_gates_step_passes_on_a_healthy_engine(engine_for, monkeypatch):
     from sparkfleet.runner.gates_step import gates_step
-    from sparkfleet.spec.playbook import Step
+    from sparkfleet.schema.playbook import Step
 
     monkeypatch.setenv(KEY_ENV, KEY)
     engine = engine_for()

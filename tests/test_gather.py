@@ -22,8 +22,8 @@ from sparkfleet.fleet import ship
 from sparkfleet.fleet.facts import FactsRequest, Gid, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import facts_requests, gather, plan_for, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result, RunEachByRun
-from sparkfleet.spec.inventory import Node
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
+from sparkfleet.schema.inventory import Node
 from tests.noderoot import argv_in_root
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def test_tensorfold_lane_asks_its_own_dirs(spec: Spec) -> None:
 
 
 def test_unknown_node_is_a_user_error(spec: Spec) -> None:
-    from sparkfleet.spec.errors import UserError
+    from sparkfleet.schema.errors import UserError
 
     with pytest.raises(UserError, match="'nope' is not in inventory"):
         facts_requests(spec.inventory("lab"), nodes=["nope"])

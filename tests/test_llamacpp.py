@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from sparkfleet.cli.main import main
+from sparkfleet.opsdir import Spec
 from sparkfleet.placement import place
-from sparkfleet.spec.load import Spec
-from sparkfleet.spec.rules import lint
+from sparkfleet.rules import lint
 
 LABELS = ["--label", "sparkfleet.profile={p}", "--label", "sparkfleet.rank={r}", "--label", "sparkfleet.run=plan"]
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from sparkfleet.engines.logs import LogFacts, feed, parse, split_lines, text
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
 from tests.conftest import REPO
+
+VLLM = engine_for("vllm").log  # the reader has no engine of its own: these are vLLM's lines
 
 HEAD_LOG = """\
 INFO 09-11 09:10:01 [loader.py:101] Loading weights took 341.2 seconds
@@ -27,7 +29,7 @@ def signatures() -> list[str]:
 
 
 def test_head_log_facts() -> None:
-    f = parse(HEAD_LOG, signatures())
+    f = parse(HEAD_LOG, signatures(), VLLM)
     assert (f.kv_tokens, f.max_concurrency, f.moe_backend) == (1888800, 3.78, "B12X_MXFP4_MXFP8")
     assert f.moe_backend_line == "Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend"
     assert f.engram_rows == {1: (0, 96000000), 14: (0, 96000000)}
@@ -41,15 +43,15 @@ def test_fatal_lines() -> None:
                  "ERROR 10-17 [gpu_worker.py:1] Available KV cache memory: -2.61 GiB",
                  "Traceback (most recent call last):",
                  "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"):
-        assert parse("INFO ok\n" + line + "\nINFO after\n", signatures()).fatal == line
-    assert parse("(EngineCore pid=1) WARNING: Available KV cache memory: -1 GiB is a guess\n", signatures()).fatal is None
+        assert parse("INFO ok\n" + line + "\nINFO after\n", signatures(), VLLM).fatal == line
+    assert parse("(EngineCore pid=1) WARNING: Available KV cache memory: -1 GiB is a guess\n", signatures(), VLLM).fatal is None
 
 
 def test_station_lines_and_incremental_feed() -> None:
     f = LogFacts()
-    feed(f, ["INFO [autotuner.py:1] Loaded 168 configs"], [])
+    feed(f, ["INFO [autotuner.py:1] Loaded 168 configs"], [], VLLM)
     assert (f.autotune_loaded, f.phase) == (168, "autotune")
-    feed(f, ["INFO Preloaded 210/210 tactics, no live tune", "INFO [hook] rehome done layers=40"], [])
+    feed(f, ["INFO Preloaded 210/210 tactics, no live tune", "INFO [hook] rehome done layers=40"], [], VLLM)
     assert f.autotune_preloaded == (210, 210) and f.rehome_layers == 40 and f.lines_seen == 3
 
 
@@ -84,7 +86,7 @@ def test_a_prefixed_coloured_traceback_is_fatal_and_names_its_exception() -> Non
            f'{w}  File "/usr/lib/python3/vllm/v1/executor/multiproc_executor.py", line 571, in worker_main\n'
            f"{w}    worker = WorkerProc(*args, **kwargs)\n"
            f"{w}ImportError: cannot import name 'EngramDiskReader'\n")
-    f = parse(log, signatures())
+    f = parse(log, signatures(), VLLM)
     assert f.fatal == "Traceback (most recent call last):"
     assert f.fatal_detail == "ImportError: cannot import name 'EngramDiskReader'"
 
@@ -97,10 +99,11 @@ def test_vllm_death_lines_are_fatal_without_a_traceback() -> None:
                  "ERROR 12-01 10:00:00 [core.py:708] EngineCore failed to start.",
                  "ERROR 12-01 10:00:00 [core.py:1232] EngineCore encountered a fatal error.",
                  "TimeoutError: RPC call to execute_model timed out."):
-        f = parse(f"{CYAN}(EngineCore_DP0 pid=5){RESET} INFO ok\n{CYAN}(EngineCore_DP0 pid=5){RESET} {line}\n", [])
+        f = parse(f"{CYAN}(EngineCore_DP0 pid=5){RESET} INFO ok\n{CYAN}(EngineCore_DP0 pid=5){RESET} {line}\n", [],
+                  VLLM)
         assert f.fatal == line
     f = parse("ERROR [core.py:708] EngineCore failed to start.\nTraceback (most recent call last):\n"
-              '  File "x.py", line 1, in f\nValueError: No available memory for the cache blocks.\n', [])
+              '  File "x.py", line 1, in f\nValueError: No available memory for the cache blocks.\n', [], VLLM)
     assert f.fatal_detail == "ValueError: No available memory for the cache blocks."
 
 
@@ -150,6 +153,6 @@ def test_a_logged_traceback_has_the_header_on_every_line_and_still_names_its_exc
           "ValueError: No available memory for the cache blocks."
     record = h + msg.replace("\n", "\r\n" + h) + "\n"
     wrapped = "".join(f"{CYAN}(EngineCore_DP0 pid=4){RESET} {x}" for x in record.splitlines(keepends=True))
-    f = parse(wrapped, signatures())
+    f = parse(wrapped, signatures(), VLLM)
     assert f.fatal == h + "EngineCore failed to start."
     assert f.fatal_detail == "ValueError: No available memory for the cache blocks."

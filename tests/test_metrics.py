@@ -32,9 +32,9 @@ from sparkfleet.metrics.collector import FleetCollector, FleetView, NodeState, d
 from sparkfleet.metrics.poller import Poller, load_lane
 from sparkfleet.metrics.provisioning import EngineTarget, scrape_config, write_all
 from sparkfleet.metrics.records import RunIndex
+from sparkfleet.opsdir import Spec
 from sparkfleet.runner.record import Record
 from sparkfleet.simengine.metrics import COUNTERS, GAUGES, SPEC_COUNTERS, Metrics
-from sparkfleet.spec.load import Spec
 from tests.conftest import REPO
 from tests.noderoot import write_wrapper
 from tests.prom import promtool
@@ -308,7 +308,7 @@ KILL_LINES = ('sending SIGTERM to process 7378 uid 1000 "tail": badness 156, VmR
 
 
 def sandbox(tmp_path: Path, journalctl: str | None, *, journal_dir: bool = True) -> tuple[LocalTransport, object]:
-    from sparkfleet.spec.inventory import Node
+    from sparkfleet.schema.inventory import Node
 
     root = tmp_path / "node"
     for d in ("bin", "home", "nvme"):  # the node's top-level dirs (the wrapper binds what exists now)

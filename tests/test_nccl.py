@@ -16,7 +16,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.fleet import nccl as run_nccl
 from sparkfleet.fleet.gather import resolve_gid_indexes
 from sparkfleet.fleet.transport import Result, RunEachByRun
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
 from tests.test_checks import healthy, lane
 
 RECEIPT = Path(__file__).resolve().parent.parent / "docs" / "receipts" / "nccl-allreduce-h200-world1.txt"

@@ -22,9 +22,9 @@ from sparkfleet.cli.main import main
 from sparkfleet.fleet.commands import REMEDIES, classify
 from sparkfleet.fleet.local import NOT_RUN_FD, LocalTransport
 from sparkfleet.naming import node_lock_path
+from sparkfleet.schema.inventory import Node
 from sparkfleet.sim import node as simnode
 from sparkfleet.sim import paths
-from sparkfleet.spec.inventory import Node
 from tests.test_transport_local import make_node
 
 SPARKS = ("reddie", "asusi", "bluey", "spark4")

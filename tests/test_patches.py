@@ -10,7 +10,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.patches import manifest as pm
-from sparkfleet.spec.errors import SpecError
+from sparkfleet.schema.errors import SpecError
 from tests.conftest import REPO
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
+from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
-from sparkfleet.spec.load import Spec
 from tests.test_spec import SERVABLE
 
 GOLDEN = Path(__file__).parent / "golden" / "plan"

@@ -8,9 +8,9 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.engines.vllm import required_capture_sizes
+from sparkfleet.opsdir import Spec
 from sparkfleet.placement import place
-from sparkfleet.spec.load import Spec
-from sparkfleet.spec.rules import lint
+from sparkfleet.rules import lint
 
 
 def findings(root: Path, profile: str) -> list:

@@ -35,9 +35,9 @@ import yaml
 from sparkfleet.engines.tensorfold import parse_env_file
 from sparkfleet.fleet.facts import Gid, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.opsdir import Spec
 from sparkfleet.plan import Plan, make_plan
 from sparkfleet.sim.shim import gid_entries
-from sparkfleet.spec.load import Spec
 from tests.conftest import REPO, copy_ops
 
 FIXTURES = Path(__file__).parent / "fixtures" / "seeds"

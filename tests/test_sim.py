@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
+from sparkfleet.opsdir import Spec
 from sparkfleet.root import find_root
 from sparkfleet.sim import build, lab, netlab, paths, shim, sshd, values
 from sparkfleet.sim import node as simnode
-from sparkfleet.spec.load import Spec
 
 GIB_KB = 1024 * 1024
 QUERY = ("--query-gpu=index,name,pstate,clocks.sm,clocks.max.sm,clocks_event_reasons.active,power.draw,"

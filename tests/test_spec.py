@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
+from sparkfleet.schema.errors import SpecError
 
 SERVABLE = ["1017g", "boot10", "dcp1", "dcp2", "dcp4", "exl3-1017-full", "exl3tp3", "exl3tp3a10", "exl3tp4b",
             "exl3tp4b-ablit-best", "gb300-1017-v21cfg", "gb300-configc", "gb300-v11", "gb300-v12", "gb300-v18",

@@ -32,7 +32,7 @@ def _inventory(tmp: Path, nodes: dict, **top) -> Path:
 
 def _plan_inventory(capsys, inv: Path) -> dict:
     """The inventory as sparkfleet resolved it (no node is contacted to load it)."""
-    from sparkfleet.spec.load import Spec
+    from sparkfleet.opsdir import Spec
 
     capsys.readouterr()
     return {n: node.ssh for n, node in Spec(REPO).inventory(str(inv)).nodes.items()}

@@ -12,7 +12,7 @@ import pytest
 from sparkfleet.fleet.connect import MixedTransport, transport_for
 from sparkfleet.fleet.local import LocalTransport
 from sparkfleet.fleet.ssh import SshTransport
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 NAMES = ["reddie", "asusi", "bluey", "spark4", "station"]
 

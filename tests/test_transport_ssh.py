@@ -20,7 +20,7 @@ import yaml
 from sparkfleet.cli.main import main
 from sparkfleet.fleet import hostkeys
 from sparkfleet.fleet.ssh import SshTransport
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 from tests.sshlab import LOCK_DIR, SshLab, start_lab
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST_SCHEMA
 from sparkfleet.fleet.transport import Result, RunEachByRun
+from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.ops import drive
 from sparkfleet.runner.record import Record
 from sparkfleet.runner.steps import STEPS
-from sparkfleet.spec.load import Spec
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.playbook import Step
 
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's model.revision
 

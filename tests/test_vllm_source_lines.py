@@ -26,7 +26,7 @@ from sparkfleet.engines.logs import LogFacts, feed, split_lines, text
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.transport import Result
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
 from tests.conftest import REPO
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"

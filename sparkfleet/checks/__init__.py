@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from sparkfleet.fleet.facts import NodeFacts
     from sparkfleet.fleet.transport import Result
     from sparkfleet.plan import Plan
-    from sparkfleet.spec.inventory import Inventory
-    from sparkfleet.spec.profile import Profile
+    from sparkfleet.schema.inventory import Inventory
+    from sparkfleet.schema.profile import Profile
 
 # The modules, in the order their findings are listed for each node.
 MODULES = ("memory", "earlyoom", "clock", "rdma", "fabric", "storage", "image", "drift", "mounts", "conflicts",
@@ -51,8 +51,8 @@ def run_checks(plan: Plan, inventory: Inventory, facts: dict[str, NodeFacts | Re
     from .context import CheckContext
 
     if profile is None:
+        from sparkfleet.opsdir import Spec
         from sparkfleet.root import find_root
-        from sparkfleet.spec.load import Spec
 
         profile = Spec(find_root()).profile(plan.profile).profile
     caches_dropped = caches_dropped or {}

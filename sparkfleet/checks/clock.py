@@ -11,8 +11,8 @@ from typing import Any
 
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import Gpu, NodeFacts
-from sparkfleet.spec.inventory import HardwareClass, Node
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.inventory import HardwareClass, Node
+from sparkfleet.schema.profile import Profile
 
 from . import probe
 from .context import CheckContext

@@ -10,8 +10,8 @@ from sparkfleet.engines.base import Launch
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.placement import Rank
 from sparkfleet.plan import Plan
-from sparkfleet.spec.inventory import HardwareClass, Inventory, Node
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.inventory import HardwareClass, Inventory, Node
+from sparkfleet.schema.profile import Profile
 
 from .seeds import GB, GiB
 

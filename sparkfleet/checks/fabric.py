@@ -12,7 +12,7 @@ from __future__ import annotations
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NetLink, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import resolve_gid_indexes
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 from .context import CheckContext
 from .drift import listing, odd_ones

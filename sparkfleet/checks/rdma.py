@@ -10,7 +10,7 @@ from __future__ import annotations
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import resolve_gid_indexes
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 from .context import CheckContext
 

@@ -26,14 +26,15 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 if TYPE_CHECKING:
     from sparkfleet.bench.bracket import BracketResult
     from sparkfleet.bench.promptsets import PromptSet
     from sparkfleet.bench.runner import BenchOptions, BenchResult
+    from sparkfleet.opsdir import Spec
     from sparkfleet.runner.events import Events
-    from sparkfleet.spec.load import Loaded, Spec
+    from sparkfleet.schema.load import Loaded
 
 ORDER = 50
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, fleet_inventory, out, print_json, spec
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 70
 LOG_LINES = 200
@@ -133,7 +133,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
     sp = spec(args)
     loaded = None
     try:
-        from sparkfleet.spec.overrides import as_mapping, from_mapping
+        from sparkfleet.schema.overrides import as_mapping, from_mapping
 
         loaded = sp.profile(record["profile"], from_mapping(record.get("data", {}).get("overrides")))
         profile = loaded.profile

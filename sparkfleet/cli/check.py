@@ -30,9 +30,9 @@ from sparkfleet.cli.common import (
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet.commands import drop_caches
 from sparkfleet.plan import Plan, make_plan
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.schema.profile import Profile
 
 ORDER = 25
 

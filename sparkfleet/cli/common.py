@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from sparkfleet.findings import Finding
-    from sparkfleet.spec.inventory import Inventory
-    from sparkfleet.spec.load import Spec
+    from sparkfleet.opsdir import Spec
+    from sparkfleet.schema.inventory import Inventory
 
 # Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane,
 # 75 busy: the fleet lock is in the way (another run holds it, or a stale one this user cannot remove;
@@ -20,33 +20,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 2, 75, 130
 
 
-class LazyConsole:
-    """A rich Console made on first use, so commands that print little do not pay for importing rich."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self._kwargs = kwargs
-        self._console: Console | None = None
-
-    def _get(self) -> Console:
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(**self._kwargs)
-        return self._console
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._get(), name)
-
-    # Dunder methods bypass __getattr__; rich's Live and Progress enter the console as a context manager.
-    def __enter__(self) -> Console:
-        return self._get().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self._get().__exit__(*exc)
-
-
-out: Console = LazyConsole(highlight=False, soft_wrap=True)  # type: ignore[assignment]
-err: Console = LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # type: ignore[assignment]
+from sparkfleet.cli.console import LazyConsole, err, out  # noqa: E402,F401 - every verb's consoles, from here
 
 
 def add_root(p: argparse.ArgumentParser) -> None:
@@ -113,7 +87,7 @@ def add_overrides(p: argparse.ArgumentParser) -> None:
 
 def overrides(args: argparse.Namespace) -> list:
     """The -o KEY=VALUE of a command, parsed (SpecError naming the -o when one is malformed)."""
-    from sparkfleet.spec.overrides import parse
+    from sparkfleet.schema.overrides import parse
 
     return parse(getattr(args, "overrides", None))
 
@@ -143,8 +117,8 @@ def add_wide(p: argparse.ArgumentParser) -> None:
 
 
 def spec(args: argparse.Namespace) -> Spec:
+    from sparkfleet.opsdir import Spec
     from sparkfleet.root import find_root
-    from sparkfleet.spec.load import Spec
 
     return Spec(find_root(getattr(args, "root", None)))
 
@@ -156,7 +130,7 @@ def fleet_inventory(sp: Spec, name: str | None) -> Inventory:
     """The inventory of a command that contacts nodes. Left to the built-in default (no -i, no
     $SPARKFLEET_INVENTORY, no config file) while that default is the shipped example (`example: true`,
     addresses nobody owns), it is refused before anything connects: plan may read it, nothing may dial it."""
-    from sparkfleet.spec.errors import UserError
+    from sparkfleet.schema.errors import UserError
     from sparkfleet.userconfig import setting
 
     inventory = sp.inventory(name)

@@ -201,7 +201,7 @@ def values(kind: str, inventory: str | None, root: str | None) -> list[str]:
         return sorted({p.stem for p in (base / "inventories").glob("*.yaml")} | {"sim"})
     import yaml
 
-    from sparkfleet.spec.load import Spec
+    from sparkfleet.opsdir import Spec
     from sparkfleet.userconfig import value
 
     path = Spec(base).inventory_path(inventory or value("inventory") or "lab")
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return 0
     if not args.shell:
-        from sparkfleet.spec.errors import UserError
+        from sparkfleet.schema.errors import UserError
 
         raise UserError("completion: name the shell (bash or zsh), or pass --values KIND")
     from sparkfleet.cli.main import build_parser

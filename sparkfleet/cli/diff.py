@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass
 
 from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, add_wide, out, print_json, spec
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 11
 EPILOG = """examples:

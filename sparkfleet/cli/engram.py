@@ -43,7 +43,7 @@ from sparkfleet.cli.common import (
 from sparkfleet.engram import ranges as rng
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet.nodeside import engram_copy as ec
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 40
 

@@ -22,7 +22,7 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 45
 DEFAULT_LISTEN = "127.0.0.1:9810"
@@ -177,7 +177,7 @@ def run_exporter(args: argparse.Namespace) -> int:
 def run_dashboards(args: argparse.Namespace) -> int:
     from sparkfleet.metrics.provisioning import EngineTarget, write_all
     from sparkfleet.placement import endpoint, place
-    from sparkfleet.spec.inventory import DEFAULT_HARDWARE
+    from sparkfleet.schema.inventory import DEFAULT_HARDWARE
 
     parse_listen(args.exporter)
     interval = args.scrape_interval

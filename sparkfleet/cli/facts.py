@@ -19,7 +19,7 @@ from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import facts_requests, gather, model_dir, plan_for, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 20
 

@@ -17,14 +17,15 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
-from sparkfleet.spec.errors import SpecError, UserError
+from sparkfleet.schema.errors import SpecError, UserError
 
 if TYPE_CHECKING:
     from sparkfleet.gates.env import GateOptions
     from sparkfleet.gates.result import GateResult
+    from sparkfleet.opsdir import Spec
     from sparkfleet.placement import Rank
-    from sparkfleet.spec.inventory import Node
-    from sparkfleet.spec.load import Loaded, Spec
+    from sparkfleet.schema.inventory import Node
+    from sparkfleet.schema.load import Loaded
 
 ORDER = 35
 STYLE = {"pass": "green", "fail": "bold red", "skip": "dim"}

@@ -27,7 +27,7 @@ from sparkfleet.cli.common import (
 from sparkfleet.cli.progress import Progress, verbosity
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import JsonEvents
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 12
 
@@ -146,7 +146,7 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
     if options.no_probe and loaded.profile.probe == "required":
-        from sparkfleet.spec.yamlsrc import locate
+        from sparkfleet.schema.yamlsrc import locate
 
         file, line = locate(loaded.marks, ("probe",))
         where = f"{file}:{line}: " if file else ""
@@ -210,7 +210,7 @@ def run_restore(args: argparse.Namespace) -> int:
     if point.profile not in sp.profile_names():
         raise UserError(f"restore point {args.name!r} is of profile {point.profile!r}, which is not in "
                         f"{sp.root / 'profiles'}; nothing was done")
-    from sparkfleet.spec.overrides import from_mapping
+    from sparkfleet.schema.overrides import from_mapping
 
     over = from_mapping(point.overrides)  # restore brings back the -o it served with
     return _execute(args, point.profile, "restore", _options(args, restore_point=point.options_view(),

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser([module] if module else None)
     args = parser.parse_args(argv)
 
-    from sparkfleet.spec.errors import Busy, SpecError, UserError
+    from sparkfleet.schema.errors import Busy, SpecError, UserError
 
     try:
         return int(args.func(args) or 0)

@@ -22,7 +22,7 @@ from sparkfleet.cli.common import (
 )
 from sparkfleet.naming import PROFILE_LABEL as LABEL
 from sparkfleet.naming import RANK_LABEL, RUN_LABEL
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 14
 

@@ -22,7 +22,7 @@ from sparkfleet.cli.common import (
 from sparkfleet.findings import failed
 from sparkfleet.patches import manifest as pm
 from sparkfleet.placement import place
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 30
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from sparkfleet.cli.common import EXIT_OK, add_json, add_root, add_wide, out, print_json, spec
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.load import Loaded, Spec
+from sparkfleet.opsdir import Spec
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.load import Loaded
 
 ORDER = 5
 

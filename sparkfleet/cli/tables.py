@@ -190,7 +190,7 @@ def render(columns: list[Column], rows: list[list[Cell]], *, wide: bool = False,
            title: str | None = None) -> None:
     """Print a table on `console` (stdout by default) in the layout that fits its width."""
     if console is None:
-        from sparkfleet.cli.common import out as console
+        from sparkfleet.cli.console import out as console
     if title:
         for i, part in enumerate(wrap_words(title, max(20, console.width - 4) if not wide else 10**6)):
             console.print(("    " if i else "") + part, markup=False, highlight=False, soft_wrap=True)
@@ -201,6 +201,6 @@ def render(columns: list[Column], rows: list[list[Cell]], *, wide: bool = False,
 def say(text: str, *, console: Console | None = None, indent: str = "    ") -> None:
     """One message, wrapped at whole words to the console's width (continuation lines indented)."""
     if console is None:
-        from sparkfleet.cli.common import out as console
+        from sparkfleet.cli.console import out as console
     for i, part in enumerate(wrap_words(text, max(20, console.width - len(indent)))):
         console.print((indent if i else "") + part, markup=False, highlight=False, soft_wrap=True)

@@ -26,8 +26,8 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Hop, Node
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.inventory import Hop, Node
 
 ORDER = 80
 GOOD = ("pinned", "already-pinned", "replaced", "local")

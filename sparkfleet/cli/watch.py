@@ -25,7 +25,7 @@ from sparkfleet.cli.common import (
     spec,
 )
 from sparkfleet.cli.progress import Progress, verbosity
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 ORDER = 13
 
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     clock_probe_s = probe_seconds(args, "--clock-probe-seconds")
     sp = spec(args)
     profile, playbook, point = _resolve(args, sp)
-    from sparkfleet.spec.overrides import from_mapping
+    from sparkfleet.schema.overrides import from_mapping
 
     # a restore point brings back the -o overrides it served with, as `restore` does
     loaded = sp.profile(profile, from_mapping(point.get("overrides")) if point else [])

@@ -22,10 +22,10 @@ from sparkfleet.findings import Finding
 from sparkfleet.placement import Rank
 from sparkfleet.render.flags import flag_tokens
 from sparkfleet.render.shell import render, to_argv
-from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.load import Loaded
-from sparkfleet.spec.profile import Profile
-from sparkfleet.spec.yamlsrc import locate
+from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.profile import Profile
+from sparkfleet.schema.yamlsrc import locate
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Engine:
         raise NotImplementedError
 
     def rules(self, loaded: Loaded, inventory: Inventory, ranks: list[Rank]) -> list[Finding]:
-        """The engine's lane rules, in order (spec/rules.py runs them between the shared ones)."""
+        """The engine's lane rules, in order (rules.py runs them between the shared ones)."""
         return [f for rule in self.lane_rules for f in rule(self, loaded, inventory, ranks)]
 
 

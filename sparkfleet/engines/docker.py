@@ -74,7 +74,7 @@ def template_context(ctx: LaneContext, r: Rank) -> dict:
 def need(value: object, what: str, node: str) -> str:
     """A per-node value the launch needs; unset is a spec error naming the node and the field."""
     if value is None:
-        from sparkfleet.spec.errors import SpecError
+        from sparkfleet.schema.errors import SpecError
 
         raise SpecError(f"node {node} has no {what}, and the launch needs it", "inventory", None, what)
     return str(value)

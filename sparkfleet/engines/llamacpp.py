@@ -20,8 +20,8 @@ from sparkfleet.engines.docker import container_spec, lane_binds, model_host_dir
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
 from sparkfleet.placement import Rank
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Loaded
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.load import Loaded
 
 CONTAINER_MODEL_DIR = "/models"
 UNSET_IMAGE = "<image unset: set image.ref>"

@@ -108,12 +108,10 @@ def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVocabulary | None = None) -> LogFacts:
+def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVocabulary) -> LogFacts:
     """Fold more lines into `facts` (in place, and returned) — call it as the log grows.
 
-    `vocab` is the engine's (`engine_for(profile).log`); without one, vLLM's."""
-    if vocab is None:
-        from sparkfleet.engines.vllm import LOG as vocab  # noqa: N811 - the default engine's vocabulary
+    `vocab` is the engine's (`engine_for(profile).log`): the reader has no engine of its own."""
     fatal = [*signatures, *vocab.fatal]
     for raw in lines:
         facts.lines_seen += 1
@@ -156,6 +154,6 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVoc
     return facts
 
 
-def parse(log: str, signatures: list[str], vocab: LogVocabulary | None = None) -> LogFacts:
+def parse(log: str, signatures: list[str], vocab: LogVocabulary) -> LogFacts:
     """A whole log (ending with its last line's `\n`, as a file does) folded at once."""
     return feed(LogFacts(), split_lines(log if log.endswith("\n") else log + "\n"), signatures, vocab)

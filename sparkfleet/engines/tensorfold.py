@@ -17,9 +17,9 @@ from sparkfleet.findings import Finding
 from sparkfleet.naming import tensorfold_config_path, tensorfold_rank_config
 from sparkfleet.placement import Rank
 from sparkfleet.render.shell import render
-from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.load import Loaded
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.profile import Profile
 
 # config.env keys sparkfleet writes per rank (templates/tensorfold-config.env.j2); the profile's env
 # is appended after them, so one of these in env would silently override the rank's own value

@@ -25,9 +25,9 @@ from sparkfleet.engines.docker import (
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
 from sparkfleet.placement import Rank
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Loaded
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.profile import Profile
 
 # Set from structured profile fields or per node; a profile that puts them in flags/env is refused.
 RESERVED_FLAGS = ("--served-model-name", "--host", "--port", "--tensor-parallel-size",

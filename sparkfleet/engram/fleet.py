@@ -25,9 +25,9 @@ from sparkfleet.fleet.op import OpGen
 from sparkfleet.fleet.ship import helper_ops, run_helper
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import Rank
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Node
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.inventory import Node
+from sparkfleet.schema.profile import Profile
 
 HELPER = "engram_copy.py"
 COPY_TIMEOUT_S = 4 * 3600.0  # 47 GiB at the seeds' 150 MB/s is ~6 min; a slow NFS day is not a hang

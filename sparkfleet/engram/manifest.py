@@ -20,7 +20,7 @@ from sparkfleet.fleet.nodeside.engram_copy import MANIFEST, MANIFEST_SCHEMA
 if TYPE_CHECKING:
     from sparkfleet.fleet.transport import Result
     from sparkfleet.placement import Rank
-    from sparkfleet.spec.profile import Profile
+    from sparkfleet.schema.profile import Profile
 
 __all__ = ["MANIFEST", "MANIFEST_SCHEMA", "check_rank", "falls_back", "judge_lane", "judge_rank"]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from sparkfleet.findings import Finding
 from sparkfleet.root import state_dir
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.profile import Profile
 
 LINE = re.compile(r"Engram DISK mode: layer (\d+) rows \[(\d+), (\d+)\)")
 # Rank markers vLLM and torchrun put in front of worker lines: "(VllmWorker rank=1 pid=..)", "[rank1]:",

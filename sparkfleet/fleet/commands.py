@@ -37,7 +37,7 @@ from sparkfleet.engines.logs import split_lines
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 # `sysctl -w` rather than a redirect into /proc: it is an ordinary command, so the simulated lab's shim
 # can stand in for it, and it needs root exactly as the seeds' launcher had (CATALOG LCH-03).

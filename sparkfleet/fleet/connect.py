@@ -10,7 +10,7 @@ from pathlib import Path
 from sparkfleet.fleet.local import LocalTransport
 from sparkfleet.fleet.ssh import SshTransport
 from sparkfleet.fleet.transport import Result, Transport
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 
 class MixedTransport:

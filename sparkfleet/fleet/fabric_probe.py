@@ -18,7 +18,7 @@ from typing import Any
 from sparkfleet.fleet.ship import ensure_helper, guard_command, run_helper
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import Rank
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 HELPER = "fabric_probe.py"
 PORT = 29570  # the probe's TCP port on each fabric IP (not one of the lanes' 8410/29551 ...)

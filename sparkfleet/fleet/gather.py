@@ -21,13 +21,13 @@ from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.op import OpGen, run_ops
 from sparkfleet.fleet.ship import helper_ops
 from sparkfleet.fleet.transport import Result, Transport
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Inventory, Node
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.inventory import Inventory, Node
 
 if TYPE_CHECKING:  # the plan (and the engines it renders with) is loaded only for a lane's facts
     from sparkfleet.plan import Plan
-    from sparkfleet.spec.load import Loaded
-    from sparkfleet.spec.profile import Profile
+    from sparkfleet.schema.load import Loaded
+    from sparkfleet.schema.profile import Profile
 
 HELPER = "facts.py"
 
@@ -59,7 +59,7 @@ def model_dir(profile: Profile, node: Node) -> str | None:
 def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
     """The lane's plan, rendered only for its launches (a one-step playbook: no playbook file read)."""
     from sparkfleet.plan import make_plan
-    from sparkfleet.spec.playbook import Playbook, Step
+    from sparkfleet.schema.playbook import Playbook, Step
 
     return make_plan(loaded, inventory, Playbook(name="facts", steps=[Step(step="facts")]), root)
 

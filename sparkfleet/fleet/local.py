@@ -26,7 +26,7 @@ from pathlib import Path
 from sparkfleet.fleet.hostkeys import write_atomic
 from sparkfleet.fleet.ssh import DRAIN_AFTER_EXIT_S, ENV_NAME
 from sparkfleet.fleet.transport import Result, fan_out
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 NOT_RUN_FD = "SPARKFLEET_NOT_RUN_FD"  # names the wrapper's status pipe (see above)
 NOT_RUN_MAX = 4096  # bytes of the wrapper's reason kept

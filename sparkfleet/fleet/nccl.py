@@ -16,7 +16,7 @@ from sparkfleet.engines.base import Launch, groups
 from sparkfleet.fleet.ship import ensure_helper, remote_path
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import Rank
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.profile import Profile
 
 HELPER = "nccl_allreduce.py"
 IN_CONTAINER = "/opt/sparkfleet/nccl_allreduce.py"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sparkfleet.fleet.transport import Result, Transport
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 T = TypeVar("T")
 

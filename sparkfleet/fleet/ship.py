@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sparkfleet.fleet.op import NodeCommands, OpGen, query, run_ops
 from sparkfleet.fleet.transport import Result, Transport
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 NODESIDE = Path(__file__).resolve().parent / "nodeside"
 HELPER_DIR = "~/.cache/sparkfleet/bin"

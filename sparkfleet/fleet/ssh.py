@@ -30,7 +30,7 @@ from fabric import Config, Connection
 
 from sparkfleet.fleet.hostkeys import default_known_hosts, fingerprint, host_entry
 from sparkfleet.fleet.transport import Result, fan_out
-from sparkfleet.spec.inventory import Hop, Node
+from sparkfleet.schema.inventory import Hop, Node
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DRAIN_AFTER_EXIT_S = 2.0  # a background child that keeps stdout open must not hold a finished command

@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.inventory import Hop, Inventory, Ssh
-from sparkfleet.spec.yamlsrc import Marks, locate
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.inventory import Hop, Inventory, Ssh
+from sparkfleet.schema.yamlsrc import Marks, locate
 
 MAX_HOPS = 8
 HOP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")

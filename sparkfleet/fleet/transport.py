@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 ErrorKind = Literal["unreachable", "auth", "hostkey-unknown", "hostkey-changed", "timeout", "exit", "error",
                     "not-run"]

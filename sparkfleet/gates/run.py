@@ -17,7 +17,7 @@ from sparkfleet.gates.client import ApiClient, RequestFailed
 from sparkfleet.gates.env import NEEDLE_LONG, GateEnv, GateOptions
 from sparkfleet.gates.result import Check, GateResult
 from sparkfleet.redact import redact
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.profile import Profile
 
 # In the order they run: cheap and decisive first, the soak last.
 GATES: dict[str, Callable[[GateEnv], GateResult]] = {

@@ -29,7 +29,7 @@ from sparkfleet.gates.text import judge_count, judge_number
 
 if TYPE_CHECKING:
     from sparkfleet.fleet.transport import Transport
-    from sparkfleet.spec.inventory import Node
+    from sparkfleet.schema.inventory import Node
 
 NAME = "soak"
 GB = 10**9

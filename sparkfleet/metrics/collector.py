@@ -33,8 +33,8 @@ from sparkfleet.fleet.facts import Container, NodeFacts
 from sparkfleet.metrics import names as n
 from sparkfleet.metrics.records import RunSummary
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
-from sparkfleet.spec.inventory import HardwareClass, Inventory, Node
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.inventory import HardwareClass, Inventory, Node
+from sparkfleet.schema.profile import Profile
 from sparkfleet.watch.status import REASONS as WATCH_REASONS
 from sparkfleet.watch.status import STATES as WATCH_STATES
 from sparkfleet.watch.status import Status as WatchStatus

@@ -29,9 +29,9 @@ from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras
 from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
 from sparkfleet.metrics.records import RunIndex, RunSummary
-from sparkfleet.spec.errors import SpecError, UserError
-from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.load import Spec
+from sparkfleet.opsdir import Spec
+from sparkfleet.schema.errors import SpecError, UserError
+from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.watch.status import Status as WatchStatus
 from sparkfleet.watch.status import read_all as read_watches
 

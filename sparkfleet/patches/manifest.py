@@ -22,9 +22,9 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from sparkfleet.findings import Finding
-from sparkfleet.spec.base import FieldError, Strict, validate
-from sparkfleet.spec.errors import SpecError, UserError
-from sparkfleet.spec.yamlsrc import load_yaml
+from sparkfleet.schema.base import FieldError, Strict, validate
+from sparkfleet.schema.errors import SpecError, UserError
+from sparkfleet.schema.yamlsrc import load_yaml
 
 MANIFEST = "manifest.yaml"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")

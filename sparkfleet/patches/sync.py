@@ -12,7 +12,7 @@ from sparkfleet.findings import Finding
 from sparkfleet.fleet.op import NodeCommands, OpGen, query, run_ops
 from sparkfleet.fleet.transport import Transport
 from sparkfleet.patches.manifest import PatchManifest, set_dir
-from sparkfleet.spec.inventory import Node
+from sparkfleet.schema.inventory import Node
 
 # Runs on the node with plain python3: sha256 of each path on stdin (JSON list), null when missing.
 HASH_SCRIPT = (

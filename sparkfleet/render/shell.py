@@ -9,7 +9,7 @@ from typing import Any
 
 import jinja2
 
-from sparkfleet.spec.errors import SpecError
+from sparkfleet.schema.errors import SpecError
 
 
 def _quote(value: Any) -> str:

@@ -10,12 +10,13 @@ from sparkfleet.engines.logs import LogFacts
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.op import Executor, shown_as
 from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.opsdir import Spec
 from sparkfleet.plan import Plan
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.record import Record
-from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.load import Loaded, Spec
-from sparkfleet.spec.playbook import Playbook
+from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.playbook import Playbook
 
 
 @dataclass

@@ -17,7 +17,7 @@ from sparkfleet.gates.run import (
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepResult
 from sparkfleet.runner.ranks import stop_launch
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.playbook import Step
 
 
 def gates_step(ctx: RunContext, st: Step) -> StepResult:

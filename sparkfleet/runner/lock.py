@@ -10,7 +10,7 @@ import socket
 import time
 from pathlib import Path
 
-from sparkfleet.spec.errors import Busy, UserError
+from sparkfleet.schema.errors import Busy, UserError
 
 
 class FleetLock:

@@ -17,7 +17,7 @@ from sparkfleet.fleet.op import NodeCommands, Reply, query
 
 if TYPE_CHECKING:
     from sparkfleet.runner.context import RunContext
-    from sparkfleet.spec.playbook import Step
+    from sparkfleet.schema.playbook import Step
 
 __all__ = ["NodeCommands", "Reply", "StepFn", "StepGen", "StepResult", "drive", "query", "run_now"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sparkfleet.redact import REDACTED, SECRET_NAME, redact
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 __all__ = ["REDACTED", "SECRET_NAME", "Record", "RunRecord", "list_runs", "new_run_id", "read_record", "redact"]
 

@@ -151,7 +151,7 @@ def save_point(ctx: RunContext, name: str) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.json"
     record = read_record(ctx.record.as_dict(), f"run {ctx.record.run_id}")
-    from sparkfleet.spec.overrides import as_mapping
+    from sparkfleet.schema.overrides import as_mapping
 
     point = RestorePoint(name=name, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), record=record,
                          overrides=as_mapping(ctx.loaded.overrides))

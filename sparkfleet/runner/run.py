@@ -6,6 +6,7 @@ import time
 
 from sparkfleet.fleet.connect import transport_for
 from sparkfleet.fleet.op import NoConnection
+from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from sparkfleet.root import state_dir
 from sparkfleet.runner.context import RunContext, RunOptions
@@ -15,9 +16,9 @@ from sparkfleet.runner.ops import StepResult, drive
 from sparkfleet.runner.ranks import stop_launch
 from sparkfleet.runner.record import Record, new_run_id
 from sparkfleet.runner.steps import DRY, STEPS
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Loaded, Spec
-from sparkfleet.spec.playbook import Playbook
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.playbook import Playbook
 
 
 def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook, options: RunOptions,

@@ -17,12 +17,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkfleet.opsdir import Spec
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.schema.profile import Profile
 from sparkfleet.sim import llama, shim, values
 from sparkfleet.sim.paths import inside
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.inventory import Inventory, Node
-from sparkfleet.spec.load import Spec
-from sparkfleet.spec.profile import Profile
 
 SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init",
               "sim-fault")

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import shim, values
 from sparkfleet.sim.build import image_record
 from sparkfleet.sim.paths import inside
-from sparkfleet.spec.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 import yaml
 
+from sparkfleet.opsdir import Spec
 from sparkfleet.root import find_root
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.inventory import Inventory
 from sparkfleet.sim import build, faults, netlab, node, paths, shim, sshd
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Spec
 
 TransportKind = Literal["local", "ssh"]
 

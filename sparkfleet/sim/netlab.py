@@ -15,8 +15,8 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Inventory
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.inventory import Inventory
 
 PREFIX = "sfsim"
 MGMT_BRIDGE = "sfsim0"

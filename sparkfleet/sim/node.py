@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from sparkfleet.fleet.local import NOT_RUN_FD
+from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import shim
-from sparkfleet.spec.errors import UserError
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_TOP = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev"}

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sparkfleet.spec.errors import UserError
+from sparkfleet.schema.errors import UserError
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 KNOWN_HOSTS_TAG = "sparkfleet-sim:"  # known_hosts comment field: which lines the sim owns

@@ -24,7 +24,7 @@ from sparkfleet.gates.env import user
 from sparkfleet.gates.text import judge_count
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL, RUN_LABEL
 from sparkfleet.placement import Rank
-from sparkfleet.spec.profile import Profile
+from sparkfleet.schema.profile import Profile
 
 TOP = 5
 PROMPT = f"Count from 1 to {TOP}. Write every number, separated by commas, and nothing else."

@@ -26,14 +26,15 @@ from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import ApiClient
 from sparkfleet.metrics.records import RunIndex
+from sparkfleet.opsdir import Spec
 from sparkfleet.placement import Rank, endpoint, loopback_bound, place
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock
 from sparkfleet.runner.record import Record, new_run_id
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Loaded, Spec
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.load import Loaded
 from sparkfleet.watch import ops
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jinja2
 
-from sparkfleet.spec.errors import SpecError
+from sparkfleet.schema.errors import SpecError
 
 TEMPLATE = "watch.service.j2"
 _PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepFn
 from sparkfleet.runner.steps import finish, launch, preflight, prepare, stop
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.playbook import Step
 
 STEPS: dict[str, StepFn] = {
     "stop": stop.stop,

@@ -8,7 +8,7 @@ from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepGen, StepResult
 from sparkfleet.runner.ranks import stop_launch_commands
 from sparkfleet.runner.steps.preflight import gather_facts
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.playbook import Step
 
 
 def expect(ctx: RunContext, st: Step) -> StepGen:

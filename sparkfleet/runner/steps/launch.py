@@ -16,7 +16,7 @@ from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult
 from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.playbook import Step
 
 
 def _render(ctx: RunContext) -> None:

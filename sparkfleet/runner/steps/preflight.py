@@ -11,7 +11,7 @@ from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.transport import Result
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import NodeCommands, Reply, StepGen, StepResult
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.playbook import Step
 
 
 def gather_facts(ctx: RunContext, with_lane: bool = True) -> Generator[NodeCommands, Reply, dict]:

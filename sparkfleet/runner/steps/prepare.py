@@ -11,8 +11,8 @@ from sparkfleet.fleet import commands as nodeops
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
 from sparkfleet.runner.steps.preflight import gather_facts
-from sparkfleet.spec.errors import UserError
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.errors import UserError
+from sparkfleet.schema.playbook import Step
 
 
 def patches(ctx: RunContext, st: Step) -> StepGen:

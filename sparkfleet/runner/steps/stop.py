@@ -8,7 +8,7 @@ from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.op import placeholder
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
-from sparkfleet.spec.playbook import Step
+from sparkfleet.schema.playbook import Step
 
 
 def lane_containers(ctx: RunContext, running_only: bool) -> StepGen:

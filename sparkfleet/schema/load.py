@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.spec.base import validate
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.merge import deep_merge, strip_unset
-from sparkfleet.spec.overrides import Override
-from sparkfleet.spec.overrides import apply as apply_overrides
-from sparkfleet.spec.playbook import Playbook
-from sparkfleet.spec.profile import Profile
-from sparkfleet.spec.yamlsrc import Marks, load_yaml, locate
+from sparkfleet.schema.base import validate
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.merge import deep_merge, strip_unset
+from sparkfleet.schema.overrides import Override
+from sparkfleet.schema.overrides import apply as apply_overrides
+from sparkfleet.schema.playbook import Playbook
+from sparkfleet.schema.profile import Profile
+from sparkfleet.schema.yamlsrc import Marks, load_yaml, locate
 
 
 @dataclass
@@ -26,11 +27,23 @@ class Loaded:
     overrides: list[Override] = field(default_factory=list)  # -o KEY=VALUE, applied after extends
 
 
-class Spec:
+@dataclass(frozen=True)
+class Hooks:
+    """What loading needs from above the schema, passed in: the schema imports no engine, sim or transport
+    (sparkfleet/opsdir.py wires them)."""
+
+    sim_inventory: Callable[[], Path] | None = None  # where the simulated lab wrote its inventory
+    resolve_ssh: Callable[[Inventory, Marks, str], Inventory] | None = None  # the operator's ~/.ssh/config
+    check_lane: Callable[[Loaded], None] | None = None  # the engine adapter's own checks (raises SpecError)
+    default_inventory: Callable[[], str | None] | None = None  # SPARKFLEET_INVENTORY, the config file
+
+
+class Loader:
     """Reads YAML from one ops directory; every method raises SpecError on bad input."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, hooks: Hooks | None = None):
         self.root = root
+        self.hooks = hooks or Hooks()
 
     def _rel(self, path: Path) -> str:
         try:
@@ -44,10 +57,8 @@ class Spec:
         if p.suffix in (".yaml", ".yml") or "/" in name:
             return p
         own = self.root / "inventories" / f"{name}.yaml"
-        if name == "sim" and not own.is_file():
-            from sparkfleet.sim.paths import sim_inventory_path  # the simulated lab writes its own
-
-            path = sim_inventory_path()
+        if name == "sim" and not own.is_file() and self.hooks.sim_inventory is not None:
+            path = self.hooks.sim_inventory()  # the simulated lab writes its own
             if not path.is_file():
                 raise SpecError("no simulated lab is up: run `sparkfleet sim up` first", str(path))
             return path
@@ -56,9 +67,7 @@ class Spec:
     def inventory(self, name: str | None = None) -> Inventory:
         """The named inventory; None = the user's default (SPARKFLEET_INVENTORY, config file, else `lab`)."""
         if name is None:
-            from sparkfleet.userconfig import value
-
-            name = value("inventory") or "lab"
+            name = (self.hooks.default_inventory() if self.hooks.default_inventory else None) or "lab"
         path = self.inventory_path(name)
         display = self._rel(path)
         if not path.is_file():
@@ -92,9 +101,7 @@ class Spec:
                     _, line = locate(marks, ("nodes", key, "fabric_ip"))
                     raise SpecError(f"{node.fabric_ip} is outside fabric_subnet {net}", display, line,
                                     f"nodes.{key}.fabric_ip")
-        from sparkfleet.fleet.sshconfig import resolve  # the operator's ~/.ssh/config, as ssh reads it
-
-        return resolve(inv, marks, display)
+        return self.hooks.resolve_ssh(inv, marks, display) if self.hooks.resolve_ssh else inv
 
     # -- profiles ----------------------------------------------------------------------
     def profile_names(self) -> list[str]:
@@ -141,7 +148,10 @@ class Spec:
         data["name"] = name
         marks[()] = (files[-1], 1)
         profile = validate(Profile, data, marks, files[-1])
-        return Loaded(profile, marks, files, list(overrides or []))
+        loaded = Loaded(profile, marks, files, list(overrides or []))
+        if self.hooks.check_lane is not None and not profile.abstract:
+            self.hooks.check_lane(loaded)
+        return loaded
 
     # -- playbooks ---------------------------------------------------------------------
     def playbook(self, name_or_path: str) -> Playbook:

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.yamlsrc import UNSET, Marks
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.yamlsrc import UNSET, Marks
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def parse(items: list[str] | None) -> list[Override]:
     """KEY=VALUE strings as Overrides; SpecError (naming the -o) for a malformed one."""
     import yaml
 
-    from sparkfleet.spec.yamlsrc import _Loader  # the loader that knows `!unset`
+    from sparkfleet.schema.yamlsrc import _Loader  # the loader that knows `!unset`
 
     out = []
     for text in items or []:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sparkfleet.spec.base import FieldError, Strict
+from sparkfleet.schema.base import FieldError, Strict
 
 NAME = r"^[a-z0-9][a-z0-9_-]*$"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from sparkfleet.spec.errors import SpecError
+from sparkfleet.schema.errors import SpecError
 
 Path_ = tuple[str | int, ...]
 Marks = dict[Path_, tuple[str, int]]

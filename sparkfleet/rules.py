@@ -13,9 +13,9 @@ from sparkfleet.engines.base import at, hardware
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.placement import Rank
-from sparkfleet.spec.inventory import Inventory
-from sparkfleet.spec.load import Loaded
-from sparkfleet.spec.yamlsrc import locate
+from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.load import Loaded
+from sparkfleet.schema.yamlsrc import locate
 
 Rule = Callable[[Loaded, Inventory, list[Rank]], Iterator[Finding]]
 RULES: list[Rule] = []

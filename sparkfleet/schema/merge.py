@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkfleet.spec.yamlsrc import UNSET, Marks, Path_
+from sparkfleet.schema.yamlsrc import UNSET, Marks, Path_
 
 
 def deep_merge(base: Any, over: Any, base_marks: Marks, over_marks: Marks, path: Path_ = ()) -> Any:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sparkfleet.spec.base import FieldError, Strict
+from sparkfleet.schema.base import FieldError, Strict
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -180,7 +180,7 @@ class Profile(Strict):
     group: str | None = None
     ranks: list[str] | None = None  # rank order by node name; rank 0 is the head
     # true: the lane runs on the first `tp` nodes of its group on purpose (one Spark of the sparks group);
-    # otherwise a tp below the group's size is refused unless `ranks:` names the nodes (spec/rules.py lane_shape)
+    # otherwise a tp below the group's size is refused unless `ranks:` names the nodes (rules.py lane_shape)
     partial_group: bool = False
     tp: int = Field(1, ge=1)
     dcp: int = Field(1, ge=1)
@@ -209,15 +209,6 @@ class Profile(Strict):
     vision: bool = False
     tools: bool = False
     gates: GateSet = Field(default_factory=GateSet)
-
-    @field_validator("engine")
-    @classmethod
-    def _engine(cls, v: str) -> str:
-        from sparkfleet.engines.registry import NAMES  # names only: no adapter is imported
-
-        if v not in NAMES:
-            raise ValueError(f"Input should be {', '.join(repr(n) for n in NAMES[:-1])} or {NAMES[-1]!r}")
-        return v
 
     @field_validator("env", mode="before")
     @classmethod
@@ -259,12 +250,8 @@ class Profile(Strict):
     def _complete(self) -> Profile:
         if self.abstract:
             return self
-        from sparkfleet.engines.registry import engine_for  # the adapter says what its lanes need
-
-        missing = [f for f in engine_for(self.engine).required if getattr(self, f) is None]
-        if missing:
-            raise FieldError(missing[0], f"a lane needs {', '.join(missing)} (set them here or in the profile "
-                             "it extends, or mark this file abstract: true)")
+        # the engine's name and the fields its lanes need are the adapter's to judge (engines/registry.py
+        # check_lane, run by the loader above the schema)
         if not self.servable and not self.unservable_reason:
             raise FieldError("servable", "servable: false needs unservable_reason")
         return self

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from sparkfleet.spec.base import Strict
+from sparkfleet.schema.base import Strict
 
 # Every step the runner knows, with what it does; later issues give them their behaviour.
 STEPS: dict[str, str] = {

@@ -6,8 +6,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sparkfleet.spec.errors import SpecError
-from sparkfleet.spec.yamlsrc import Marks, locate
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.yamlsrc import Marks, locate
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -51,7 +51,7 @@ def _describe(err: dict) -> str:
     kind = err["type"]
     got = err.get("input")
     if kind == "extra_forbidden":
-        return "unknown field (check the spelling; README 'Writing a profile' and spec/profile.py list the fields)"
+        return "unknown field (check the spelling; README 'Writing a profile' and schema/profile.py list the fields)"
     if kind == "missing":
         return "required field is missing"
     if kind == "value_error":
