@@ -13,6 +13,17 @@ from sparkfleet.opsdir import Spec
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_state_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The suite never reads or writes the user's state dir (~/.local/state/sparkfleet: runs, harvested
+    Engram ranges, restore points): a stored harvest there changed what `check` judged. Fixtures and tests
+    that need a state dir of their own still set SPARKFLEET_STATE over this one."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get("SPARKFLEET_STATE"):
+            mp.setenv("SPARKFLEET_STATE", str(tmp_path_factory.mktemp("user-state")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _lab_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tests' fleet is the repo's `lab` inventory, chosen on purpose (a command that contacts nodes

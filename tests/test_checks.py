@@ -806,7 +806,7 @@ def test_cli_probe(repo_spec: Spec, fake_fleet: dict, capsys: pytest.CaptureFixt
     clocks = [f for f in doc["findings"] if f["check"] == "clock"]
     assert {f["status"] for f in clocks} == {"fail"} and len(clocks) == 4
     commands = [c for c in fake_fleet["transport"].commands if c != f"cat {MANIFEST_PATH}"]
-    assert len(commands) == 1
+    assert len(commands) == 4  # one probe per rank, the same command
     assert all("docker run --rm --pull never --gpus all" in c and "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2"
                in c and "--entrypoint python3" in c for c in commands)
     fake_fleet["transport"] = FakeTransport(probe_stdout=json.dumps(probe_doc(3003, 0x0)))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import posixpath
 
 from sparkfleet.engines.container import Bind
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 
 from .context import CheckContext
 
 CHECK = "chat-template"
-FLAG = "--chat-template"
 REF = "docs/failure-modes.md FM-33"
 
 
@@ -34,8 +34,9 @@ def covering(mounts: list[Bind], path: str) -> Bind | None:
 
 def check(ctx: CheckContext) -> list[Finding]:
     p = ctx.profile
-    value = p.flags.get(FLAG)
-    if not isinstance(value, str) or p.engine not in ("vllm", "sglang"):
+    flag = engine_for(p.engine).chat_template_flag  # the adapter's flag (vLLM's and SGLang's --chat-template)
+    value = p.flags.get(flag) if flag else None
+    if not isinstance(value, str):
         return []
     path = posixpath.normpath(value)
     out: list[Finding] = []
@@ -50,7 +51,7 @@ def check(ctx: CheckContext) -> list[Finding]:
             out.append(Finding(CHECK, "ok" if pinned else "warn", f"chat template {path} comes from the image"
                                + ("" if pinned else ", which is pinned only by its tag"),
                                "" if pinned else f"pin the image by digest (image.digest), or put the template in "
-                               f"the lane's patch set ({REF})", node=node, field=f"flags.{FLAG}",
+                               f"the lane's patch set ({REF})", node=node, field=f"flags.{flag}",
                                observed=f"{path}: in the image", expected="a template pinned by sha256"))
             continue
         source = posixpath.normpath(bind.source) + path[len(posixpath.normpath(bind.target)):]
@@ -60,7 +61,7 @@ def check(ctx: CheckContext) -> list[Finding]:
                                "patch set pins: each rank could serve another template",
                                f"list the template in the lane's patch set (its manifest pins the sha256 and `up` "
                                f"verifies it on every rank), or take it from a digest-pinned image ({REF})",
-                               node=node, field=f"flags.{FLAG}", observed=f"{path} <- {source}",
+                               node=node, field=f"flags.{flag}", observed=f"{path} <- {source}",
                                expected="a file of the lane's patch set"))
             continue
         digest = f.hashes.get(source)
@@ -68,6 +69,6 @@ def check(ctx: CheckContext) -> list[Finding]:
                            f"chat template {path} is {source[len(patch_base):]} of patch set {p.patches}"
                            + (f", sha256 {digest[:12]}" if digest else ", but the node could not hash it"),
                            "" if digest else f"push the lane's patch set to {node} (`sparkfleet patches push`)",
-                           node=node, field=f"flags.{FLAG}", observed=f"{source}: {digest or 'not hashed'}",
+                           node=node, field=f"flags.{flag}", observed=f"{source}: {digest or 'not hashed'}",
                            expected="the patch set's sha256 (verified by the patches step)"))
     return out

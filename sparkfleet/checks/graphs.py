@@ -9,6 +9,7 @@ when bundled with an HBM source (shorter max-model-len or nvfp4_ds_mla KV), with
 
 from __future__ import annotations
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.engines.vllm import capture_sizes, speculative
 from sparkfleet.findings import Finding
 
@@ -33,7 +34,8 @@ def number(value: object) -> float | None:
 
 
 def station_vllm(ctx: CheckContext) -> bool:
-    return ctx.profile.engine == "vllm" and any(r.node.hardware == "gb300" for r in ctx.plan.ranks)
+    return CHECK in engine_for(ctx.profile.engine).guarded_by and any(
+        r.node.hardware == "gb300" for r in ctx.plan.ranks)
 
 
 def hbm_source(ctx: CheckContext) -> str | None:

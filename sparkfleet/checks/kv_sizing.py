@@ -9,6 +9,7 @@ warning that says so, not a refusal.
 
 from __future__ import annotations
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 
 from .context import CheckContext, gib
@@ -21,7 +22,7 @@ REF = "docs/failure-modes.md FM-16"
 def check(ctx: CheckContext) -> list[Finding]:
     p = ctx.profile
     ranks = len(ctx.plan.ranks)
-    if p.engine != "vllm" or ranks < 2:
+    if CHECK not in engine_for(p.engine).guarded_by or ranks < 2:
         return []
     head = ctx.head.name
     kv = kv_bytes(ctx)

@@ -9,6 +9,7 @@ FM-30: 1M context on vLLM Spark "after the top-k fix has not been re-run" ([002]
 
 from __future__ import annotations
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 
 from .context import CheckContext
@@ -22,7 +23,7 @@ FULL_1M_AT_ONCE = 2  # [000] "more than two concurrent full-1M requests"
 def check(ctx: CheckContext) -> list[Finding]:
     p = ctx.profile
     mml = number(p.flags.get("--max-model-len"))
-    if p.engine != "vllm" or mml is None or mml < FULL_CONTEXT:
+    if CHECK not in engine_for(p.engine).guarded_by or mml is None or mml < FULL_CONTEXT:
         return []
     head, hw = ctx.head.name, {r.node.hardware for r in ctx.plan.ranks}
     if "gb10" in hw:

@@ -107,6 +107,10 @@ class Engine:
     api_key_var: ClassVar[str | None] = None  # the container variable the engine reads its API key from
     ready_from_log: ClassVar[bool] = False  # wait for the head's `log.serving` line as well as /health
     lane_rules: ClassVar[tuple[LaneRule, ...]] = ()
+    chat_template_flag: ClassVar[str | None] = None  # the flag that names the lane's chat template file
+    # the shared checks (sparkfleet/checks) that judge something only this engine does, by check name:
+    # kv-sizing (KV sized by --gpu-memory-utilization), graph-memory, long-context
+    guarded_by: ClassVar[frozenset[str]] = frozenset()
     # why `engram-local` needs --source for this engine (its weights pack has no Engram shards), or None
     engram_source_needed: ClassVar[str | None] = None
 

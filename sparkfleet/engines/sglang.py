@@ -15,6 +15,7 @@ RESERVED_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
 
 class SGLang(Engine):
     name = "sglang"
+    chat_template_flag = "--chat-template"  # sglang/srt/server_args.py
     reserved_flags = RESERVED_FLAGS
     reserved_env = RESERVED_ENV
     lane_rules = (eager, jit_guard, reserved_rule)

@@ -290,6 +290,8 @@ class Vllm(Engine):
     log = LOG
     metrics = METRICS
     api_key_var = "VLLM_API_KEY"
+    chat_template_flag = "--chat-template"  # vllm/entrypoints/openai/cli_args.py
+    guarded_by = frozenset({"kv-sizing", "graph-memory", "long-context"})
     lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, reserved_rule)
 
     def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
