@@ -10,10 +10,11 @@ from sparkfleet.engines.logs import LogFacts
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.op import Executor, shown_as
 from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.gates.result import GateResult
 from sparkfleet.opsdir import Spec
 from sparkfleet.plan import Plan
 from sparkfleet.runner.events import Events
-from sparkfleet.runner.record import Record
+from sparkfleet.runner.record import LaunchRecord, Record
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
@@ -65,6 +66,10 @@ class RunContext:
     started: list[Started] = field(default_factory=list)
     log_facts: dict[int, LogFacts] = field(default_factory=dict)
     logs_tail: dict[int, list[str]] = field(default_factory=dict)
+    engram_manifests: dict[str, str] = field(default_factory=dict)  # rank -> sha256 of its copy's manifest
+    launches: list[LaunchRecord] = field(default_factory=list)  # each rank's launch as this run renders it
+    facts_after_load: dict[str, NodeFacts | Result] = field(default_factory=dict)
+    gate_results: list[GateResult] = field(default_factory=list)
     caches_dropped: dict | None = None  # node -> True, or why the drop failed
     rendered: bool = False  # plan re-rendered with this run's id and resolved GID indexes
     tunnel: str | None = None  # the head's base URL once decided (an SSH local forward stays open till the end)

@@ -48,6 +48,7 @@ def gates_step(ctx: RunContext, st: Step) -> StepResult:
         ctx.events.emit("message", text=f"gate {r.name}: {r.status} ({r.elapsed_s:.1f} s) {r.summary}")
 
     results = run_gates(base, profile, only, options, on_result=finished, on_start=started)
+    ctx.gate_results = list(results)
     ctx.record.data["gates"] = {"endpoint": base, "results": [r.as_dict() for r in results]}
     failed = [r for r in results if r.status == "fail"]
     data = {"results": {r.name: r.status for r in results}}

@@ -9,7 +9,6 @@ Engram copy, its resolved GID index.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shlex
@@ -32,6 +31,7 @@ from sparkfleet.runner.record import (
     read_record,
     write_json,
 )
+from sparkfleet.runner.served import image_id_of, template_hashes
 
 if TYPE_CHECKING:
     from sparkfleet.engines.base import Launch
@@ -72,78 +72,6 @@ class RestorePoint(_Open):
 
 def points_dir(state: Path) -> Path:
     return state / "restore"
-
-
-# -- what a run records ------------------------------------------------------------------------------
-
-def template_hashes(root: Path) -> dict[str, str]:
-    d = root / "templates"
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.glob("*.j2"))} if d.is_dir() else {}
-
-
-def _image_id(facts: Any, ref: str | None) -> str | None:
-    if isinstance(facts, NodeFacts) and facts.docker is not None and ref:
-        return next((i.id for i in facts.docker.images if i.ref == ref), None)
-    return None
-
-
-def _options(argv: list[str]) -> list[str]:
-    """The docker options of a launch: everything between `docker run` and the image, less -e/-v."""
-    from sparkfleet.diff import parse_docker_argv
-
-    return parse_docker_argv(argv)["options"]
-
-
-def launch_records(ctx: RunContext) -> list[dict]:
-    """Every rank's launch as this run renders it, with the pins it launches on."""
-    from sparkfleet.patches import manifest as pm
-
-    p = ctx.profile
-    patch_files: list[dict] = []
-    if p.patches and (pm.set_dir(ctx.spec.root, p.patches) / pm.MANIFEST).is_file():
-        m = pm.load(ctx.spec.root, p.patches)
-        patch_files = [f.model_dump() for f in m.files] if m.complete else []
-    ranks = {r.rank: r for r in ctx.plan.ranks}
-    manifests = ctx.record.data.get("engram_manifests") or {}
-    dirs = ctx.engram_dirs()
-    out = []
-    for launch in ctx.plan.launches:
-        r = ranks[launch.rank]
-        node = r.node
-        facts = ctx.facts.get(node.name)
-        engram_dir = dirs[node.name][1] if node.name in dirs else None
-        out.append({
-            **launch.as_dict(), "container_options": _options(launch.argv),
-            "container_spec": spec_to_dict(launch.spec) if launch.spec is not None else None,
-            "image_ref": p.image.ref if p.image else None, "image_digest": p.image.digest if p.image else None,
-            "image_id": _image_id(facts, p.image.ref if p.image else None),
-            "patch_set": p.patches, "patch_files": patch_files,
-            "engram_dir": engram_dir, "engram_manifest_sha256": manifests.get(str(launch.rank)) if engram_dir else None,
-            "inventory": {
-                "address": node.ssh.host, "fabric_ip": node.fabric_ip,
-                "hcas": list(node.rdma.hcas) if node.rdma else [],
-                "fabric_iface": node.rdma.fabric_iface if node.rdma else None,
-                "gid_index": ctx.gid_index.get(node.name, node.rdma.gid_index if node.rdma else None),
-                "storage": node.storage.model_dump(mode="json"),
-                "hostname": facts.hostname if isinstance(facts, NodeFacts) else None,
-            },
-        })
-    return out
-
-
-def finish(ctx: RunContext) -> None:
-    """At the end of a good run: what served (KV, MoE line, gates), and image ids pulled during the launch."""
-    lf = ctx.log_facts.get(0)
-    gates = {}
-    for g in ((ctx.record.data.get("gates") or {}).get("results") or []):
-        gates[str(g.get("name"))] = str(g.get("status"))
-    ctx.record.served = {"kv_tokens": lf.kv_tokens if lf else None,
-                         "moe_backend_line": lf.moe_backend_line if lf else None, "gates": gates}
-    after = ctx.record.data.get("facts_after_load") or {}
-    for x in ctx.record.data.get("launches") or []:
-        if x.get("image_id") is None and x.get("node") in after:
-            images = ((after[x["node"]] or {}).get("docker") or {}).get("images") or []
-            x["image_id"] = next((i.get("id") for i in images if i.get("ref") == x.get("image_ref")), None)
 
 
 def save_point(ctx: RunContext, name: str) -> Path:
@@ -210,13 +138,6 @@ def list_points(state: Path) -> list[dict]:
 
 # -- restoring ----------------------------------------------------------------------------------------
 
-def spec_to_dict(spec: Any) -> dict:
-    """A ContainerSpec as JSON data, every field kept (env None = passed through from the launching shell)."""
-    d = dataclasses.asdict(spec)
-    d["ports"] = {str(k): v for k, v in spec.ports.items()}
-    return d
-
-
 def spec_from_dict(d: dict, run_id: str) -> Any:
     from sparkfleet.engines.container import Bind, ContainerSpec
 
@@ -256,6 +177,7 @@ def adopt(ctx: RunContext, point: RestorePoint) -> None:
         launch = next(n for n in ctx.plan.launches if n.rank == x.rank)
         d.update(argv=launch.argv, script=launch.script)
         records.append(d)
+    ctx.launches = [LaunchRecord.model_validate(d) for d in records]
     ctx.record.data["launches"] = records
     ctx.record.restored_from = point.name
 
@@ -324,8 +246,8 @@ def pin_drift(ctx: RunContext, point: RestorePoint) -> OpGen[list[Finding] | Non
         inv = x.inventory
         if inv and inv.hostname and f.hostname != inv.hostname:
             drift(x.node, "node identity (hostname)", inv.hostname, f.hostname)
-        if x.image_id and _image_id(f, x.image_ref) != x.image_id:
-            drift(x.node, f"image id of {x.image_ref}", x.image_id, _image_id(f, x.image_ref))
+        if x.image_id and image_id_of(f, x.image_ref) != x.image_id:
+            drift(x.node, f"image id of {x.image_ref}", x.image_id, image_id_of(f, x.image_ref))
         if inv and isinstance(inv.gid_index, int) and gids.get(x.node) != inv.gid_index:
             drift(x.node, "resolved GID index", inv.gid_index, gids.get(x.node))
         if x.engram_dir and x.engram_manifest_sha256:

@@ -15,6 +15,7 @@ def expect(ctx: RunContext, st: Step) -> StepGen:
     from sparkfleet.runner.expect import assert_expectations
 
     after = yield from gather_facts(ctx)
+    ctx.facts_after_load = after
     ctx.record.data["facts_after_load"] = {n: f.model_dump(mode="json") for n, f in after.items()
                                            if isinstance(f, NodeFacts)}
     findings = assert_expectations(ctx, after)

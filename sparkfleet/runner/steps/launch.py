@@ -25,9 +25,10 @@ def _render(ctx: RunContext) -> None:
         ctx.plan = make_plan(ctx.loaded, ctx.inventory, ctx.playbook, ctx.spec.root,
                              run_id=ctx.record.run_id, gid_index=ctx.gid_index)
         ctx.rendered = True
-        from sparkfleet.runner.restore import launch_records
+        from sparkfleet.runner.served import launch_records
 
-        ctx.record.data["launches"] = launch_records(ctx)
+        ctx.launches = launch_records(ctx)
+        ctx.record.data["launches"] = [x.model_dump(mode="json") for x in ctx.launches]
 
 
 def _api_key(ctx: RunContext) -> str | None:

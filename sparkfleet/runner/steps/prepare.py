@@ -83,6 +83,7 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
         return StepResult("ok", f"would judge the node-local Engram copies of {len(dirs)} rank(s) by their manifests")
     findings, per_rank, shas = judge_lane(ctx.profile, ctx.plan.ranks, dirs, results, harvest)
     if shas:
+        ctx.engram_manifests = dict(shas)
         ctx.record.data["engram_manifests"] = shas
     ctx.record.data["engram"] = per_rank
     if harvest is not None:
