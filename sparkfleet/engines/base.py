@@ -107,6 +107,8 @@ class Engine:
     api_key_var: ClassVar[str | None] = None  # the container variable the engine reads its API key from
     ready_from_log: ClassVar[bool] = False  # wait for the head's `log.serving` line as well as /health
     lane_rules: ClassVar[tuple[LaneRule, ...]] = ()
+    # hardware classes whose kernel autotune cache `up` seeds while a rank boots (runner/autotune.py)
+    autotune_hardware: ClassVar[frozenset[str]] = frozenset()
     chat_template_flag: ClassVar[str | None] = None  # the flag that names the lane's chat template file
     # the shared checks (sparkfleet/checks) that judge something only this engine does, by check name:
     # kv-sizing (KV sized by --gpu-memory-utilization), graph-memory, long-context

@@ -291,6 +291,7 @@ class Vllm(Engine):
     metrics = METRICS
     api_key_var = "VLLM_API_KEY"
     chat_template_flag = "--chat-template"  # vllm/entrypoints/openai/cli_args.py
+    autotune_hardware = frozenset({"gb300"})  # FlashInfer's autotune on the Station (LCH-G2, FM-40/41)
     guarded_by = frozenset({"kv-sizing", "graph-memory", "long-context"})
     lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, reserved_rule)
 

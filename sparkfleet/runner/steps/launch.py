@@ -91,7 +91,7 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
     base = ctx.endpoint()
     key = _api_key(ctx)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    station = [r.node for r in ctx.plan.ranks if r.node.hardware == "gb300"]
+    station = [r.node for r in ctx.plan.ranks if r.node.hardware in engine.autotune_hardware]
     started_at = time.time() - 60  # hash dirs the tuner makes for this launch are newer than this
     if station:
         from sparkfleet.runner import autotune
