@@ -30,7 +30,7 @@ from sparkfleet.fleet.facts import (
     Versions,
 )
 from sparkfleet.fleet.gather import facts_requests
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.plan import Plan, make_plan
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Spec
@@ -152,9 +152,11 @@ def add_profile(sp: Spec, name: str, text: str) -> None:
 
 # -- healthy lanes -------------------------------------------------------------------------
 
-# what a healthy lab still warns about: GB300's host memory has no prediction in the profile; and an
+# what a healthy lab still warns about: GB300's host memory has no prediction in the profile, boot10's KV is
+# sized by gpu-memory-utilization (FM-16), v23 at off60 holds about two full-1M requests (FM-69); and an
 # image without a digest pin, once, on the first rank (no shipped lane pins one: the seeds give no digest)
-EXPECTED_WARNS = {"gb300-v23": {("station", "earlyoom")}}
+EXPECTED_WARNS = {"gb300-v23": {("station", "earlyoom"), ("station", "long-context")},
+                  "boot10": {("reddie", "kv-sizing")}}
 
 
 def expected_warns(name: str, plan: Plan, profile: Profile) -> set:
@@ -683,7 +685,7 @@ def good_copy(rank: int) -> dict:
             "completed_at": "2026-12-01T09:00:00+00:00"}
 
 
-class FakeTransport:
+class FakeTransport(RunEachByRun):
     """Records commands; drop-caches and probe answers per node come from the test."""
 
     def __init__(self, answers: dict[str, Result] | None = None, probe_stdout: str = "") -> None:
@@ -693,7 +695,7 @@ class FakeTransport:
         self.closed = False
 
     def run(self, nodes, command, *, stdin=None, timeout_s=60.0, env=None):
-        self.commands.append(command)
+        self.commands.extend([command] * len(nodes))  # one per node (run_each groups nodes sharing a command)
         if "drop_caches" in command:  # sparkfleet.fleet.commands.DROP_CACHES
             return {n.name: self.answers.get(n.name, Result(n.name, True)) for n in nodes}
         if command.startswith("cat ") and command.endswith("/engram-manifest.json"):  # a healthy lane's copies
@@ -784,7 +786,7 @@ def test_cli_drop_caches(repo_spec: Spec, fake_fleet: dict, capsys: pytest.Captu
     assert cli("--profile", "dcp2", "--drop-caches", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
     commands = fake_fleet["transport"].commands
-    assert [c for c in commands if not c.startswith("cat ")] == ["sync && sysctl -q -w vm.drop_caches=3"]
+    assert [c for c in commands if not c.startswith("cat ")] == ["sync && sysctl -q -w vm.drop_caches=3"] * 4
     # and each rank's Engram manifest, judged by the one rule as `up` judges it
     assert [c for c in commands if c.startswith("cat ")] == [f"cat {MANIFEST_PATH}"] * 4
     drop = [f for f in doc["findings"] if f["check"] == "drop-caches"]
