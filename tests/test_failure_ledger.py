@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO
 
 MODE = re.compile(r"\bFM-(\d{2})\b")
-# the ids the ledger keeps (CATALOG §8 of the design docs): the Sparks' FM-01..33, the Station's FM-40..70
+# the ids the ledger keeps (the design docs' failure modes): the Sparks' FM-01..33, the Station's FM-40..70
 IDS = [f"FM-{n:02d}" for n in (*range(1, 34), *range(40, 71))]
 
 
