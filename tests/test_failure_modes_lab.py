@@ -100,7 +100,7 @@ def test_a_missing_engram_dir_fails_check_and_stops_up_at_the_engram_step(sim, c
     assert judged(fs, "storage", "engram-copy") == [
         ("bluey", "storage", "warn", f"the rank's Engram copy {copy} is not made yet (there is room for it)"),
         ("bluey", "engram-copy", "fail", "rank 2 (bluey): no engram-manifest.json: the copy is missing or incomplete: "
-         "falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)")]
+         "falls back to reading the model directory over NFS (6-8 ms a step against 3, ENG-16)")]
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 1 and steps(events)["engram"] == "fail"
     assert [(f["node"], f["status"]) for f in step_findings(events, "engram") if f["status"] == "fail"] == [

@@ -66,7 +66,7 @@ def check(ctx: CheckContext) -> list[Finding]:
                                    + (", ".join(have) if have else "no repo digest (built or loaded locally)")
                                    + f", the profile pins {want.digest}",
                                    f"`docker pull {want.pinned}` on {node}, or update image.digest if the new "
-                                   "image is the one you mean (CATALOG HLT-12, FM-13)", node=node,
+                                   "image is the one you mean (docs/failure-modes.md FM-13; HLT-12)", node=node,
                                    observed=", ".join(f"{i.ref} {i.id[:19]} digests {digests_of(i) or 'none'}"
                                                       for i in by_ref), expected=expected))
             else:
