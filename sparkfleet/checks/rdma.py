@@ -61,7 +61,7 @@ def check(ctx: CheckContext) -> list[Finding]:
                              for p in f.rdma)
             out.append(Finding(CHECK, "fail", f"no RoCE v2 IPv4 GID entry on {iface}",
                                f"give {iface} its fabric address ({node.fabric_ip or 'fabric_ip'}) and check the "
-                               "port is up (`ibdev2netdev`, `show_gids`) (CATALOG INV-23)", node=node.name,
+                               "port is up (`ibdev2netdev`, `show_gids`) (INV-23)", node=node.name,
                                observed=seen, expected=expected))
             continue
         entry = describe(node, f, right)
@@ -75,7 +75,7 @@ def check(ctx: CheckContext) -> list[Finding]:
             out.append(Finding(CHECK, "fail", f"gid_index {configured} is not this node's RoCE v2 IPv4 entry; "
                                f"the right index is {right}",
                                f"set nodes.{node.name}.rdma.gid_index: {right} (or auto) in the inventory "
-                               "(CATALOG INV-23: not always 3)", node=node.name,
+                               "(INV-23: not always 3)", node=node.name,
                                observed=f"configured {configured}; {entry}", expected=expected))
         launch = ctx.launch(node.name)
         nccl = launch.env.get("NCCL_IB_GID_INDEX") if launch else None
@@ -83,6 +83,6 @@ def check(ctx: CheckContext) -> list[Finding]:
             out.append(Finding(CHECK, "warn", f"the launch sets NCCL_IB_GID_INDEX={nccl}, but this node's RoCE v2 "
                                f"IPv4 entry is {right}",
                                f"check NCCL picks the right GID on {node.name} (NCCL_DEBUG=INFO), or set "
-                               "NCCL_IB_GID_INDEX per node (CATALOG INV-23)", node=node.name,
+                               "NCCL_IB_GID_INDEX per node (INV-23)", node=node.name,
                                observed=entry, expected=f"NCCL_IB_GID_INDEX={right}"))
     return out

@@ -62,7 +62,7 @@ def source_dir(profile: Profile, node: Node) -> str:
 
 def copy_dir(profile: Profile, node: Node) -> str | None:
     """Where this node keeps the lane's copy: <engram_local_dir>/<revision or repo_dir> (engines/docker.py
-    mounts the same directory; copies are per checkpoint, CATALOG ENG-26)."""
+    mounts the same directory; copies are per checkpoint, ENG-26)."""
     root = node.storage.engram_local_dir
     name = profile.engram_copy_name()
     if root is None or name is None:

@@ -1141,7 +1141,7 @@ def kv_tokens(flags: dict[str, list[str]], cfg: dict, root: Path) -> int:
 
 def pin_hook_on(env: dict[str, str], binds: list[str], cfg: dict) -> bool:
     """The GB300 pin-hot hook is in the launch: PIN_HOOK set and its sitecustomize.py bound over the image's
-    (CATALOG LCH-G4). Nothing else in a launch can say the hook runs."""
+    (LCH-G4). Nothing else in a launch can say the hook runs."""
     targets = [b.split(":")[1] for b in binds if b.count(":") >= 1]
     return bool(env.get(cfg["pin_hook_env"])) and any(posixpath.basename(t) == cfg["pin_hook_site"] for t in targets)
 

@@ -193,7 +193,7 @@ class Rank:
         self.pause(0.05)
 
     def tensorfold_phases(self, report_kv: Callable[[int], None]) -> None:
-        """A TensorFold rank's load. The seeds print no TensorFold boot line (CATALOG §5.2), so every line
+        """A TensorFold rank's load. The seeds print no TensorFold boot line, so every line
         here is THE SIM'S OWN INVENTION, tagged `sim TensorFold:`; none is shaped like vLLM's."""
         c, log, p = self.cfg, self.log, f"TensorFold_R{self.cfg.rank}"
         log.info(p, "simengine", f"sim TensorFold: rank {c.rank} of {c.world_size} loading {c.model} "

@@ -31,7 +31,7 @@ def stop(ctx: RunContext, st: Step) -> StepGen:
     """Stop every container of this lane on the lane's nodes and wait until they are gone.
 
     Only containers carrying this lane's label are touched: another lane's or a foreign container is
-    reported by `check` and never stopped here (CATALOG FM-48). Removing them (not just stopping) means
+    reported by `check` and never stopped here (docs/failure-modes.md FM-48). Removing them (not just stopping) means
     no old head's rendezvous is left on the master port for a new worker to join (FM-01)."""
     keep = ctx.options.keep
     found, bad = yield from lane_containers(ctx, running_only=False)
