@@ -4,6 +4,12 @@ Each engine adapter names its lines in a LogVocabulary (vLLM's are REFERENCE.md 
 CATALOG.md §5.2; llama.cpp's are in engines/llamacpp.py); `feed` folds any engine's log with its own
 vocabulary. A WARNING line is never fatal: a fast-fail that matched WARNING killed a healthy boot in
 the seeds (FM-50).
+
+A line is what `tail` counts: text up to a `\n`. vLLM's lines carry a process prefix, coloured in
+0.11-0.13 (`\x1b[1;36m(Worker_TP0 pid=N)\x1b[0;0m `, vllm/utils/__init__.py:3463 in 0.11.0,
+vllm/utils/system_utils.py:178-181 in 0.13.0), and tqdm's progress bars rewrite one line with `\r`
+(tqdm/std.py:457), so a line is matched on `text`: its last `\r` segment, without ANSI colour and
+without the prefix.
 """
 
 from __future__ import annotations
@@ -11,8 +17,31 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-EXCEPTION = re.compile(r"^(\(\w+ pid=\d+\) )?[\w.]*(Error|Exception|Interrupt)\b.*")
+EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*")
 WARNING = re.compile(r"\bWARN(ING)?\b")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+PREFIX = re.compile(r"^\([^()\s]+(?: [^()\s]+)* pid=\d+\) ")  # vLLM's `(Name pid=N) `
+# vLLM's record header, `%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] ` (vllm/logger.py:25, 0.11.0); a
+# multi-line message (logger.exception's traceback) repeats it on every line after `\r\n`
+# (logging_utils/formatter.py:78)
+HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ")
+
+
+def text(line: str) -> str:
+    """What one log line says: the last non-blank `\r` segment, ANSI colour and the process prefix removed."""
+    line = ANSI.sub("", line).rstrip("\n")
+    segments = [seg for seg in line.split("\r") if seg.strip()]
+    out = segments[-1] if segments else ""
+    while m := PREFIX.match(out):  # a wrapper applied twice (pre-0.20 decorate_logs) prefixes twice
+        out = out[m.end():]
+    return out.rstrip()
+
+
+def split_lines(stdout: str) -> list[str]:
+    """The complete lines of a log read, as `tail` counts them: split on `\n` only (`str.splitlines()`
+    also splits on `\r`, which tqdm writes between bar updates); a last line not yet ended by `\n` is
+    left for the next read, which starts at it again."""
+    return stdout.split("\n")[:-1]
 
 
 @dataclass(frozen=True)
@@ -37,6 +66,7 @@ class LogVocabulary:
     rehome: re.Pattern | None = None
     phases: tuple[tuple[re.Pattern, str], ...] = ()
     fatal: tuple[str, ...] = ()
+    expected: tuple[str, ...] = ()  # the profile's expect.log_lines: regexes looked for in every line as it comes
 
 
 @dataclass
@@ -57,6 +87,7 @@ class LogFacts:
     api_up: bool = False
     fatal: str | None = None  # the first fatal line
     fatal_detail: str | None = None  # for a traceback: the exception line that ends it
+    expected_seen: dict[str, str] = field(default_factory=dict)  # expected regex -> the first line it matched
     lines_seen: int = 0
     phase: str = "starting"  # the latest boot phase seen, for the live display
 
@@ -84,14 +115,18 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVoc
     if vocab is None:
         from sparkfleet.engines.vllm import LOG as vocab  # noqa: N811 - the default engine's vocabulary
     fatal = [*signatures, *vocab.fatal]
-    for line in lines:
+    for raw in lines:
         facts.lines_seen += 1
+        line = text(raw)
+        for pattern in vocab.expected:
+            if pattern not in facts.expected_seen and re.search(pattern, line):
+                facts.expected_seen[pattern] = line
         if vocab.kv_tokens and (m := vocab.kv_tokens.search(line)):
             facts.kv_tokens = _number(m.group(1))
         if vocab.max_concurrency and (m := vocab.max_concurrency.search(line)):
             facts.max_concurrency = float(m.group(2))
         if vocab.moe_backend and (m := vocab.moe_backend.search(line)):
-            facts.moe_backend_line, facts.moe_backend = m.group(0), m.group(1)
+            facts.moe_backend_line, facts.moe_backend = m.group(0), next(g for g in m.groups() if g)
         if vocab.engram_disk and (m := vocab.engram_disk.search(line)):
             facts.engram_rows[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
         if vocab.engram_node_local and vocab.engram_node_local.search(line):
@@ -113,11 +148,14 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVoc
                 facts.phase = phase
         if facts.fatal is None and fatal_match(line, fatal):
             facts.fatal = line.strip()
-        elif facts.fatal and facts.fatal.startswith("Traceback") and facts.fatal_detail is None \
-                and EXCEPTION.search(line):
-            facts.fatal_detail = line.strip()
+        elif facts.fatal and facts.fatal_detail is None and not EXCEPTION.match(HEADER.sub("", facts.fatal)) \
+                and EXCEPTION.match(msg := HEADER.sub("", line)):
+            # the exception a traceback (or vLLM's `EngineCore failed to start.` and the traceback
+            # logger.exception prints under it, header on every line) ends with: what the report names
+            facts.fatal_detail = msg.strip()
     return facts
 
 
-def parse(text: str, signatures: list[str], vocab: LogVocabulary | None = None) -> LogFacts:
-    return feed(LogFacts(), text.splitlines(), signatures, vocab)
+def parse(log: str, signatures: list[str], vocab: LogVocabulary | None = None) -> LogFacts:
+    """A whole log (ending with its last line's `\n`, as a file does) folded at once."""
+    return feed(LogFacts(), split_lines(log if log.endswith("\n") else log + "\n"), signatures, vocab)

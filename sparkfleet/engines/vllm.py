@@ -7,6 +7,7 @@ Its log lines are REFERENCE.md §3 and the seeds' (CATALOG.md §5.2); its metric
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Iterator
 
@@ -35,30 +36,76 @@ RESERVED_FLAGS = ("--served-model-name", "--host", "--port", "--tensor-parallel-
 RESERVED_ENV = ("VLLM_HOST_IP", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "B12X_ROCE_HCA",
                 "B12X_ROCE_GID_INDEX", "DSV41_ENGRAM_DIR")
 
-KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+# Every line below is vLLM's own format string; tests/fixtures/vllm/ holds them per version with file:line.
+KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")  # v1/core/kv_cache_utils.py:1087 (0.11.0)
 ENGRAM_DISK = re.compile(r"Engram DISK mode: layer (\d+) rows \[(\d+), (\d+)\)")
-API_UP = re.compile(r"Application startup complete|Starting vLLM API server")
+# "Starting vLLM API server %d on %s" (entrypoints/openai/api_server.py:1912, 0.11.0; 1426, 0.13.0) is printed
+# before uvicorn binds; "Starting vLLM server on %s" is 0.20's (api_server.py:602); uvicorn's "Application
+# startup complete." follows in every version.
+API_UP = re.compile(r"Application startup complete|Starting vLLM API server|Starting vLLM server on")
+
+# The MoE backend line. 0.11-0.13 log fixed sentences from quantization/mxfp4.py (0.11.0:64-104, 0.13.0:118-170)
+# and quantization/fp8.py (0.13.0:148-205); group 1 is the backend's words. "Using Triton backend on V1
+# engine." (platforms/cuda.py, 0.11.0) and "Using Triton backend." (platforms/xpu.py) are attention, not MoE.
+MOE_0_11 = re.compile(r"Using ((?:FlashInfer (?:MXFP4|FP8 MoE) [A-Za-z0-9 ]+?)|Marlin|Triton|DeepGEMM|"
+                      r"Cutlass BlockScaled GroupedGemm|ipex marlin) backend(?= for |,| on XPU|$)")
+# 0.20's oracles: "Using '%s' Mxfp4 MoE backend." (fused_moe/oracle/mxfp4.py:281; MxFp8 mxfp8.py:88, NvFp4
+# nvfp4.py:181, WNA16 int_wna16.py:96) and, unquoted, "Using %s Fp8 MoE backend out of potential backends:
+# [...]." (oracle/fp8.py:238; Int8 int8.py:96, Unquantized unquantized.py:186). The seeds' b12x images print
+# the quoted form.
+MOE_0_20 = re.compile(r"Using '([A-Za-z0-9_]+)' (?:Mxfp4|MxFp8|NvFp4|WNA16) MoE backend|"
+                      r"Using ([A-Za-z0-9_]+) (?:Fp8|Int8|Unquantized) MoE backend out of potential backends")
+MOE_ANY = re.compile(f"{MOE_0_11.pattern}|{MOE_0_20.pattern}")
+
+# A dead worker or engine prints no traceback of its own: these are the lines vLLM prints for it.
+FATAL = (
+    r"Worker proc \S+ died unexpectedly",  # v1/executor/multiproc_executor.py:155 (0.11.0), :284 (0.20.0)
+    r"Engine core proc \S+ died unexpectedly",  # v1/engine/core_client.py:565 (0.11.0), :607 (0.13.0)
+    r"EngineCore failed to start",  # v1/engine/core.py:708 (0.11.0), :1136 (0.20.0), logger.exception
+    r"EngineCore encountered a fatal error",  # v1/engine/core.py:710/1232 (0.11.0), :1138/2018 (0.20.0)
+    r"RPC call to \S+ timed out",  # v1/executor/multiproc_executor.py:273 (0.11.0), TimeoutError
+)
+
+
+def version_of(text: str | None) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a declared vLLM version such as "0.11.1" or "0.13.0+cu129"; None if undeclared."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+def moe_regex(version: tuple[int, int, int] | None) -> re.Pattern:
+    """The MoE line of a version read in its source (0.11-0.13, 0.20 and later); either form otherwise."""
+    if version is not None and (0, 11, 0) <= version < (0, 14, 0):
+        return MOE_0_11
+    if version is not None and version >= (0, 20, 0):
+        return MOE_0_20
+    return MOE_ANY
+
+
 LOG = LogVocabulary(
-    started=re.compile(r"vLLM API server version|Starting vLLM API server"),
+    started=re.compile(r"vLLM API server version|vLLM server version|Starting vLLM API server|Starting vLLM server"),
     loaded=re.compile(r"Loading weights took|Model loading took"),
     serving=API_UP,
     kv_tokens=KV_TOKENS,
     max_concurrency=re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
-    moe_backend=re.compile(r"Using '([A-Za-z0-9_]+)' \w+ MoE backend"),
+    moe_backend=MOE_ANY,
     engram_disk=ENGRAM_DISK,
     engram_node_local=re.compile(r"read from node-local"),
-    autotune_loaded=re.compile(r"Loaded (\d+) configs"),
+    # not 0.20's "Loaded %d configs for kernel '%s'" (kernels/helion/config_manager.py:127)
+    autotune_loaded=re.compile(r"Loaded (\d+) configs(?! for kernel)"),
     autotune_preloaded=re.compile(r"Preloaded (\d+)/(\d+)"),
     rehome=re.compile(r"rehome done layers=(\d+)"),
     phases=(  # the last matching one is where the boot is
-        (re.compile(r"[Ll]oading (model )?weights|Loading safetensors"), "loading weights"),
+        (re.compile(r"[Ll]oading (model )?weights|Loading safetensors|Starting to load model"), "loading weights"),
         (ENGRAM_DISK, "engram"),
         (KV_TOKENS, "kv cache"),
         (re.compile(r"[Cc]apturing CUDA graph|Graph capturing"), "capturing graphs"),
         (re.compile(r"[Aa]utotun"), "autotune"),
         (API_UP, "serving"),
     ),
+    fatal=FATAL,
 )
+
 
 METRICS = MetricNames(
     prefix="vllm:",
@@ -76,6 +123,8 @@ METRICS = MetricNames(
     gauges={"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
             "kv_usage": "vllm:kv_cache_usage_perc"},
     per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    histograms={"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"},
+    fallbacks={"kv_usage": "vllm:gpu_cache_usage_perc"},  # images before vLLM 0.10 (REFERENCE.md §1)
 )
 
 
@@ -146,15 +195,26 @@ def block_size(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]
                       "(CATALOG FM-04)", field="flags.--block-size", where=at(loaded, "flags", "--block-size"))
 
 
+# [003] LCH-10: "MAX_JOBS=2 FLASHINFER_NVCC_THREADS=1" (FM-02): the most each may be
+JIT_SAFE = {"MAX_JOBS": 2, "FLASHINFER_NVCC_THREADS": 1}
+
+
 def jit_guard(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
     p = loaded.profile
     if "gb10" not in hardware(ranks):
         return
-    missing = [k for k in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS") if k not in p.env]
+    missing = [k for k in JIT_SAFE if k not in p.env]
     if missing:
         yield Finding("jit-guard", "fail", f"no JIT-storm guard: {', '.join(missing)} not set",
                       "set env MAX_JOBS: 2 and FLASHINFER_NVCC_THREADS: 1; a 22-job runtime compile wedged "
                       "all four nodes (CATALOG LCH-10, FM-02)", field="env", where=at(loaded, "env"))
+    for key in (k for k in JIT_SAFE if k in p.env):  # a guard set to 22 jobs is no guard
+        value = p.env[key]
+        if not (value.isdigit() and 1 <= int(value) <= JIT_SAFE[key]):
+            yield Finding("jit-guard", "fail", f"{key}={value}: the seeds' safe value is {JIT_SAFE[key]}",
+                          f"set env {key}: {JIT_SAFE[key]}; FlashInfer's MXFP8 GEMM compiled with 22 jobs "
+                          "exhausted host memory on all four nodes (docs/failure-modes.md FM-02)",
+                          field=f"env.{key}", where=at(loaded, "env", key))
 
 
 def capture_rule(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
@@ -234,6 +294,11 @@ class Vllm(Engine):
 
     def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
         return engram_host_dir(ctx, r)
+
+    def log_for(self, p: Profile) -> LogVocabulary:
+        """The MoE line of the version the image declares (image.engine_version), and the profile's own."""
+        version = version_of(p.image.engine_version if p.image else None)
+        return dataclasses.replace(super().log_for(p), moe_backend=moe_regex(version))
 
     def template(self, ctx: LaneContext) -> str:
         return "vllm-multinode.sh.j2" if len(ctx.ranks) > 1 else "vllm-single.sh.j2"

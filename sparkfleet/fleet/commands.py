@@ -33,6 +33,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from sparkfleet.engines.logs import split_lines
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL
@@ -166,17 +167,23 @@ def parse_inspect(result: Result, refs: list[tuple[str, str]]) -> dict[str, Cont
 def logs_command(container: str, seen: int) -> str:
     """The log lines after the first `seen` (stdout and stderr merged, as the engine wrote them).
 
-    The log is read whole on the node and only the new lines travel; when `docker logs` itself fails its
-    message goes to stderr with its exit code, so a failure is never taken for the engine's log lines."""
+    The log is read whole on the node and only the new lines travel, byte for byte: `$(...)` would drop
+    the trailing newlines, so a sentinel `x` and docker's exit code follow the output and are cut off again.
+    Whether the last line is complete (ends with `\n`) thus survives, and `tail -n +N` counts `\n` only,
+    as `parse_logs` does. When `docker logs` itself fails its message goes to stderr with its exit code, so
+    a failure is never taken for the engine's log lines."""
     c = shlex.quote(container)
-    return (f"if out=$(docker logs {c} 2>&1); then [ -z \"$out\" ] || printf '%s\\n' \"$out\" | tail -n +{seen + 1}; "
-            f"else rc=$?; printf '%s\\n' \"$out\" >&2; exit $rc; fi")
+    return (f"out=$(docker logs {c} 2>&1; echo \"x$?\"); rc=${{out##*x}}; out=${{out%x*}}; "
+            f"if [ \"$rc\" = 0 ]; then printf '%s' \"$out\" | tail -n +{seen + 1}; "
+            f"else printf '%s\\n' \"$out\" >&2; exit \"$rc\"; fi")
 
 
 def parse_logs(result: Result) -> list[str] | NodeError:
+    """The complete new lines (`\r` and colour kept: engines/logs.py reads them); a last line not yet
+    ended by `\n` (a tqdm bar still moving) is not counted, and the next read starts at it again."""
     err = classify(result)
     if err is None:
-        return result.stdout.splitlines()
+        return split_lines(result.stdout)
     text = (result.stderr or "").strip()
     gone = NO_SUCH_CONTAINER.search(text)
     if gone and err.kind == "failed":
@@ -305,3 +312,18 @@ def lock_release_command(path: str, holder: str) -> str:
     """Remove the node's fleet lock only while it is this holder's (never another controller's)."""
     lock = shlex.quote(path)
     return f"if [ \"$(cat {lock} 2>/dev/null)\" = {shlex.quote(holder)} ]; then rm -f {lock}; fi"
+
+
+# -- docker logs: every other reader of a container's log ---------------------------------------------
+
+LOG_TAIL = 60  # a rank's last log lines kept as evidence (a failed launch's record, watch, the bundle)
+
+
+def log_tail_command(container: str, lines: int = LOG_TAIL) -> str:
+    """The container's last `lines` lines, stdout and stderr together, as `docker logs` prints them."""
+    return f"docker logs --tail {int(lines)} {shlex.quote(container)} 2>&1"
+
+
+def engram_lines_command(container: str) -> str:
+    """The container's `Engram DISK mode` boot lines (none is not an error)."""
+    return f"docker logs {shlex.quote(container)} 2>&1 | grep -F 'Engram DISK mode' || true"

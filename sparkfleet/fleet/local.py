@@ -19,7 +19,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,11 +51,19 @@ class LocalTransport:
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
         """Run `command` with bash -c for every node at once; one Result per node, in input order."""
+        return self.run_each(nodes, {n.name: command for n in nodes},
+                             stdin={n.name: stdin for n in nodes} if stdin else None, timeout_s=timeout_s, env=env)
+
+    def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
+                 stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> dict[str, Result]:
+        """Each node's own command (and stdin) with bash -c, all at once; one Result per node, in input order."""
         for name in env or {}:
             if not ENV_NAME.match(name):
                 raise ValueError(f"env name {name!r} is not a valid shell variable name")
-        data = (stdin or "").encode()
-        return self._each(nodes, lambda node: self._run_one(node, command, data, timeout_s, env or {}))
+        stdin = stdin or {}
+        return self._each([n for n in nodes if n.name in commands], lambda node: self._run_one(
+            node, commands[node.name], (stdin.get(node.name) or "").encode(), timeout_s, env or {}))
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]:
         """Write `data` atomically to the node's path (`~` = the sandbox home for simulated nodes)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 from sparkfleet.findings import Finding
@@ -50,9 +49,9 @@ def assert_expectations(ctx: RunContext, after: dict) -> list[Finding]:
             out.append(Finding("moe-backend", "ok", e.moe_backend))
     if e.engram_node_local and p.engram is not None:
         out += engram_node_local(ctx)
-    for line in e.log_lines:
-        head = ctx.logs_tail.get(head_rank, [])
-        if not any(re.search(line, x) for x in head):
+    seen = ctx.log_facts[head_rank].expected_seen if head_rank in ctx.log_facts else {}
+    for line in e.log_lines:  # matched on every head line as it was read (engines/logs.py feed), not a tail
+        if line not in seen:
             out.append(Finding("log-line", "fail", f"the head never logged {line!r}", expected=line))
     out += memory_after_load(ctx, after)
     return out

@@ -9,7 +9,7 @@ from sparkfleet.fleet import commands as nodeops
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepGen, query, run_now
 
-LOG_TAIL = 60  # lines of each rank's log kept in the record when a launch fails
+LOG_TAIL = nodeops.LOG_TAIL  # lines of each rank's log kept in the record when a launch fails
 
 
 def _by_node(ctx: RunContext) -> dict[str, list[Started]]:
@@ -54,7 +54,8 @@ def follow(ctx: RunContext) -> StepGen:
         tail = ctx.logs_tail.setdefault(rank, [])
         tail.extend(lines)
         del tail[:-LOG_TAIL]
-        feed(ctx.log_facts[rank], lines, ctx.profile.fatal_signatures, engine_for(ctx.profile.engine).log)
+        vocab = engine_for(ctx.profile.engine).log_for(ctx.profile)  # the image's version, the profile's lines
+        feed(ctx.log_facts[rank], lines, ctx.profile.fatal_signatures, vocab)
     return states, errors
 
 
