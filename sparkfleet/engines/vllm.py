@@ -64,6 +64,8 @@ FATAL = (
     r"EngineCore failed to start",  # v1/engine/core.py:708 (0.11.0), :1136 (0.20.0), logger.exception
     r"EngineCore encountered a fatal error",  # v1/engine/core.py:710/1232 (0.11.0), :1138/2018 (0.20.0)
     r"RPC call to \S+ timed out",  # v1/executor/multiproc_executor.py:273 (0.11.0), TimeoutError
+    r"WorkerProc failed to start",  # v1/executor/multiproc_executor.py:597 (0.11.0), :751 (0.13.0), exception
+    r"WorkerProc hit an exception",  # v1/executor/multiproc_executor.py:824 (0.13.0), logger.exception
 )
 
 

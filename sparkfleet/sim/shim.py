@@ -1018,6 +1018,9 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
             "--host", host, "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
             "--kv-tokens", str(kv_tokens(f, cfg, root)), "--kv-memory-bytes", str(int(kv_budget(f, cfg, root))),
             "--model-gib", f"{weights / 2**30:.4f}"]
+    if f.get("--kv-cache-memory-bytes"):  # vLLM skips profiling then: no "Available KV cache memory" line
+        argv += ["--kv-cache-memory-bytes", f["--kv-cache-memory-bytes"][0],
+                 "--gpu-memory-bytes", str(gpu_memory_bytes(root))]
     for name in f.get("--served-model-name") or ["model"]:
         argv += ["--served-name", name]
     if f.get("--max-model-len"):
