@@ -262,6 +262,23 @@ def reasoning_medium(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list
                       where=at(loaded, "flags", "--default-chat-template-kwargs", "reasoning_effort"))
 
 
+MULTINODE_SINCE = (0, 11, 1)  # --nnodes/--node-rank/--master-addr: engine/arg_utils.py:757-759 in 0.11.1, none in 0.11.0
+
+
+def multinode_version(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """The multi-node template passes --nnodes/--node-rank/--master-addr; an older vLLM refuses them."""
+    image = loaded.profile.image
+    version = version_of(image.engine_version if image else None)
+    if len({r.node.name for r in ranks}) > 1 and version is not None and version < MULTINODE_SINCE:
+        assert image is not None
+        yield Finding("vllm-version", "fail",
+                      f"the image declares vLLM {image.engine_version}; a lane over several nodes needs 0.11.1 or "
+                      "newer (--nnodes, --node-rank and --master-addr came in 0.11.1)",
+                      "use an image of vLLM 0.11.1 or newer, or place the lane on one node",
+                      field="image.engine_version", where=at(loaded, "image", "engine_version"),
+                      observed=image.engine_version, expected=">= 0.11.1")
+
+
 def head_ports(p: Profile, r: Rank, multi: bool) -> dict[int, str]:
     """What a rank listens on: the API and, across nodes, the rendezvous port, both on the head."""
     out: dict[int, str] = {}
@@ -279,7 +296,8 @@ class Vllm(Engine):
     log = LOG
     metrics = METRICS
     api_key_var = "VLLM_API_KEY"
-    lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, reserved_rule)
+    lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, multinode_version,
+                  reserved_rule)
 
     def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
         return engram_host_dir(ctx, r)
