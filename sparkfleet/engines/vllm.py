@@ -262,7 +262,8 @@ def reasoning_medium(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list
                       where=at(loaded, "flags", "--default-chat-template-kwargs", "reasoning_effort"))
 
 
-MULTINODE_SINCE = (0, 11, 1)  # --nnodes/--node-rank/--master-addr: engine/arg_utils.py:757-759 in 0.11.1, none in 0.11.0
+# --nnodes/--node-rank/--master-addr: engine/arg_utils.py:757-759 in 0.11.1, none in 0.11.0
+MULTINODE_SINCE = (0, 11, 1)
 
 
 def multinode_version(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
