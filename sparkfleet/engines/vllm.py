@@ -297,6 +297,9 @@ class Vllm(Engine):
     log = LOG
     metrics = METRICS
     api_key_var = "VLLM_API_KEY"
+    # /health 200 is not proof enough: the head must also have logged uvicorn's "Application startup complete."
+    # (read as tail counts lines since issue 24, so the line is not lost behind a progress bar)
+    ready_from_log = True
     lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, multinode_version,
                   reserved_rule)
 
