@@ -40,9 +40,11 @@ def place(loaded: Loaded, inventory: Inventory) -> list[Rank]:
     else:
         order = members
     if len(order) < p.world_size:
-        raise SpecError(f"the lane needs {p.world_size} ranks (tp: {p.tp}) but "
-                        f"{'ranks lists' if p.ranks is not None else f'group {p.group!r} has'} "
-                        f"{len(order)} node(s)", file, line, "ranks" if p.ranks is not None else "group")
+        # blame the tp (its file:line, or the -o that set it); the group or ranks: line is said in the message
+        tfile, tline = locate(loaded.marks, ("tp",))
+        what = "ranks lists" if p.ranks is not None else f"group {p.group!r} has"
+        raise SpecError(f"the lane needs {p.world_size} ranks (tp: {p.tp}) but {what} {len(order)} node(s) "
+                        f"({file}:{line})", tfile, tline, "tp")
     if p.ranks is not None and len(order) > p.world_size:
         raise SpecError(f"ranks lists {len(order)} nodes for {p.world_size} ranks (tp: {p.tp})",
                         file, line, "ranks")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,14 @@ import pytest
 from sparkfleet.spec.load import Spec
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _lab_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' fleet is the repo's `lab` inventory, chosen on purpose (a command that contacts nodes
+    refuses the shipped example left as the default: tests/test_cli_example.py runs that case)."""
+    if not os.environ.get("SPARKFLEET_INVENTORY"):
+        monkeypatch.setenv("SPARKFLEET_INVENTORY", "lab")
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from sparkfleet.fleet.transport import Result, fan_out
+from sparkfleet.fleet.transport import Result, RunEachByRun, fan_out
 from sparkfleet.placement import Rank
 from sparkfleet.spec.inventory import Node, Ssh, Storage
 
@@ -27,7 +27,7 @@ def available() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
 
-class NetnsLab:
+class NetnsLab(RunEachByRun):
     def __init__(self, n: int, home: Path, tag: str = "") -> None:
         self.tag = f"{os.getpid() % 100000}{tag}"
         self.bridge = f"sfbr{self.tag}"[:15]

@@ -30,6 +30,11 @@ CASES = [
     (["sparkfleet", "restore", ""], ["boot10-good"]),
     (["sparkfleet", "support-bundle", "--run", "2026"], ["20261201-093000-a1b2c3"]),
     (["sparkfleet", "completion", ""], ["bash", "zsh"]),
+    (["sparkfleet", "plan", "--profile", "pro"], ["production-1.0-dcp2set", "production-1.0-tonyd2wild",
+                                                   "production-1.1"]),  # not the abstract base production-1.2
+    (["sparkfleet", "up", "-p", "dcp2", "--no-"], ["--no-probe", "--no-fabric-probe"]),
+    (["sparkfleet", "down", "-p", "dcp2", "--no-"], []),  # down starts nothing: no clock probe to skip
+    (["sparkfleet", "config", "--col"], ["--color"]),  # a global flag after the verb
 ]
 
 

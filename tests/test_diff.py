@@ -75,7 +75,7 @@ def test_diff_names_each_ranks_flag_env_and_mount_changes(state, capsys, tmp_pat
     assert changes(got, 2) == [("env", "B12X_ROCE_HCA", hca, "mlx5_0"), ("env", "NCCL_IB_HCA", hca, "mlx5_0"), kv]
     main(["diff", "r1", "dcp2", "--root", str(ops)])  # the table
     table = capsys.readouterr().out
-    assert "A = run r1 (dcp2), B = profile dcp2" in table and "env NCCL_IB_HCA" in table and "mlx5_0" in table
+    assert "a = run r1 (dcp2), b = profile dcp2" in table and "env NCCL_IB_HCA" in table and "mlx5_0" in table
 
 
 def test_plan_against_shows_the_differences_inline(state, capsys, tmp_path) -> None:
@@ -118,4 +118,4 @@ def test_records_of_an_older_schema_are_read_and_a_newer_one_is_refused(state, c
     (state / "runs/r9.json").write_text(json.dumps(doc | {"schema_version": 99}))
     assert main(["diff", "r9", "dcp2"]) == 2
     err = capsys.readouterr().err
-    assert "r9.json: schema_version 99 is newer than this sparkfleet reads (2); upgrade sparkfleet to read it" in err
+    assert "r9.json: schema_version 99 is newer than this sparkfleet reads (3); upgrade sparkfleet to read it" in err

@@ -67,7 +67,7 @@ def test_tensorfold_ranks_are_containers_with_their_config_env(repo_spec: Spec) 
     for x in launches:
         assert x.spec is not None and x.argv == docker_argv(x.spec)
         assert x.spec.source_of(f"{recipe}/config.env") is not None
-        assert x.spec.command == ["bash", f"{recipe}/scripts/serve.sh"]
+        assert x.spec.command == ["bash", f"{recipe}/scripts/serve.sh", "start"]
 
 
 def test_registry_names_every_adapter_and_the_schema_uses_them(ops_root: Path) -> None:

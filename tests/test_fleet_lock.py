@@ -141,6 +141,7 @@ def test_stale_locks_are_taken_over_with_a_warning_a_live_one_refuses(sim, capsy
 
 
 
+@pytest.mark.nonroot  # also run as an unprivileged user by .ci/run
 def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_nothing_running(sim, tmp_path) -> None:
     """Ctrl-C as a terminal sends it (SIGINT to the command's process group) while `up` holds every node's
     lock and waits for a head that boots slowly: exit 130, no lock file on any node, nothing it started

@@ -21,7 +21,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.fleet import ship
 from sparkfleet.fleet.facts import FactsRequest, Gid, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import facts_requests, gather, plan_for, resolve_gid_indexes
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.spec.inventory import Node
 from sparkfleet.spec.load import Spec
 from tests.noderoot import argv_in_root
@@ -102,7 +102,7 @@ def node(name: str) -> Node:
                 storage={"model_root": "/models", "cache_dir": "/cache"})
 
 
-class FakeTransport:
+class FakeTransport(RunEachByRun):
     def __init__(self, base: Path, *, canned: dict[str, Result] | None = None, bad_put: set[str] = frozenset()):
         self.base = base
         self.canned = canned or {}

@@ -34,6 +34,7 @@ def clean(sim, capsys):
 
 
 
+@pytest.mark.nonroot  # also run as an unprivileged user by .ci/run
 def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
@@ -240,11 +241,13 @@ def test_runs_are_recorded_and_secrets_redacted(sim, capsys) -> None:
     assert main(["runs", "show", run_id]) == 0
     assert f"run {run_id}: up dcp2 on sim: ok" in capsys.readouterr().out
     rec = Record("r", "up", "p", "i", "c", secret_values={"sk-live-123456"})
-    rec.data = {"env": {"HF_TOKEN": "hf_abc", "MODE": "x"}, "argv": ["-e", "VLLM_API_KEY=sk-live-123456"],
-                "text": "auth with sk-live-123456"}
+    rec.data = {"launches": [{"node": "a", "rank": 0, "env": {"HF_TOKEN": "hf_abc", "MODE": "x"},
+                              "argv": ["-e", "VLLM_API_KEY=sk-live-123456"]}],
+                "last_log_lines": {"0": ["auth with sk-live-123456"]}}
     d = rec.as_dict()["data"]
-    assert d == {"env": {"HF_TOKEN": REDACTED, "MODE": "x"}, "argv": ["-e", f"VLLM_API_KEY={REDACTED}"],
-                 "text": f"auth with {REDACTED}"}
+    assert d == {"launches": [{"node": "a", "rank": 0, "env": {"HF_TOKEN": REDACTED, "MODE": "x"},
+                               "argv": ["-e", f"VLLM_API_KEY={REDACTED}"]}],
+                 "last_log_lines": {"0": [f"auth with {REDACTED}"]}}
 
 
 def test_an_api_key_reaches_the_engine_and_never_a_record(sim, capsys, tmp_path, monkeypatch) -> None:
@@ -324,6 +327,7 @@ def test_a_rank_that_vanishes_during_boot_fails_up_within_one_poll(sim, capsys) 
     assert rec["data"]["last_log_lines"]["2"], "the vanished rank's last log lines are kept"
 
 
+@pytest.mark.nonroot  # also run as an unprivileged user by .ci/run
 def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> None:
     sim.fault("spark4", "docker-down")
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)

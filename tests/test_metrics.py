@@ -21,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS as LLAMA
+from sparkfleet.engines.vllm import METRICS as VLLM
 from sparkfleet.fleet.facts import Container, Docker, EarlyOom, Gpu, MemInfo, NodeFacts
 from sparkfleet.fleet.local import LocalTransport
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.metrics import dashboards as dash
 from sparkfleet.metrics import extras
 from sparkfleet.metrics import names as n
@@ -388,7 +389,7 @@ def test_extras_parse_failures_are_one_line() -> None:
 
 # -- the poller: never crashes, never blocks a scrape ------------------------------------------------------
 
-class BlockingTransport:
+class BlockingTransport(RunEachByRun):
     """Every command waits for `release`, then fails as an unreachable node would."""
 
     def __init__(self) -> None:
@@ -498,7 +499,7 @@ def test_dashboard_queries_name_only_series_that_exist() -> None:
                     assert name in exported, (file, title, name)
                 elif name.startswith("llamacpp:"):  # checked against llama.cpp's real server (test_llamacpp_lab)
                     assert name in {*LLAMA.counters.values(), *LLAMA.gauges.values()}, (file, title, name)
-                elif name != dash.VLLM_KV_OLD:  # the deprecated fallback, absent from vLLM >= 0.10 by design
+                elif name != VLLM.fallbacks["kv_usage"]:  # the deprecated name, absent from vLLM >= 0.10
                     assert name in vllm, (file, title, name)
     assert {*GAUGES, *(c + "_total" for c in (*COUNTERS, *SPEC_COUNTERS))} <= vllm
 

@@ -15,6 +15,7 @@ from sparkfleet.checks import nccl
 from sparkfleet.cli.main import main
 from sparkfleet.fleet import nccl as run_nccl
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.spec.load import Spec
 from tests.test_checks import healthy, lane
 
@@ -102,19 +103,25 @@ def test_check_nccl_dry_run_shows_the_commands_and_runs_none(repo_spec: Spec, mo
     facts = healthy(profile, inv, plan)
     ran: list[str] = []
 
-    class NoRun:
+    class NoRun(RunEachByRun):
         def run(self, nodes, command, **kw):
             ran.append(command)
-            raise AssertionError("a command was run")
+            if not command.startswith("cat "):  # --dry-run=facts may read (the Engram manifests), never more
+                raise AssertionError("a command was run")
+            return {n.name: Result(n.name, False, "", "cat: no such file\n", 1, "exit") for n in nodes}
 
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda nodes: NoRun())
+    opened: list[object] = []
+    monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda nodes: opened.append(nodes) or NoRun())
     monkeypatch.setattr("sparkfleet.fleet.gather.gather", lambda *a, **k: facts)
-    code = main(["check", "--profile", "dcp2", "--nccl", "--dry-run"])
+    code = main(["check", "--profile", "dcp2", "--nccl", "--dry-run"])  # no node contacted, not even for facts
     text = capsys.readouterr().out
-    assert ran == [] and code == 0
-    assert "nccl (--dry-run: not run)" in text
+    assert ran == [] and opened == [] and code == 0
+    assert "check --dry-run: no node was contacted" in text and "nccl (--dry-run: not run)" in text
     assert "rank 3 on spark4:" in text and "--master-addr 192.168.192.11" in text
-    assert main(["check", "--profile", "dcp2", "--dry-run"]) == 2
+    code = main(["check", "--profile", "dcp2", "--nccl", "--dry-run=facts"])  # facts read, the all-reduce not run
+    text = capsys.readouterr().out
+    assert all(c.startswith("cat ") for c in ran) and len(opened) == 1 and code == 1  # no Engram copies: fail
+    assert "nccl (--dry-run: not run)" in text and "rank 3 on spark4:" in text

@@ -17,9 +17,9 @@ import pytest
 
 from sparkfleet.fleet import commands as c
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.naming import ENGRAM_MANIFEST
-from sparkfleet.runner.ops import NodeCommands, StepResult, drive
+from sparkfleet.runner.ops import NodeCommands
 
 ID1 = "4f66ad9a0b2e1b6d8a8c3c7f1f0b8a1e5d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a"
 ID2 = "9c1b7e4d2a3f5e6d7c8b9a0f1e2d3c4b5a69788796a5b4c3d2e1f0a9b8c7d6e5"
@@ -145,7 +145,7 @@ class Events:
         self.seen.append((event, data))
 
 
-class Transport:
+class Transport(RunEachByRun):
     def __init__(self) -> None:
         self.ran: list[str] = []
 
@@ -154,24 +154,37 @@ class Transport:
         return {n.name: Result(n.name, True, stdout="", exit_code=0) for n in nodes}
 
 
-def test_dry_run_prints_exactly_what_changes_nodes_and_runs_only_queries() -> None:
-    def a_step(ctx, st):
+def test_dry_run_prints_every_command_and_runs_none_or_only_reads() -> None:
+    """--dry-run: every command shown, none run; --dry-run=facts: only the read-only ones run."""
+    from sparkfleet.fleet.op import Executor, shown_as
+
+    def a_step():
         listed = yield NodeCommands("list", {"a": "docker ps -q", "b": "docker ps -q"}, changes=False)
         done = yield NodeCommands("stop", {"a": "docker rm -f x", "b": "docker rm -f 'y z'"})
-        return StepResult("ok", f"listed {sorted(listed)}, stopped {done}")
+        return f"listed {sorted(listed) if listed else listed}, stopped {done}"
 
     nodes = {n: SimpleNamespace(name=n) for n in "ab"}
-    ctx = SimpleNamespace(options=SimpleNamespace(dry_run=True), events=Events(), transport=Transport(),
-                          node=nodes.__getitem__,
-                          run_each=lambda cmds, **kw: {n: Result(n, True, exit_code=0, stdout=cmds[n]) for n in cmds})
-    result = drive(ctx, a_step(ctx, None))
-    assert result.summary == "listed ['a', 'b'], stopped None"
-    assert ctx.events.seen == [("would", {"what": "stop", "node": "a", "command": "docker rm -f x"}),
-                               ("would", {"what": "stop", "node": "b", "command": "docker rm -f 'y z'"})]
-    ctx.options.dry_run = False
-    ctx.events = Events()
-    result = drive(ctx, a_step(ctx, None))
-    assert result.summary.startswith("listed ['a', 'b'], stopped {'a': Result(") and ctx.events.seen == []
+
+    def executor(dry_run: bool, reads: bool = False) -> tuple[Executor, Events, Transport]:
+        events, transport = Events(), Transport()
+        return Executor(transport, nodes, dry_run=dry_run, reads=reads, show=shown_as(events.emit)), \
+            events, transport
+
+    ex, events, transport = executor(dry_run=True)
+    assert ex.drive(a_step()) == "listed None, stopped None"
+    assert transport.ran == []
+    assert events.seen == [("would", {"what": "list", "node": "a", "command": "docker ps -q"}),
+                           ("would", {"what": "list", "node": "b", "command": "docker ps -q"}),
+                           ("would", {"what": "stop", "node": "a", "command": "docker rm -f x"}),
+                           ("would", {"what": "stop", "node": "b", "command": "docker rm -f 'y z'"})]
+    ex, events, transport = executor(dry_run=True, reads=True)
+    assert ex.drive(a_step()) == "listed ['a', 'b'], stopped None"
+    assert transport.ran == ["docker ps -q"]
+    assert events.seen == [("would", {"what": "stop", "node": "a", "command": "docker rm -f x"}),
+                           ("would", {"what": "stop", "node": "b", "command": "docker rm -f 'y z'"})]
+    ex, events, transport = executor(dry_run=False)
+    assert ex.drive(a_step()).startswith("listed ['a', 'b'], stopped {'a': Result(") and events.seen == []
+    assert sorted(transport.ran) == ["docker ps -q", "docker rm -f 'y z'", "docker rm -f x"]
 
 
 def test_the_fleet_lock_stale_rule() -> None:

@@ -103,8 +103,7 @@ def test_plan_warns_for_a_set_without_manifest(ops_root: Path, capsys) -> None:
 @pytest.mark.parametrize("profile, name", [("boot10", "vllm-lanes"), ("exl3tp3", "exl3-tp3"),
                                            ("exl3-1017-full", "exl3-1017-full"),
                                            ("production-1.0-tonyd2wild", "tonyd2wild-7"),
-                                           ("production-1.0-dcp2set", "dcp2-23"),
-                                           ("sglang-dryrun", "sglang-dsv41-offloader")])
+                                           ("production-1.0-dcp2set", "dcp2-23")])
 def test_a_set_the_seeds_do_not_list_warns_mounts_nothing_and_cannot_be_pushed(capsys, profile, name) -> None:
     """Seed-gap sets (the seeds name them but give no file list or checksums): plan says nothing will be
     mounted, the argv carries no patch mount, and `patches verify` refuses (exit 2) naming the manifest."""

@@ -86,7 +86,7 @@ def test_tensorfold_starts_ranks_3_2_1_then_0(capsys) -> None:
         "--label", "sparkfleet.rank=0", "--label", "sparkfleet.run=plan", "--network", "host", "--gpus", "all",
         "-v", f"{recipe}:{recipe}", "-v", f"{recipe}/.sparkfleet-tf1017-r0.config.env:{recipe}/config.env:ro",
         "-v", "/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw:/DeepSeek-V4.1-Flash-1017-EXL3-3.5bpw:ro",
-        "nvcr.io/nvidia/pytorch:26.07-py3", "bash", f"{recipe}/scripts/serve.sh"]
+        "nvcr.io/nvidia/pytorch:26.07-py3", "bash", f"{recipe}/scripts/serve.sh", "start"]
     assert list(head["files"]) == [f"{recipe}/.sparkfleet-tf1017-r0.config.env"]
     assert (head["env"]["HOST"], head["env"]["PORT"], head["env"]["RANK"]) == ("127.0.0.1", "8001", "0")
     assert head["env"]["RDMA_HCA"] == "rocep1s0f0"  # one rail
@@ -235,6 +235,16 @@ def test_profiles_and_show(capsys) -> None:
     assert (rows["dcp2"]["engine"], rows["dcp2"]["group"], rows["dcp2"]["port"], rows["dcp2"]["servable"]) == (
         "vllm", "sparks", 8410, True)
     assert rows["nvfp4"]["servable"] is False and rows["tf1017"]["port"] == 8001
+    assert rows["nvfp4"]["refused"].startswith("fourteen boots of nvidia/DeepSeek-V4.1-Flash-NVFP4 never served")
+    # `up` refuses a lane whose patch set the seeds do not list (its patches step): profiles says so, and why
+    assert (rows["boot10"]["servable"], rows["boot10"]["refused"]) == (
+        False, "patch set 'vllm-lanes' is not known in full (the seeds do not list its files or checksums)")
+    assert rows["llamacpp-sparks"]["refused"] == "the lane names no image (set image.ref)"
+    assert sorted(n for n, r in rows.items() if not r["servable"]) == [
+        "1017g", "boot10", "exl3-1017-full", "exl3tp3", "exl3tp3a10", "exl3tp4b", "exl3tp4b-ablit-best",
+        "llamacpp-spark", "llamacpp-sparks", "nvfp4", "production-1.0-dcp2set", "production-1.0-tonyd2wild",
+        "speedrun2"]
+    assert "refused" not in rows["dcp2"]
     assert main(["show", "dcp2", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["files"][-1] == "profiles/dcp2.yaml" and shown["profile"]["dcp"] == 2

@@ -119,10 +119,15 @@ def test_reserved_flags_and_env(ops_root: Path) -> None:
     assert got[1][1] == "env VLLM_HOST_IP is per node and comes from the inventory"
 
 
-def test_digest_pin_silences_the_warning(ops_root: Path) -> None:
-    assert by_check(findings(ops_root, "dcp2"), "image-digest")[0][0] == "warn"
-    write(ops_root, "d", "extends: dcp2\nimage:\n  digest: sha256:" + "ab" * 32 + "\n")
-    assert by_check(findings(ops_root, "d"), "image-digest") == []
+def test_plan_says_example_values_once_and_no_digest_warning(ops_root: Path) -> None:
+    """One example-values warning for the lane (the profile's fields and the inventory's), and no digest
+    warning in plan: `check` says that once per image (checks/image.py)."""
+    got = [(f.check, f.message) for f in findings(ops_root, "boot10") if f.status == "warn"]
+    assert [c for c, _ in got].count("example-values") == 1 and "image-digest" not in [c for c, _ in got]
+    assert ("example-values", "example values, not from the seeds: profile: image.ref, flags.--max-num-seqs; "
+            "inventory 'lab': node addresses, HCAs and interfaces") in got
+    assert [f.message for f in findings(ops_root, "dcp2") if f.check == "example-values"] == [
+        "example values, not from the seeds: inventory 'lab': node addresses, HCAs and interfaces"]
 
 
 def test_boot10_head_reads_engram_from_its_local_checkpoint(repo_spec: Spec, ops_root: Path) -> None:

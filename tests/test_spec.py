@@ -136,7 +136,8 @@ def test_more_ranks_than_group(ops_root: Path, capsys) -> None:
     _write(ops_root, "profiles/tp8.yaml", "extends: dcp2\ntp: 8\n")
     code, err = _run(ops_root, "plan", "--profile", "tp8", capsys=capsys)
     assert code == 2
-    assert err == "sparkfleet: profiles/spark-vllm.yaml:8: group: the lane needs 8 ranks (tp: 8) but group 'sparks' has 4 node(s)"
+    assert err == ("sparkfleet: profiles/tp8.yaml:2: tp: the lane needs 8 ranks (tp: 8) but group 'sparks' has 4 "
+                   "node(s) (profiles/spark-vllm.yaml:8)")
 
 
 def test_rank_order_outside_group(ops_root: Path, capsys) -> None:

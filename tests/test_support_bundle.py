@@ -12,7 +12,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.facts import Container
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from tests.test_checks import fake_fleet, healthy, lane  # noqa: F401 - fake_fleet is a fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ OTHER = "s3cr3t-passw0rd-value"
 RUN = "20261201-093000-a1b2c3"
 
 
-class LogTransport:
+class LogTransport(RunEachByRun):
     """`docker logs` of the lane's containers answers lines that carry the planted secrets."""
 
     def __init__(self) -> None:

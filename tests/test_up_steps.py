@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST_SCHEMA
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.ops import drive
@@ -20,7 +20,7 @@ from sparkfleet.spec.playbook import Step
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's model.revision
 
 
-class Shell:
+class Shell(RunEachByRun):
     """`cat PATH` answered from a dict of files per node; a missing file fails as cat does."""
 
     def __init__(self, files: dict[str, dict[str, str]]) -> None:

@@ -176,7 +176,8 @@ def test_unit_quotes_for_systemd_and_verifies(tmp_path: Path) -> None:
                        {"SPARKFLEET_STATE": "/var/lib/sparkfleet"}, 960, REPO / "docs" / "watch.md", "LANE_KEY")
     lines = text.splitlines()
     assert 'ExecStart=/bin/true watch --profile dcp2 --root "/a b"' in lines
-    assert "Restart=no" in lines and "TimeoutStopSec=960" in lines and "KillMode=mixed" in lines
+    assert "Restart=on-failure" in lines and "RestartPreventExitStatus=1 2 75 130" in lines
+    assert "TimeoutStopSec=960" in lines and "KillMode=mixed" in lines
     assert 'Environment="SPARKFLEET_STATE=/var/lib/sparkfleet"' in lines
     assert any("$LANE_KEY" in x and x.startswith("#") for x in lines)
     if shutil.which("systemd-analyze") is None:
@@ -194,7 +195,7 @@ def test_watch_unit_command_prints_a_unit_that_runs_this_watch(tmp_path, monkeyp
     assert main(["watch", "--profile", "dcp2", "--interval", "20", "--unit"]) == 0
     text = capsys.readouterr().out
     exec_line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
-    assert exec_line.endswith(f"watch --profile dcp2 --interval 20 --root {REPO}")
+    assert exec_line.endswith(f"watch --profile dcp2 --interval 20 --inventory {REPO}/inventories/lab.yaml --root {REPO}")
     assert "--unit" not in exec_line
     assert f'Environment="SPARKFLEET_STATE={tmp_path / "state"}"' in text
     assert not (tmp_path / "state").exists()  # printing a unit starts nothing

@@ -26,17 +26,15 @@ KEYS = ("generation_tokens", "prompt_tokens", "requests", "preemptions", "prefix
         "prefix_cache_hits", "drafts", "draft_tokens", "accepted")
 
 
-def names_for(text: str) -> MetricNames:
-    """The engine whose names the exposition uses (by its prefix); vLLM's when none matches."""
+def names_for(text: str) -> MetricNames | None:
+    """The engine whose names the exposition uses (by its prefix); None when no engine's names are there."""
     from sparkfleet.engines.registry import NAMES, engine_for
 
     for name in NAMES:
         m = engine_for(name).metrics
         if m is not None and m.prefix in text:
             return m
-    m = engine_for("vllm").metrics
-    assert m is not None
-    return m
+    return None
 
 
 @dataclass
@@ -117,6 +115,8 @@ def parse(text: str, names: MetricNames | None = None) -> Snapshot:
     """A /metrics exposition (Prometheus text format) as a Snapshot, read with the engine's names
     (found from the text when not given)."""
     names = names or names_for(text)
+    if names is None:  # no engine's series at all (an empty or foreign exposition): nothing to read
+        return Snapshot()
     by_name = {v: k for k, v in names.counters.items()}
     gauge_by_name = {v: k for k, v in names.gauges.items()}
     snap = Snapshot()

@@ -2,8 +2,9 @@
 
 A check never opens a socket; it reads the facts gathered once per node (DESIGN rule 1). One module
 per check: memory, earlyoom, clock (and slow state), rdma, fabric, storage, image, drift, mounts,
-conflicts. Every finding names its node and check, with what was observed, what was expected and what
-to do.
+conflicts; the lane's own sizing (kv_sizing, graphs, long_context: profile only, reported on the head);
+its chat template (chat_template). Every finding names its node and check, with what was observed, what
+was expected and what to do.
 
 The check modules are imported inside `run_checks`, not here: this package must stay importable
 with the standard library alone, so `python3 -m sparkfleet.checks.probe` runs on a GPU machine that
@@ -25,10 +26,12 @@ if TYPE_CHECKING:
     from sparkfleet.spec.profile import Profile
 
 # The modules, in the order their findings are listed for each node.
-MODULES = ("memory", "earlyoom", "clock", "rdma", "fabric", "storage", "image", "drift", "mounts", "conflicts")
+MODULES = ("memory", "earlyoom", "clock", "rdma", "fabric", "storage", "image", "drift", "mounts", "conflicts",
+           "kv_sizing", "graphs", "long_context", "chat_template")
 # Check names in display order (a module may emit more than one: clock also emits slow-state).
 ORDER = ("reach", "facts", "drop-caches", "memory", "earlyoom", "clock", "slow-state", "rdma", "fabric",
-         "fabric-probe", "storage", "image", "drift", "mounts", "conflicts")
+         "fabric-probe", "storage", "image", "drift", "mounts", "conflicts", "kv-sizing", "graph-memory",
+         "long-context", "chat-template")
 
 
 def run_checks(plan: Plan, inventory: Inventory, facts: dict[str, NodeFacts | Result], *,

@@ -1,7 +1,9 @@
 """The lane's image on every rank; with a digest pin, the node's RepoDigests must contain it (HLT-12).
 
 A re-pushed tag silently changes the engine (FM-13: a later branch head booted and emitted one
-repeated garbage token), so a pinned digest is compared, never the tag alone.
+repeated garbage token), so a pinned digest is compared, never the tag alone. An image without a pin
+is said once, on the first rank that has it (every rank runs the same image), not once per rank and not
+in every lane's `plan`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def check(ctx: CheckContext) -> list[Finding]:
                         expected="an image") for r, _ in ctx.ranks()]
     repo, tag = split_ref(want.ref)
     expected = want.pinned
+    said = False  # the missing pin, said once for the image
     for r, f in ctx.ranks():
         node = r.node.name
         d = f.docker
@@ -74,8 +77,18 @@ def check(ctx: CheckContext) -> list[Finding]:
                                    f"`docker pull {want.pinned}` on {node} (or `docker load` it)", node=node,
                                    observed="absent", expected=expected))
             continue
-        if by_ref:
-            out.append(Finding(CHECK, "ok", f"image {want.ref} present (no digest pin)", node=node,
+        if by_ref and not said:
+            said = True
+            ranks = len(ctx.plan.ranks)
+            out.append(Finding(CHECK, "warn", f"image {want.ref} has no digest pin: a re-pushed tag would change "
+                               + ("every rank's" if ranks > 1 else "the") + " engine unnoticed",
+                               "add image.digest (sha256:... from `docker images --digests` on the node you "
+                               "trust) so a re-pushed tag cannot change the lane (CATALOG HLT-12, FM-13)", node=node,
+                               field="image.digest", observed=f"{by_ref[0].ref} {by_ref[0].id[:19]}"
+                               + (f" digests {digests_of(by_ref[0])}" if digests_of(by_ref[0]) else ""),
+                               expected=f"{want.ref}@sha256:..."))
+        elif by_ref:
+            out.append(Finding(CHECK, "ok", f"image {want.ref} present (no digest pin: said once, above)", node=node,
                                observed=f"{by_ref[0].ref} {by_ref[0].id[:19]}", expected=expected))
         else:
             out.append(Finding(CHECK, "fail", f"image {want.ref} is not on {node}",

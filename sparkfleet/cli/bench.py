@@ -20,6 +20,7 @@ from sparkfleet.cli.common import (
     add_overrides,
     add_root,
     err,
+    fleet_inventory,
     out,
     overrides,
     print_json,
@@ -53,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_inventory(p)
     add_json(p)
     add_overrides(p)
-    p.add_argument("--profile", "-p", required=True)
+    p.add_argument("--profile", "-p", required=True, help="the lane to benchmark (it must be serving)")
     p.add_argument("--endpoint", metavar="URL", help="API base URL (default: http://HEAD:PORT of the lane)")
     p.add_argument("--concurrency", "-c", default="1,2,3,4,5,6,8,16", metavar="LIST",
                    help="concurrency levels (default 1,2,3,4,5,6,8,16)")
@@ -88,8 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(b)
     add_inventory(b)
     add_json(b)
-    b.add_argument("--control", required=True, metavar="PROFILE")
-    b.add_argument("--candidate", required=True, metavar="PROFILE")
+    b.add_argument("--control", required=True, metavar="PROFILE", help="the lane run before and after the candidate")
+    b.add_argument("--candidate", required=True, metavar="PROFILE",
+                   help="the lane measured between the two control runs")
     b.add_argument("--bars", required=True, metavar="FILE", help="the pre-registered bars (YAML)")
     b.add_argument("--out", metavar="DIR", help="output directory (default: <state dir>/bench/<run>-bracket)")
     b.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while a lane boots")
@@ -185,7 +187,7 @@ def probe_lane(sp: Spec, loaded: Loaded, inventory_name: str) -> dict:
     from sparkfleet.fleet.gather import facts_requests, gather
     from sparkfleet.plan import make_plan
 
-    inventory = sp.inventory(inventory_name)
+    inventory = fleet_inventory(sp, inventory_name)
     plan = make_plan(loaded, inventory, sp.playbook("up"), sp.root)
     nodes = [r.node for r in plan.ranks]
     transport = transport_for(nodes)
@@ -266,7 +268,7 @@ def _bench(args: argparse.Namespace, loaded: Loaded, opts: BenchOptions, pset: P
     if args.endpoint:
         base = args.endpoint.rstrip("/")
     else:
-        base = lane_base(tunnel, place(loaded, sp.inventory(args.inventory))[0].node, loaded.profile, args.json)
+        base = lane_base(tunnel, place(loaded, fleet_inventory(sp, args.inventory))[0].node, loaded.profile, args.json)
     if not args.json:
         err.print(f"bench {loaded.profile.name} at {base}: prompt set {pset.name} (sha256 {pset.sha256[:12]}), "
                   f"concurrency {','.join(map(str, opts.concurrency))}" + (", prefill" if opts.prefill else ""),

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
+from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, fleet_inventory, out, print_json, spec
 from sparkfleet.spec.errors import UserError
 
 ORDER = 70
@@ -161,6 +161,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
         if args.no_fleet:
             missing["facts.json"] = "not collected (--no-fleet)"
         elif plan is not None:
+            fleet_inventory(sp, args.inventory or record.get("inventory"))  # the example fleet is never dialled
             docs["facts.json"], live = _fleet(inventory, plan, loaded.profile, args)
             logs.update(live)
     docs["logs.json"] = logs
@@ -169,9 +170,8 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
 
 def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
     """Facts of the lane's nodes and the last log lines of the lane's containers on them, now."""
-    import shlex
-
     from sparkfleet.cli.observe import _ours
+    from sparkfleet.fleet.commands import log_tail_command
     from sparkfleet.fleet.connect import transport_for
     from sparkfleet.fleet.facts import NodeFacts
     from sparkfleet.fleet.gather import facts_requests, gather
@@ -185,8 +185,7 @@ def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
             if c.get("profile") != profile.name or "id" not in c:
                 continue
             node = inventory.nodes[c["node"]]
-            res = transport.run([node], f"docker logs --tail {int(args.tail)} {shlex.quote(c['id'])} 2>&1",
-                                timeout_s=args.timeout)[node.name]
+            res = transport.run([node], log_tail_command(c["id"], args.tail), timeout_s=args.timeout)[node.name]
             live[f"rank{c['rank']}-{c['node']}-now"] = (res.stdout.splitlines() if res.ok
                                                         else [f"(cannot read logs: {res.message})"])
     finally:

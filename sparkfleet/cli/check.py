@@ -12,12 +12,15 @@ from sparkfleet.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     STYLE,
+    add_dry_run,
     add_inventory,
     add_json,
     add_overrides,
     add_root,
     add_wide,
+    dry_reads,
     err,
+    fleet_inventory,
     out,
     overrides,
     print_findings,
@@ -41,8 +44,7 @@ EPILOG = """examples:
   sparkfleet check --profile dcp2 --probe-command 'python3 my_load.py'
   sparkfleet check --profile dcp2 --fabric          # also measure every pair of ranks over the fabric
   sparkfleet check --profile dcp2 --nccl --dry-run  # the all-reduce each rank would run in the lane's image
-  sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'
-exit status: 0 nothing failed, 1 a check failed or a node did not answer, 2 bad input or a refused lane."""
+  sparkfleet check --profile dcp2 --json | jq '.findings[] | select(.status == "fail")'"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nccl", action="store_true",
                    help="run an NCCL all-reduce across the ranks in the lane's image with the lane's NCCL env and "
                    "each node's HCA and GID; fail when a rank of an RDMA lane falls back to NET/Socket")
-    p.add_argument("--dry-run", action="store_true", help="with --nccl: print each rank's command, run none")
+    add_dry_run(p, "contact no node: say what would be gathered and (with --nccl) print each rank's command")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="facts timeout per node (default: 30)")
     p.set_defaults(func=run)
 
@@ -81,15 +83,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.fabric_bytes is not None and args.fabric_bytes < 1:
         raise UserError(f"--fabric-bytes must be a positive number of bytes, not {args.fabric_bytes}")
-    if args.dry_run and not args.nccl:
-        raise UserError("--dry-run goes with --nccl (the other checks only read facts)")
+    dry, reads = bool(args.dry_run), dry_reads(args)
     sp = spec(args)
     loaded = sp.profile(args.profile, overrides(args))
     if loaded.profile.abstract:
         raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane; "
                         "see `sparkfleet profiles`")
     profile = loaded.profile
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     plan = make_plan(loaded, inventory, sp.playbook("up"), sp.root)
     if plan.refused:
         if args.json:
@@ -103,23 +104,27 @@ def run(args: argparse.Namespace) -> int:
     # the transports and the facts helper are imported when used (they bring fabric/paramiko)
     from sparkfleet.fleet.connect import transport_for
     from sparkfleet.fleet.gather import facts_requests, gather
+    from sparkfleet.fleet.op import NoConnection
 
     nodes = [r.node for r in plan.ranks]
+    if dry and not reads:  # --dry-run: no node is contacted at all
+        nccl = run_nccl(NoConnection(), plan, profile, {}, args) if args.nccl else None
+        return dry_report(plan, nodes, nccl, args)
     transport = transport_for(nodes)
     try:
-        dropped = drop_caches(transport, nodes) if args.drop_caches else {}
+        dropped = drop_caches(transport, nodes) if args.drop_caches and not dry else {}
         facts = gather(transport, nodes, facts_requests(inventory, plan, profile, root=sp.root),
                        timeout_s=args.timeout)
         probes: dict[str, dict[str, Any]] = {}
-        if args.probe or args.probe_command:
+        if (args.probe or args.probe_command) and not dry:
             probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)
-        fabric = run_fabric(transport, plan, inventory, args) if args.fabric else None
+        fabric = run_fabric(transport, plan, inventory, args) if args.fabric and not dry else None
         nccl = run_nccl(transport, plan, profile, facts, args) if args.nccl else None
         from sparkfleet.engram.fleet import lane_findings
 
         # each rank's Engram copy by the one rule, as `up` judges it (unreachable nodes: the facts say so);
-        # --dry-run (with --nccl) runs nothing on the nodes beyond the facts it shows commands for
-        engram = [] if args.dry_run else lane_findings(
+        # reading the manifests only reads, so --dry-run=facts reads them too
+        engram = lane_findings(
             transport, profile, inventory, [r for r in plan.ranks if r.node.name in facts], sp.root / "templates")
     finally:
         transport.close()
@@ -197,6 +202,23 @@ def run_fabric(transport: Any, plan: Plan, inventory: Inventory, args: argparse.
 
     run = fp.probe(transport, plan.ranks, bulk_bytes=args.fabric_bytes or fp.BULK_BYTES, confirm=suspects(ratio))
     return run.as_dict(), verdict(run, ratio)
+
+
+def dry_report(plan: Plan, nodes: list, nccl: tuple[dict[str, Any], list[Finding]] | None,
+               args: argparse.Namespace) -> int:
+    """check --dry-run: what would be asked of which node, and the NCCL commands; nothing was contacted."""
+    names = [n.name for n in nodes]
+    if args.json:
+        print_json({"profile": plan.profile, "inventory": plan.inventory, "dry_run": True, "contacted": [],
+                    "would_gather_facts": names, **({"nccl": nccl[0]} if nccl else {})})
+        return EXIT_OK
+    out.print(f"check --dry-run: no node was contacted; would gather facts on {', '.join(names)} and judge them "
+              "(--dry-run=facts gathers them, read-only)", markup=False, soft_wrap=True)
+    if nccl is not None:
+        out.print("[bold]nccl[/] (--dry-run: not run) each rank's command:")
+        for c in nccl[0]["commands"]:
+            out.print(f"rank {c['rank']} on {c['node']}:\n  {c['command']}", markup=False, soft_wrap=True)
+    return EXIT_OK
 
 
 def run_nccl(transport: Any, plan: Plan, profile: Profile, facts: dict[str, Any], args: argparse.Namespace

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from sparkfleet.findings import Finding
+    from sparkfleet.spec.inventory import Inventory
     from sparkfleet.spec.load import Spec
 
 # Exit codes: 0 ok, 1 a check/gate/run failed, 2 bad input (spec, options) or a refused lane,
@@ -63,6 +64,47 @@ def add_inventory(p: argparse.ArgumentParser, default: str | None = None) -> Non
                    help=f"inventory name under inventories/ or a YAML file (default: {shown})")
 
 
+def _dry_mode(value: str) -> str:
+    if value not in ("all", "facts"):
+        raise argparse.ArgumentTypeError(f"expected no value or 'facts', got {value!r} (put --dry-run after "
+                                         "positional arguments)")
+    return value
+
+
+def add_dry_run(p: argparse.ArgumentParser, what: str = "print every command it would run, per node, in order; "
+                "run none and open no connection") -> None:
+    """`--dry-run` (nothing reaches a node) and `--dry-run=facts` (read-only facts and queries run)."""
+    p.add_argument("--dry-run", nargs="?", const="all", default=None, type=_dry_mode, metavar="facts",
+                   help=what + " (--dry-run=facts: read-only facts and queries do run)")
+
+
+def dry_reads(args: argparse.Namespace) -> bool:
+    """--dry-run=facts: read-only commands run."""
+    return getattr(args, "dry_run", None) == "facts"
+
+
+def executor(args: argparse.Namespace, nodes: list) -> Any:
+    """The executor a verb outside the runner drives its node operations through: under --dry-run it
+    opens no connection and prints each command (a JSON line each with --json); --dry-run=facts runs reads."""
+    from sparkfleet.fleet.op import Executor, NoConnection, shown_as
+
+    def emit(event: str, **line: Any) -> None:
+        if getattr(args, "json", False):
+            print(json.dumps({"event": event, **{k: v for k, v in line.items() if k != "content"}}))
+        else:
+            did = f"write {line['write']}" if "write" in line else line["command"]
+            out.print(f"{event}: {line['node']}: {line['what']}: {did}", markup=False, soft_wrap=True)
+
+    dry, reads = bool(getattr(args, "dry_run", None)), dry_reads(args)
+    if dry and not reads:
+        transport: Any = NoConnection()
+    else:
+        from sparkfleet.fleet.connect import transport_for
+
+        transport = transport_for(nodes)
+    return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads, show=shown_as(emit))
+
+
 def add_overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile field after `extends` (repeatable; VALUE is YAML), e.g. "
@@ -76,6 +118,25 @@ def overrides(args: argparse.Namespace) -> list:
     return parse(getattr(args, "overrides", None))
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a duration in seconds above 0 (`--poll -1` or `--poll 0` would spin or never wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text}")
+    return value
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    """-v / -q of the commands that run steps (up, down, play, restore, watch)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--verbose", "-v", action="store_true",
+                   help="also print the commands each step runs on each node")
+    g.add_argument("--quiet", "-q", action="store_true", help="print only findings and the result")
+
+
 def add_wide(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", "-w", action="store_true",
                    help="the full table on one line per row, whatever the terminal's width")
@@ -86,6 +147,23 @@ def spec(args: argparse.Namespace) -> Spec:
     from sparkfleet.spec.load import Spec
 
     return Spec(find_root(getattr(args, "root", None)))
+
+
+EXAMPLE = "example inventory: set SPARKFLEET_INVENTORY or -i"
+
+
+def fleet_inventory(sp: Spec, name: str | None) -> Inventory:
+    """The inventory of a command that contacts nodes. Left to the built-in default (no -i, no
+    $SPARKFLEET_INVENTORY, no config file) while that default is the shipped example (`example: true`,
+    addresses nobody owns), it is refused before anything connects: plan may read it, nothing may dial it."""
+    from sparkfleet.spec.errors import UserError
+    from sparkfleet.userconfig import setting
+
+    inventory = sp.inventory(name)
+    if inventory.example and setting("inventory", name).source == "default":
+        raise UserError(f"{EXAMPLE} (the default {sp.inventory_path('lab')} holds example addresses; "
+                        "`sparkfleet config` shows where the default comes from)")
+    return inventory
 
 
 def print_json(data: Any) -> None:

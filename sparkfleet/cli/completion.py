@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
 
 ORDER = 96
+_ABSTRACT = re.compile(r"^abstract:\s*true\s*(#.*)?$", re.M)  # a base `plan` refuses: never offered
 KINDS = ("commands", "profiles", "nodes", "restore-points", "runs", "inventories")
 
 # which argument (by dest) completes to which dynamic kind
@@ -34,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("completion", help="print bash or zsh tab completion (commands, profiles, nodes, "
                        "restore points)", description="Print a completion script generated from sparkfleet's "
                        "own parser.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("shell", nargs="?", choices=("bash", "zsh"))
+    p.add_argument("shell", nargs="?", choices=("bash", "zsh"), help="the shell to print the script for")
     p.add_argument("--values", choices=KINDS, help="print the current values of one kind, one per line")
     p.add_argument("--inventory", "-i", metavar="NAME|FILE", help="for --values nodes (default: the user's)")
     p.add_argument("--root", metavar="DIR", help="ops directory")
@@ -193,7 +195,8 @@ def values(kind: str, inventory: str | None, root: str | None) -> list[str]:
         return sorted(p.stem for p in d.glob("*.json"))
     base = find_root(root)
     if kind == "profiles":
-        return sorted(p.stem for p in (base / "profiles").glob("*.yaml") if not p.stem.startswith("_"))
+        return sorted(p.stem for p in (base / "profiles").glob("*.yaml")
+                      if not p.stem.startswith("_") and not _ABSTRACT.search(p.read_text()))
     if kind == "inventories":
         return sorted({p.stem for p in (base / "inventories").glob("*.yaml")} | {"sim"})
     import yaml

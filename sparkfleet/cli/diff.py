@@ -136,8 +136,8 @@ def show(result: dict, a: Side, b: Side, wide: bool = False) -> None:
         node = rd["node_a"] if rd["node_a"] == rd["node_b"] else f"{rd['node_a']}->{rd['node_b']}"
         for c in rd["changes"]:
             rows.append([str(rd["rank"]), node, f"{c['kind']} {c['key']}", show_value(c["a"]), show_value(c["b"])])
-    render([Column("RANK"), Column("NODE"), Column("WHAT", wrap=True), Column("A", wrap=True), Column("B", wrap=True)],
-           rows, wide=wide, title=f"A = {a.label}, B = {b.label}")
+    render([Column("rank"), Column("node"), Column("what", wrap=True), Column("a", wrap=True), Column("b", wrap=True)],
+           rows, wide=wide, title=f"a = {a.label}, b = {b.label}")
 
 
 def run(args: argparse.Namespace) -> int:

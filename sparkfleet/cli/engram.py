@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +30,12 @@ from rich.progress import (
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    add_dry_run,
     add_inventory,
     add_json,
     add_root,
     err,
+    fleet_inventory,
     out,
     print_findings,
     spec,
@@ -78,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dest", metavar="DIR", help="copy dir on the nodes (default: <engram_local_dir>/<revision>)")
     p.add_argument("--no-verify", action="store_true", help="skip the read-back verification")
     p.add_argument("--force", action="store_true", help="copy again even when a matching copy exists")
+    add_dry_run(p, "print each rank's copy command and request; run none and open no connection")
     p.set_defaults(func=run_fleet)
     s = p.add_subparsers(dest="engram_cmd", metavar="{harvest,copy,verify}", parser_class=type(p))
 
@@ -296,7 +297,7 @@ def _lane(args: argparse.Namespace) -> tuple[Any, Any, list]:
 
     sp = spec(args)
     loaded = sp.profile(args.profile)
-    inventory = sp.inventory(getattr(args, "inventory", "lab"))
+    inventory = fleet_inventory(sp, getattr(args, "inventory", None))
     if loaded.profile.abstract:
         raise UserError(f"{args.profile} is a base for other lanes (abstract: true), not a lane")
     return loaded, inventory, place(loaded, inventory)
@@ -305,26 +306,27 @@ def _lane(args: argparse.Namespace) -> tuple[Any, Any, list]:
 def _logs(profile: Any, ranks: list, container: str | None) -> tuple[dict[int, str], list[Finding]]:
     """Each rank's Engram DISK mode lines from its container's log on its node."""
     from sparkfleet.engines.base import container_name
+    from sparkfleet.fleet.commands import engram_lines_command
     from sparkfleet.fleet.connect import transport_for
 
     transport = transport_for([r.node for r in ranks])
     texts: dict[int, str] = {}
     findings: list[Finding] = []
 
-    def one(r: Any) -> tuple[Any, Any]:
-        name = container.replace("{rank}", str(r.rank)) if container else container_name(profile, r.rank)
-        cmd = f"docker logs {shlex.quote(name)} 2>&1 | grep -F 'Engram DISK mode' || true"
-        return r, transport.run([r.node], cmd, timeout_s=60.0)[r.node.name]
+    def name(r: Any) -> str:
+        return container.replace("{rank}", str(r.rank)) if container else container_name(profile, r.rank)
 
+    cmds = {r.node.name: engram_lines_command(name(r)) for r in ranks}
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(ranks))) as pool:
-            for r, result in pool.map(one, ranks):
-                if result.ok:
-                    texts[r.rank] = result.stdout
-                else:
-                    findings.append(Finding("engram-ranges", "fail", f"rank {r.rank}: cannot read its log: "
-                                            f"{result.message}", "check the node, or give --from NODE=FILE",
-                                            node=r.node.name))
+        results = transport.run_each([r.node for r in ranks], cmds, timeout_s=60.0)
+        for r in ranks:
+            result = results[r.node.name]
+            if result.ok:
+                texts[r.rank] = result.stdout
+            else:
+                findings.append(Finding("engram-ranges", "fail", f"rank {r.rank}: cannot read its log: "
+                                        f"{result.message}", "check the node, or give --from NODE=FILE",
+                                        node=r.node.name))
     finally:
         transport.close()
     return texts, findings
@@ -416,6 +418,18 @@ def run_fleet(args: argparse.Namespace) -> int:
                                      force=args.force)
     results: dict = {}
     answers: dict = {}
+    if getattr(args, "dry_run", None):  # the copies change the nodes: shown, never run (also with =facts)
+        from sparkfleet.cli.common import executor
+
+        ex = executor(args, [j.node for j in jobs])
+        try:
+            ex.drive(fleet.copy_ops(jobs))
+        finally:
+            ex.transport.close()
+        if not as_json:
+            for f in findings:
+                out.print(f"{f.status}: {f.message}", markup=False, soft_wrap=True)
+        return EXIT_OK
     if jobs:
         transport = transport_for([j.node for j in jobs])
         try:

@@ -11,7 +11,17 @@ import threading
 import time
 from pathlib import Path
 
-from sparkfleet.cli.common import EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    err,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.spec.errors import UserError
 
 ORDER = 45
@@ -105,7 +115,7 @@ def _poller(args: argparse.Namespace):
     from sparkfleet.root import state_dir
 
     sp = spec(args)
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     interval = parse_duration(args.interval)
     timeout = parse_duration(args.timeout, "--timeout")
     transport = transport_for(list(inventory.nodes.values()))
@@ -191,9 +201,9 @@ def run_dashboards(args: argparse.Namespace) -> int:
             notes.append(f"{p.name} runs {p.engine}, which exports no /metrics sparkfleet reads, so its engine "
                          "is not added to the scrape config")
         elif p.port is not None:
-            if names.prefix != "vllm:":
+            if not names.histograms:
                 notes.append(f"{p.name} runs {p.engine}: its {names.prefix}* series are scraped; the Lane "
-                             "dashboard's requests and token-rate panels read them, its vLLM-only panels stay empty")
+                             "dashboard's requests and token-rate panels read them, its latency panels stay empty")
             engines.append(EngineTarget(p.name, head.name, endpoint(head, p.port).removeprefix("http://")))
             if p.host.startswith("127.") and head.transport != "local":
                 notes.append(f"{p.name} listens on {p.host} on {head.name}: Prometheus must run on that node")

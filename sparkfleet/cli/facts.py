@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import facts_requests, gather, model_dir, plan_for, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result
@@ -21,8 +31,7 @@ REASONS = {0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 
 EPILOG = """examples:
   sparkfleet facts --profile dcp2            # the lane's nodes, with its model/Engram/cache dirs and -v sources
   sparkfleet facts --node reddie --node asusi
-  sparkfleet facts --json | jq '.reddie.meminfo'
-exit status: 0 every node answered, 1 some node failed (its cause is shown), 2 bad input."""
+  sparkfleet facts --json | jq '.reddie.meminfo'"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     sp = spec(args)
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     names = [n for arg in args.node for n in arg.split(",") if n]
     plan = profile = None
     if args.profile:

@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    err,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.spec.errors import SpecError, UserError
 
 if TYPE_CHECKING:
@@ -35,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(p)
     add_inventory(p)
     add_json(p)
-    p.add_argument("--profile", "-p", required=True)
+    p.add_argument("--profile", "-p", required=True, help="the lane whose endpoint to ask")
     p.add_argument("--only", metavar="GATE[,GATE]", help="run only these gates")
     p.add_argument("--endpoint", metavar="URL", help="API base URL (default: http://HEAD:PORT of the lane)")
     p.add_argument("--long", action="store_true",
@@ -57,7 +68,7 @@ def _ranks(args: argparse.Namespace, sp: Spec, loaded: Loaded) -> list[Rank]:
     """The lane's ranks on the inventory (for the default endpoint and the memory sampler)."""
     from sparkfleet.placement import place
 
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     return place(loaded, inventory)
 
 

@@ -10,17 +10,23 @@ from sparkfleet.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    add_dry_run,
     add_inventory,
     add_overrides,
+    add_progress,
     add_root,
+    dry_reads,
     err,
+    fleet_inventory,
     out,
     overrides,
     print_json,
+    seconds,
     spec,
 )
+from sparkfleet.cli.progress import Progress, verbosity
 from sparkfleet.runner.context import RunOptions
-from sparkfleet.runner.events import HumanEvents, JsonEvents
+from sparkfleet.runner.events import JsonEvents
 from sparkfleet.spec.errors import UserError
 
 ORDER = 12
@@ -30,10 +36,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_root(p)
     add_inventory(p)
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
-    p.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
-    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while waiting")
-    p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
+    add_dry_run(p)
+    p.add_argument("--poll", type=seconds, default=1.0, metavar="SECONDS",
+                   help="poll interval while waiting (default 1)")
+    p.add_argument("--boot-budget", type=seconds, metavar="SECONDS", help="override the profile's boot budget")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
+    add_progress(p)
+
+
+def _probe(p: argparse.ArgumentParser) -> None:
+    """The clock probe's options: only the playbooks that launch (up, restore) run the probe."""
     p.add_argument("--no-probe", action="store_true",
                    help="skip the GPU clock probe before launch (the record says so; refused with probe: required)")
     p.add_argument("--probe-seconds", type=float, metavar="SECONDS",
@@ -47,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="examples:\n  sparkfleet up --profile dcp2\n  sparkfleet up --profile boot10 "
                         "--save-as boot10\n  sparkfleet up --profile dcp2 --dry-run")
     _common(up)
-    up.add_argument("--profile", "-p", required=True)
+    _probe(up)
+    up.add_argument("--profile", "-p", required=True, help="the lane to bring up")
     add_overrides(up)
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
     up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
@@ -62,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           epilog="examples:\n  sparkfleet down --profile dcp2\n  sparkfleet down --profile "
                           "gb300-configc --keep   # stop, keep the container")
     _common(down)
-    down.add_argument("--profile", "-p", required=True)
+    down.add_argument("--profile", "-p", required=True, help="the lane to stop")
     down.add_argument("--keep", action="store_true", help="stop the containers but keep them")
     down.set_defaults(func=run_playbook, playbook="down")
 
@@ -70,9 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                           description="Run any playbook file for a lane.",
                           epilog="example:\n  sparkfleet play my-relaunch.yaml --profile dcp2")
     _common(play)
-    play.add_argument("playbook_file")
-    play.add_argument("--profile", "-p", required=True)
-    play.add_argument("--save-as", metavar="NAME")
+    play.add_argument("playbook_file", metavar="PLAYBOOK", help="a playbook name under playbooks/ or a YAML file")
+    play.add_argument("--profile", "-p", required=True, help="the lane to run it for")
+    play.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
     play.set_defaults(func=run_playbook, playbook=None)
 
     rs = sub.add_parser("restore", help="relaunch a recorded known-good lane as it ran, every pin verified",
@@ -85,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="examples:\n  sparkfleet restore boot10\n  sparkfleet restore boot10 --force\n"
                         "  sparkfleet restore --list\n  sparkfleet diff boot10   # what changed since")
     _common(rs)
-    rs.add_argument("name", nargs="?")
+    _probe(rs)
+    rs.add_argument("name", nargs="?", help="the restore point (or a profile, restored from its own pins)")
     rs.add_argument("--list", action="store_true", help="list restore points")
     rs.add_argument("--force", action="store_true", help="restore even when pins drifted")
     rs.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
@@ -105,11 +119,12 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
         gate_args["only"] = args.gates
     if getattr(args, "soak_minutes", None) is not None:
         gate_args["soak_minutes"] = args.soak_minutes
-    return RunOptions(gate_args=gate_args, dry_run=args.dry_run, save_as=getattr(args, "save_as", None),
+    return RunOptions(gate_args=gate_args, dry_run=bool(args.dry_run), dry_reads=dry_reads(args),
+                      save_as=getattr(args, "save_as", None),
                       keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
-                      fabric_probe=getattr(args, "fabric_probe", True), no_probe=args.no_probe,
+                      fabric_probe=getattr(args, "fabric_probe", True), no_probe=getattr(args, "no_probe", False),
                       probe_seconds=probe_seconds(args), **extra)
 
 
@@ -137,9 +152,9 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         where = f"{file}:{line}: " if file else ""
         raise UserError(f"{where}probe: required (profile {profile}): --no-probe is refused; the clock latch "
                         "(FM-09) must be judged under load before this lane starts")
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     pb = sp.playbook(playbook)
-    events = JsonEvents() if args.json else HumanEvents(out)
+    events = JsonEvents() if args.json else Progress(out, verbosity(args))
     try:
         record = execute(sp, loaded, inventory, pb, options, events, " ".join(["sparkfleet", args.command, profile]))
     finally:
@@ -148,6 +163,8 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         events.emit("result", outcome=record.outcome, reason=record.reason, run_id=record.run_id)
     elif record.outcome != "ok":
         err.print(f"sparkfleet: {pb.name} {profile}: {record.outcome}: {record.reason}", markup=False)
+    elif args.quiet:  # -q: the findings above, and this
+        out.print(f"{pb.name} {profile}: ok (run {record.run_id})", markup=False)
     return {"ok": EXIT_OK, "refused": EXIT_USAGE, "interrupted": EXIT_INTERRUPTED}.get(record.outcome, EXIT_FAIL)
 
 
@@ -179,6 +196,7 @@ def run_restore(args: argparse.Namespace) -> int:
             known = point_names(state_dir())
             raise UserError(f"no restore point and no profile named {args.name!r}; restore points: "
                             + (", ".join(known) if known else "none (record one with `up --save-as NAME`)"))
+        fleet_inventory(sp, args.inventory)  # refused before anything is said or done
         if not args.json:
             out.print(f"no recorded restore point {args.name!r}: restoring profile {args.name!r} from its own pins "
                       "(image digest, patch manifest)", markup=False)

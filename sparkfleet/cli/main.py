@@ -15,15 +15,81 @@ import sys
 
 from sparkfleet import __version__
 
-# command -> the module under sparkfleet/cli that registers it
+# command -> the module under sparkfleet/cli that registers it, in the order `--help` lists them
 COMMANDS: dict[str, str] = {
-    "profiles": "profiles", "show": "profiles", "plan": "plan",
-    "up": "lifecycle", "down": "lifecycle", "play": "lifecycle", "restore": "lifecycle",
+    "profiles": "profiles", "show": "profiles", "plan": "plan", "diff": "diff",
+    "up": "lifecycle", "down": "lifecycle", "play": "lifecycle", "restore": "lifecycle", "watch": "watch",
     "status": "observe", "logs": "observe", "runs": "observe", "facts": "facts", "check": "check",
     "patches": "patches", "gates": "gates", "engram-local": "engram", "exporter": "exporter",
-    "dashboards": "exporter", "bench": "bench", "bracket": "bench", "trust": "trust", "sim": "sim",
-    "config": "config", "support-bundle": "bundle", "completion": "completion",
-    "diff": "diff", "watch": "watch",  # landing from the restore and watch work; absent modules fall back
+    "dashboards": "exporter", "bench": "bench", "bracket": "bench", "support-bundle": "bundle",
+    "trust": "trust", "sim": "sim", "config": "config", "completion": "completion",
+}
+# command -> its one-line help as its module registers it (tests/test_cli_fit.py checks): `sparkfleet` and
+# `sparkfleet --help` print the command list from here, importing no command module
+HELP: dict[str, str] = {
+    "profiles": "list the lanes (engine, group, port, servable)",
+    "show": "print a profile with its bases merged",
+    "plan": "show what `up` would run where; touches nothing",
+    "diff": "what differs between two of: profile, restore point, run (per rank)",
+    "up": "bring a lane up: stop-all, preflight, patches, workers then head, ready",
+    "down": "stop a lane (head first), remove rail-2 aliases, verify it is gone",
+    "play": "run your own playbook for a lane",
+    "restore": "relaunch a recorded known-good lane as it ran, every pin verified",
+    "watch": "keep a lane serving: probe by generation, restart the group within a budget",
+    "status": "per node: lane, rank, container state, uptime; the endpoint's health",
+    "logs": "a lane's logs, every rank merged with a node prefix",
+    "runs": "list run records; `runs show ID` prints one",
+    "facts": "gather node facts: memory, GPU, earlyoom, containers, RDMA, storage",
+    "check": "preflight a lane's nodes: a table of findings with remedies",
+    "patches": "build, verify and push patch sets",
+    "gates": "answer gates against a lane's endpoint: models, count100, needle, image, tools, soak...",
+    "engram-local": "node-local, verified sparse copies of each rank's Engram rows",
+    "exporter": "Prometheus metrics for the fleet (nodes, GPUs, earlyoom, lanes, checks)",
+    "dashboards": "write Grafana dashboards, provisioning and a Prometheus scrape config",
+    "bench": "benchmark a lane: prompt set v1 at C1..C16, cold prefill, DSpark acceptance",
+    "bracket": "CTL -> CAND -> CTL in one window against pre-registered bars; never promotes",
+    "support-bundle": "one tar.gz of a run for a maintainer: record, logs, facts, profile, plan, versions "
+                      "(secrets redacted)",
+    "trust": "pin nodes' SSH host keys (sparkfleet checks them strictly)",
+    "sim": "a simulated copy of the lab on this machine (SIMULATION), for rehearsal and tests",
+    "config": "show the defaults in effect and where each came from",
+    "completion": "print bash or zsh tab completion (commands, profiles, nodes, restore points)",
+}
+
+# What each command's exit status means; build_parser ends every command's help with it (a command whose
+# epilog already says `exit codes:` keeps its own wording). 130 is every command's: main() turns Ctrl-C into it.
+_BAD = "2 bad input (one line naming file, line and field)"
+_REFUSED = "2 bad input or a refused lane (one line naming file, line and field)"
+_LOCK = "75 busy: another run holds the fleet lock (named with its holder)"
+_INT = "130 interrupted (Ctrl-C)"
+EXIT_CODES: dict[str, str] = {
+    "profiles": f"0 ok; {_BAD}; {_INT}",
+    "show": f"0 ok; {_BAD}; {_INT}",
+    "plan": f"0 the lane plans (warnings included); {_REFUSED}; {_INT}",
+    "diff": f"0 no difference; 1 they differ; {_BAD}; {_INT}",
+    "up": f"0 the lane serves; 1 a check, step or gate failed; {_REFUSED}; {_LOCK}; "
+          f"{_INT}: what it started is stopped",
+    "down": f"0 the lane is gone; 1 a step failed; {_REFUSED}; {_LOCK}; {_INT}",
+    "play": f"0 every step passed; 1 a step failed; {_REFUSED}; {_LOCK}; {_INT}",
+    "restore": f"0 the lane serves; 1 a pin drifted (nothing stopped), or a check, step or gate failed; "
+               f"{_REFUSED}; {_LOCK}; {_INT}",
+    "status": f"0 every node answered; 1 a node did not answer (its reason is shown); {_BAD}; {_INT}",
+    "logs": f"0 ok (and Ctrl-C while following); {_BAD}",
+    "runs": f"0 ok; {_BAD}; {_INT}",
+    "facts": f"0 every node answered; 1 a node failed (its cause is shown); {_BAD}; {_INT}",
+    "check": f"0 nothing failed; 1 a check failed or a node did not answer; {_REFUSED}; {_INT}",
+    "patches": f"0 ok; 1 a file is missing or its sha256 differs; {_BAD}; {_INT}",
+    "gates": f"0 every gate passed; 1 a gate failed; {_BAD}; {_INT}",
+    "engram-local": f"0 ok; 1 a copy is missing, incomplete or does not verify; {_BAD}; {_INT}",
+    "exporter": f"0 ok (--once printed, or the server ended); {_BAD}; {_INT}",
+    "dashboards": f"0 written; {_BAD}; {_INT}",
+    "bench": f"0 the bench ran; 1 a request or the lane failed; {_BAD}; {_INT}",
+    "bracket": f"0 the candidate met every bar; 1 it did not, or a run failed; {_BAD}; {_INT}",
+    "support-bundle": f"0 written (what could not be collected is in its manifest); {_BAD}; {_INT}",
+    "trust": f"0 every named node ends up pinned; 1 otherwise; {_BAD}; {_INT}",
+    "sim": f"0 ok; {_BAD}; {_INT}",
+    "config": f"0 ok; {_BAD}",
+    "completion": f"0 ok; 1 --values could not read its list (it prints nothing); {_BAD}",
 }
 EXIT_USAGE = 2
 COLOR = ("auto", "always", "never")
@@ -51,6 +117,10 @@ EPILOG = """examples:
   sparkfleet plan --profile dcp2      # what would run where, in which order; touches nothing
   sparkfleet config                   # the default inventory, root, state dir, SSH config, and their sources
   source <(sparkfleet completion bash)   # tab completion (zsh: sparkfleet completion zsh)
+
+`sparkfleet COMMAND --help` is that command's manual: its options, examples and exit codes.
+exit codes: 0 ok; 1 a check, gate or run failed; 2 bad input or a refused lane (one line naming file, line
+and field, never a traceback); 75 busy: the fleet lock is in the way; 130 interrupted (Ctrl-C)
 """
 
 
@@ -61,17 +131,54 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def build_parser(only: list[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; with `only` (module names), just those modules' commands are registered."""
+def _top() -> tuple[Parser, argparse._SubParsersAction]:
     parser = Parser(prog="sparkfleet", description="Orchestrate LLM serving lanes on a DGX Spark fleet "
                     "and a DGX Station GB300.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sparkfleet {__version__}")
-    parser.add_argument("--color", choices=COLOR, default="auto",
-                        help="colour in output: auto (only on a terminal, the default), always, never")
+    _add_color(parser, "auto")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
+    return parser, sub
+
+
+def _add_color(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--color", choices=COLOR, default=default,
+                        help="colour in output: auto (only on a terminal, the default), always, never")
+
+
+def _finish(parser: argparse.ArgumentParser, codes: str | None) -> None:
+    """A command's parser (and its subcommands'): --color accepted after the verb too, exit codes last."""
+    if not any("--color" in a.option_strings for a in parser._actions):
+        _add_color(parser, argparse.SUPPRESS)  # SUPPRESS: left out, the top-level default stands
+    epilog = parser.epilog or ""
+    if codes and "exit codes:" not in epilog:
+        parser.epilog = (epilog.rstrip() + "\n\n" if epilog else "") + f"exit codes: {codes}"
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _finish(child, codes)
+
+
+def build_parser(only: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only` (module names), just those modules' commands are registered."""
+    parser, sub = _top()
     for module in command_modules(only):
         module.register(sub)
+    for name, child in sub.choices.items():
+        _finish(child, EXIT_CODES.get(name))
+    return parser
+
+
+def index_parser() -> argparse.ArgumentParser | None:
+    """The top-level parser from COMMANDS/HELP alone, for `sparkfleet` and `sparkfleet --help` (no command
+    module imported); None when the index lacks a command's help (then the full parser says it)."""
+    if set(COMMANDS) - set(HELP):
+        return None
+    parser, sub = _top()
+    for name, text in HELP.items():
+        if name in COMMANDS:
+            sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
@@ -92,21 +199,22 @@ def _command(argv: list[str]) -> str | None:
 
 
 def _color(argv: list[str]) -> None:
-    """Apply --color before any console exists (rich reads FORCE_COLOR / NO_COLOR when it makes one)."""
+    """Apply --color before any console exists (rich reads FORCE_COLOR / NO_COLOR when it makes one);
+    the last one on the line wins, before the verb or after it."""
+    when = None
     for i, word in enumerate(argv):
-        when = None
+        if word == "--":
+            break
         if word == "--color" and i + 1 < len(argv):
             when = argv[i + 1]
         elif word.startswith("--color="):
             when = word.split("=", 1)[1]
-        if when == "always":
-            os.environ["FORCE_COLOR"] = "1"
-            os.environ.pop("NO_COLOR", None)
-        elif when == "never":
-            os.environ["NO_COLOR"] = "1"
-            os.environ.pop("FORCE_COLOR", None)
-        if when is not None or word == _command(argv):
-            return
+    if when == "always":
+        os.environ["FORCE_COLOR"] = "1"
+        os.environ.pop("NO_COLOR", None)
+    elif when == "never":
+        os.environ["NO_COLOR"] = "1"
+        os.environ.pop("FORCE_COLOR", None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _color(argv)
     command = _command(argv)
+    if command is None and all(w in ("-h", "--help", "--color", *COLOR) or w.startswith("--color=") for w in argv):
+        parser = index_parser() or build_parser()
+        parser.print_help()  # `sparkfleet` alone is a question, not a mistake: the help, exit 0
+        return 0
     module = COMMANDS.get(command or "")
     if module is not None:
         import importlib.util

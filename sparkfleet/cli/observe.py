@@ -5,9 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 import time
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, add_wide, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    add_wide,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.naming import PROFILE_LABEL as LABEL
 from sparkfleet.naming import RANK_LABEL, RUN_LABEL
 from sparkfleet.spec.errors import UserError
@@ -33,23 +45,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     lg = sub.add_parser("logs", help="a lane's logs, every rank merged with a node prefix", formatter_class=fmt,
                         epilog="examples:\n  sparkfleet logs --profile dcp2 --tail 50\n"
-                        "  sparkfleet logs --profile dcp2 --rank 0 --follow")
+                        "  sparkfleet logs --profile dcp2 --rank 0 --follow\n"
+                        "  sparkfleet logs --profile dcp2 --json | jq -r 'select(.rank == 0) | .line'")
     add_root(lg)
     add_inventory(lg)
-    lg.add_argument("--profile", "-p", required=True)
-    lg.add_argument("--node")
-    lg.add_argument("--rank", type=int)
-    lg.add_argument("--tail", type=int, default=100, help="last N lines per rank (default 100; 0 = all)")
+    lg.add_argument("--json", action="store_true",
+                    help='one JSON object per log line, for scripts: {"node", "rank", "container", "line"}')
+    lg.add_argument("--profile", "-p", required=True, help="the lane whose containers' logs to print")
+    lg.add_argument("--node", metavar="NODE", help="only the ranks on this node")
+    lg.add_argument("--rank", type=int, metavar="N", help="only this rank (0 is the head)")
+    lg.add_argument("--tail", type=int, default=100, metavar="N",
+                    help="last N lines per rank (default 100; 0 = all)")
     lg.add_argument("--since", help="only lines since (docker's --since: 10m, 2026-11-29T10:00:00)")
-    lg.add_argument("--follow", "-f", action="store_true")
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing new lines (every second) until Ctrl-C")
     lg.set_defaults(func=run_logs)
 
     r = sub.add_parser("runs", help="list run records; `runs show ID` prints one", formatter_class=fmt,
                        epilog="examples:\n  sparkfleet runs\n  sparkfleet runs show 20261129-101500-a1b2c3")
     add_json(r)
     add_wide(r)
-    r.add_argument("action", nargs="?", choices=["show"])
-    r.add_argument("run_id", nargs="?")
+    r.add_argument("action", nargs="?", choices=["show"],
+                   help="show: print one run record (its steps and last log lines)")
+    r.add_argument("run_id", nargs="?", help="the run to show (as `sparkfleet runs` lists them)")
     r.set_defaults(func=run_runs)
 
 
@@ -58,7 +76,7 @@ def _fleet(args: argparse.Namespace):
     from sparkfleet.fleet.gather import gather
 
     sp = spec(args)
-    inv = sp.inventory(args.inventory)
+    inv = fleet_inventory(sp, args.inventory)
     nodes = list(inv.nodes.values())
     if getattr(args, "profile", None):
         p = sp.profile(args.profile).profile
@@ -101,8 +119,10 @@ def _endpoint_status(base: str) -> dict:
 
 
 def _kv_usage(text: str) -> float | None:
-    # vllm:kv_cache_usage_perc, falling back to the deprecated vllm:gpu_cache_usage_perc (REFERENCE.md §1)
-    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+    # each engine's KV usage gauge, then its older name (vLLM's gpu_cache_usage_perc, REFERENCE.md §1)
+    from sparkfleet.metrics.dashboards import engine_series
+
+    for name in engine_series("gauges", "kv_usage", fallback=True):
         for line in text.splitlines():
             if line.startswith(name + "{") or line.startswith(name + " "):
                 try:
@@ -199,7 +219,13 @@ def run_logs(args: argparse.Namespace) -> int:
                     lines = lines[seen.get(r["id"], 0):]
                     seen[r["id"]] = seen.get(r["id"], 0) + len(lines)
                 for line in lines:
-                    out.print(f"{r['node']}/r{r['rank']} | {line}", markup=False, highlight=False)
+                    if args.json:
+                        sys.stdout.write(json.dumps({"node": r["node"], "rank": r["rank"], "container": r["container"],
+                                                     "line": line}) + "\n")
+                    else:
+                        out.print(f"{r['node']}/r{r['rank']} | {line}", markup=False, highlight=False)
+                if args.json:
+                    sys.stdout.flush()
             if not args.follow:
                 return EXIT_OK
             if first:  # from now on count every line, so only new ones print

@@ -8,9 +8,12 @@ from pathlib import Path
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    add_dry_run,
     add_inventory,
     add_json,
     add_root,
+    executor,
+    fleet_inventory,
     out,
     print_findings,
     print_json,
@@ -48,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_inventory(a)
         add_json(a)
         a.add_argument("--profile", "-p", required=True)
+        add_dry_run(a)
         a.set_defaults(func=run_sync, push=action == "push")
 
 
@@ -64,11 +68,11 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_sync(args: argparse.Namespace) -> int:
-    from sparkfleet.fleet.connect import transport_for
     from sparkfleet.patches import sync
 
     sp = spec(args)
     loaded = sp.profile(args.profile)
+    inventory = fleet_inventory(sp, args.inventory)
     if not loaded.profile.patches:
         raise UserError(f"profile {args.profile!r} uses no patch set (patches: is unset)")
     manifest = pm.load(sp.root, loaded.profile.patches)
@@ -79,13 +83,14 @@ def run_sync(args: argparse.Namespace) -> int:
     if failed(local):
         print_findings(local)
         return EXIT_FAIL
-    nodes = [r.node for r in place(loaded, sp.inventory(args.inventory))]
-    transport = transport_for(nodes)
+    nodes = [r.node for r in place(loaded, inventory)]
+    ex = executor(args, nodes)
     try:
-        states = (sync.push if args.push else lambda t, n, m, _r: sync.inspect(t, n, m))(
-            transport, nodes, manifest, sp.root)
+        states = ex.drive(sync.push_ops(nodes, manifest, sp.root) if args.push else sync.inspect_ops(nodes, manifest))
     finally:
-        transport.close()
+        ex.transport.close()
+    if states is None:  # --dry-run: the commands were shown, none ran
+        return EXIT_OK
     findings = sync.findings(states, manifest)
     if args.json:
         print_json({"set": manifest.name, "nodes": {k: vars(v) | {"ok": v.ok} for k, v in states.items()},

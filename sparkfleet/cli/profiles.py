@@ -6,6 +6,7 @@ import argparse
 
 from sparkfleet.cli.common import EXIT_OK, add_json, add_root, add_wide, out, print_json, spec
 from sparkfleet.spec.errors import SpecError
+from sparkfleet.spec.load import Loaded, Spec
 
 ORDER = 5
 
@@ -34,12 +35,14 @@ def run_list(args: argparse.Namespace) -> int:
     sp = spec(args)
     rows = []
     for name in sp.profile_names():
-        p = sp.profile(name).profile
+        loaded = sp.profile(name)
+        p = loaded.profile
         if p.abstract and not args.all:
             continue
+        why = None if p.abstract else refusal(sp, loaded)
         rows.append({"name": name, "engine": p.engine, "group": p.group, "port": p.port,
-                     "servable": p.servable, "abstract": p.abstract, "extends": p.extends,
-                     "description": p.description})
+                     "servable": not p.abstract and why is None, "abstract": p.abstract, "extends": p.extends,
+                     "description": p.description} | ({"refused": why} if why else {}))
     if args.json:
         print_json(rows)
         return EXIT_OK
@@ -51,11 +54,35 @@ def run_list(args: argparse.Namespace) -> int:
     cols.append(Column("description", wrap=True))
     table = []
     for r in rows:
-        servable = Text("base") if r["abstract"] else (Text("yes") if r["servable"] else Text("no", style="red"))
+        servable = Text("base") if r["abstract"] else (Text("yes") if r["servable"] else
+                                                        Text(f"no: {r['refused']}", style="red"))
         table.append([r["name"], r["engine"], r["group"] or "", str(r["port"] or ""), servable,
                       r["extends"] or "", r["description"] or ""])
     render(cols, table, wide=args.wide)
     return EXIT_OK
+
+
+def refusal(sp: Spec, loaded: Loaded) -> str | None:
+    """Why `up` would refuse the lane before it starts anything, or None: a failing lane rule (what `plan`
+    refuses, `servable: false` included) or its patch set (the checks `up`'s patches step runs, from
+    patches/manifest.py), on the default inventory. Said short, for a table cell."""
+    from sparkfleet.patches.manifest import refusals
+    from sparkfleet.plan import make_plan
+
+    try:
+        plan = make_plan(loaded, sp.inventory(None), sp.playbook("up"), sp.root)
+    except SpecError as exc:
+        return str(exc)
+    if loaded.profile.image is None:  # checks/image.py fails every rank of such a lane: nothing to run
+        return "the lane names no image (set image.ref)"
+    failing = [f for f in plan.findings if f.status == "fail"]
+    if failing:
+        return loaded.profile.unservable_reason if failing[0].check == "servable" else failing[0].message
+    patches = refusals(sp.root, loaded.profile.patches)
+    if patches:  # a set with no manifest or one the seeds do not list says so short; a file that differs, whole
+        f = patches[0]
+        return f"patch set {loaded.profile.patches!r} {f.observed}" if f.check == "patches" else f.message
+    return None
 
 
 def run_show(args: argparse.Namespace) -> int:

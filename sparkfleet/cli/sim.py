@@ -88,6 +88,8 @@ def run_up(args: argparse.Namespace) -> int:
     say(f"inventory: {status['inventory']}  (pass it as --inventory sim)")
     if status["known_hosts"]:
         say(f"host keys pinned in {status['known_hosts']}")
+    for part in sim.manifest.get("without_root", []):
+        say(f"not without root: {part}")
     for skipped in sim.manifest.get("skipped_profiles", []):
         say(f"profile skipped (did not load): {skipped}")
     say(f"make it this shell's default inventory: {default_line()}")

@@ -14,7 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.cli.common import EXIT_FAIL, EXIT_OK, add_inventory, add_json, add_root, err, out, print_json, spec
+from sparkfleet.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_inventory,
+    add_json,
+    add_root,
+    err,
+    fleet_inventory,
+    out,
+    print_json,
+    spec,
+)
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Hop, Node
 
@@ -29,7 +40,7 @@ EPILOG = """examples:
 
 Compare the fingerprint with the node's own (on its console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub)
 before you pin it. Nodes behind a ProxyJump (ssh.proxy_jump or ~/.ssh/config) have their jump hosts' keys
-shown and pinned first. Exit status: 0 when every named node ends up pinned, 1 otherwise, 2 for bad input.
+shown and pinned first.
 """
 
 
@@ -92,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("trust: name nodes or pass --all, not both")
     if not args.all and not args.nodes:
         raise UserError("trust: name the nodes to trust, or pass --all (see `sparkfleet trust --help`)")
-    inventory = spec(args).inventory(args.inventory)
+    inventory = fleet_inventory(spec(args), args.inventory)
     if args.all:
         nodes = list(inventory.nodes.values())
     else:

@@ -11,8 +11,20 @@ import time
 from pathlib import Path
 
 from sparkfleet.checks.probe import LOAD_SECONDS
-from sparkfleet.cli.common import EXIT_OK, EXIT_USAGE, add_inventory, add_root, err, out, print_findings, spec
-from sparkfleet.runner.events import HumanEvents
+from sparkfleet.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_inventory,
+    add_progress,
+    add_root,
+    err,
+    fleet_inventory,
+    out,
+    print_findings,
+    seconds,
+    spec,
+)
+from sparkfleet.cli.progress import Progress, verbosity
 from sparkfleet.spec.errors import UserError
 
 ORDER = 13
@@ -23,7 +35,7 @@ examples:
   sparkfleet watch --profile dcp2 --interval 10 --failures 3 --json
   sparkfleet watch --restore boot10                   # restarts relaunch the restore point
   sparkfleet watch --profile dcp2 --dry-run           # say what it would do at each failure
-  sparkfleet watch --profile dcp2 --unit > /etc/systemd/system/sparkfleet-watch-dcp2.service
+  sparkfleet watch --profile dcp2 --unit | sudo tee /etc/systemd/system/sparkfleet-watch-dcp2.service
 
 exit codes: 0 stood down (an operator ran up/down/restore of the lane) or ended by SIGTERM/Ctrl-C;
 1 the lane was left stopped (restart budget spent, or a restart's preflight failed); 2 bad input.
@@ -58,15 +70,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: two intervals)")
     p.add_argument("--gates", default="models,count100", metavar="LIST",
                    help="gates a restart must pass (default models,count100)")
-    p.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profile's boot budget")
+    p.add_argument("--boot-budget", type=seconds, metavar="SECONDS", help="override the profile's boot budget")
     p.add_argument("--clock-probe-seconds", type=float, metavar="SECONDS", dest="probe_seconds",
                    help=f"how long each restart's GPU clock probe load runs on each rank (as up --probe-seconds; "
                    f"default {LOAD_SECONDS:g})")
-    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while a restart waits")
+    p.add_argument("--poll", type=seconds, default=1.0, metavar="SECONDS",
+                   help="poll interval while a restart waits (default 1)")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
     p.add_argument("--dry-run", action="store_true", help="probe, and report what it would do at each failure")
     p.add_argument("--unit", action="store_true", help="print a systemd unit that runs this watch, and exit")
+    p.add_argument("--user", metavar="NAME", help="with --unit: the unit's User= (default: you, the invoking user)")
+    add_progress(p)
     p.set_defaults(func=run)
 
 
@@ -116,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = sp.profile(profile, from_mapping(point.get("overrides")) if point else [])
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
-    inventory = sp.inventory(args.inventory)
+    inventory = fleet_inventory(sp, args.inventory)
     plan = make_plan(loaded, inventory, sp.playbook(playbook), sp.root)
     if plan.refused:
         print_findings([f for f in plan.findings if f.status == "fail"], err)
@@ -129,10 +144,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"watch: {exc}") from None
     if args.unit:
         return _unit(args, sp, loaded.profile)
+    if args.user:
+        raise UserError("watch: --user is the unit's User=: it goes with --unit")
     _refuse_second_watch(state_dir(), profile)
     from sparkfleet.watch.supervisor import Watcher
 
-    events = JsonEvents() if args.json else WatchHumanEvents()
+    events = JsonEvents() if args.json else WatchHumanEvents(verbosity(args))
     watcher = Watcher(sp, loaded, inventory, settings, events, state_dir(), playbook=playbook, restore_point=point,
                       gates=args.gates, dry_run=args.dry_run, api_key=key, endpoint_url=args.endpoint,
                       boot_budget_s=args.boot_budget, probe_seconds=clock_probe_s, poll_s=args.poll,
@@ -174,32 +191,48 @@ def _refuse_second_watch(state: Path, profile: str) -> None:
 
 
 def _unit(args: argparse.Namespace, sp, profile) -> int:
+    """A unit that runs this very watch wherever systemd starts it: every path absolute (the inventory
+    wherever it came from: -i, $SPARKFLEET_INVENTORY, the config file or a restore point), run as the
+    invoking user (or --user) in the ops root, with the state dir and SSH config this shell uses."""
     from sparkfleet.root import state_dir
     from sparkfleet.runner.context import RunOptions
+    from sparkfleet.userconfig import setting
     from sparkfleet.watch import unit
 
     me = Path(sys.argv[0])
     exe = str(me.absolute()) if me.name == "sparkfleet" and me.is_file() else shutil.which("sparkfleet")
     argv = [exe] if exe else [sys.executable, "-m", "sparkfleet.cli.main"]
-    raw = sys.argv[1:] if sys.argv[1:2] == ["watch"] else ["watch"]
-    argv += [a for a in raw if a != "--unit"] + ([] if "--root" in raw else ["--root", str(sp.root)])
-    environment = {"SPARKFLEET_STATE": str(state_dir())}
+    raw = sys.argv[1:] if sys.argv[1:2] == ["watch"] else ["watch", "--profile", profile.name]
+    inventory = sp.inventory_path(setting("inventory", args.inventory).value or "lab")
+    argv += [*unit.without(raw, {"--unit": 0, "--user": 1, "--root": 1, "--inventory": 1, "-i": 1}),
+             "--inventory", str(Path(inventory).expanduser().absolute()), "--root", str(sp.root)]
+    environment = {"SPARKFLEET_STATE": str(state_dir().absolute())}
+    ssh = setting("ssh_config")
+    if ssh.source != "default" and ssh.value:  # the default (~/.ssh/config) is the service user's own
+        environment["SPARKFLEET_SSH_CONFIG"] = str(Path(ssh.value).expanduser().absolute())
     budget = args.boot_budget or profile.expect.boot_budget_s or 900
     text = unit.render(sp.root / "templates", profile.name, argv, environment, budget + RunOptions().stop_timeout_s,
-                       sp.root / "docs" / "watch.md", profile.api_key_env)
+                       sp.root / "docs" / "watch.md", profile.api_key_env, user=args.user or unit.invoking_user(),
+                       working_directory=sp.root)
     sys.stdout.write(text)
     return EXIT_OK
 
 
-class WatchHumanEvents(HumanEvents):
-    """Watch's own events as timestamped lines; the runner's (steps, findings) as `up` shows them."""
+class WatchHumanEvents(Progress):
+    """Watch's own events as timestamped lines; the runner's (steps, findings) as `up` shows them.
+    With -q only what changes the lane (failures, restarts given up or failed, stops, the end)."""
 
-    def __init__(self) -> None:
-        super().__init__(out)
+    LOUD = ("watch.failure", "watch.restart-failed", "watch.give-up", "watch.stopped", "watch.stand-down",
+            "watch.end", "watch.serving")
+
+    def __init__(self, verbosity: int = 0) -> None:
+        super().__init__(out, verbosity)
 
     def emit(self, event: str, **data) -> None:
         if not event.startswith("watch."):
             super().emit(event, **data)
+            return
+        if self.verbosity < 0 and event not in self.LOUD:
             return
         self._stop_live()
         width = self.console.width if self.console.is_terminal else 80  # a log file gets 80 columns

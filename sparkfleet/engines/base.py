@@ -9,6 +9,7 @@ variable its API key is read from.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,13 +80,16 @@ class MetricNames:
     """An engine's /metrics names, by what the bench and dashboards read them for.
 
     `counters` keys: generation_tokens, prompt_tokens, requests, preemptions, prefix_cache_queries,
-    prefix_cache_hits, drafts, draft_tokens, accepted; `gauges` keys: running, waiting, kv_usage.
+    prefix_cache_hits, drafts, draft_tokens, accepted; `gauges` keys: running, waiting, kv_usage;
+    `histograms` keys: ttft, itl. `fallbacks`: a key's older name, read when the current one is absent.
     An engine lists only what it exports."""
 
     prefix: str  # every name of the engine's own starts with it ("vllm:", "llamacpp:")
     counters: dict[str, str] = field(default_factory=dict)
     gauges: dict[str, str] = field(default_factory=dict)
     per_pos: str | None = None  # spec decoding: accepted tokens per draft position
+    histograms: dict[str, str] = field(default_factory=dict)
+    fallbacks: dict[str, str] = field(default_factory=dict)
 
 
 LaneRule = Callable[["Engine", Loaded, Inventory, list[Rank]], Iterator[Finding]]
@@ -105,6 +109,21 @@ class Engine:
     lane_rules: ClassVar[tuple[LaneRule, ...]] = ()
     # why `engram-local` needs --source for this engine (its weights pack has no Engram shards), or None
     engram_source_needed: ClassVar[str | None] = None
+
+    def model_dir(self, profile: Profile, node: Node) -> str | None:
+        """Where the lane's weights are on this node: the model's repo dir under the node's model root."""
+        if profile.model is None:
+            return None
+        return posixpath.join(node.storage.model_root, profile.model.repo_dir)
+
+    def fact_paths(self, profile: Profile, node: Node) -> list[str]:
+        """The lane's own paths a rank's node reports on in its facts (beyond the node's storage dirs)."""
+        d = self.model_dir(profile, node)
+        return [d] if d else []
+
+    def model_label(self, profile: Profile) -> str:
+        """What the exporter's lane_info names as the lane's model."""
+        return (profile.model.name or profile.model.repo_dir) if profile.model else ""
 
     def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
         """The node-local Engram copy this engine's rank mounts, or None (it reads the model dir)."""

@@ -66,6 +66,7 @@ def template_context(ctx: LaneContext, r: Rank) -> dict:
         "port": p.port,
         "tp": p.tp,
         "dcp": p.dcp,
+        "given": sorted(p.model_fields_set),  # fields the lane sets (a template may print a default only then)
         "args": groups(p.flags),
     }
 

@@ -17,8 +17,9 @@ from sparkfleet.findings import Finding
 from sparkfleet.naming import tensorfold_config_path, tensorfold_rank_config
 from sparkfleet.placement import Rank
 from sparkfleet.render.shell import render
-from sparkfleet.spec.inventory import Inventory
+from sparkfleet.spec.inventory import Inventory, Node
 from sparkfleet.spec.load import Loaded
+from sparkfleet.spec.profile import Profile
 
 # config.env keys sparkfleet writes per rank (templates/tensorfold-config.env.j2); the profile's env
 # is appended after them, so one of these in env would silently override the rank's own value
@@ -63,6 +64,18 @@ class TensorFold(Engine):
     engram_source_needed = ("a TensorFold lane's Engram shards come from the base checkpoint, not its EXL3 pack "
                             "(CATALOG ENG-29)")
 
+    def model_dir(self, profile: Profile, node: Node) -> str | None:
+        """TensorFold names its own weights dir (the EXL3 pack), the same on every node."""
+        return profile.tensorfold.model_dir if profile.tensorfold else None
+
+    def fact_paths(self, profile: Profile, node: Node) -> list[str]:
+        """The weights dir and the recipe dir whose serve script every rank runs."""
+        return [p for p in (self.model_dir(profile, node), profile.tensorfold.recipe_dir if profile.tensorfold
+                            else None) if p]
+
+    def model_label(self, profile: Profile) -> str:
+        return super().model_label(profile) or (profile.tensorfold.model_dir if profile.tensorfold else "")
+
     def launches(self, ctx: LaneContext) -> list[Launch]:
         """One rank at a time from the highest rank down; rank 0 (the API) last (CATALOG LCH-T5)."""
         p = ctx.profile
@@ -98,8 +111,9 @@ class TensorFold(Engine):
 
 
 def rank_command(recipe_dir: str, override: list[str] | None) -> list[str]:
-    """The recipe's serve script in the foreground (the container lives as long as the rank serves)."""
-    return list(override) if override else ["bash", posixpath.join(recipe_dir, "scripts", "serve.sh")]
+    """The recipe's `scripts/serve.sh start` (seed 002: "start1.sh runs the recipe's scripts/serve.sh start")
+    as the container's command (the container lives as long as the rank serves)."""
+    return list(override) if override else ["bash", posixpath.join(recipe_dir, "scripts", "serve.sh"), "start"]
 
 
 def rank_container(ctx: LaneContext, r: Rank) -> ContainerSpec:

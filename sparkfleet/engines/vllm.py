@@ -125,6 +125,8 @@ METRICS = MetricNames(
     gauges={"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
             "kv_usage": "vllm:kv_cache_usage_perc"},
     per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    histograms={"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"},
+    fallbacks={"kv_usage": "vllm:gpu_cache_usage_perc"},  # images before vLLM 0.10 (REFERENCE.md §1)
 )
 
 
@@ -195,15 +197,26 @@ def block_size(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]
                       "(CATALOG FM-04)", field="flags.--block-size", where=at(loaded, "flags", "--block-size"))
 
 
+# [003] LCH-10: "MAX_JOBS=2 FLASHINFER_NVCC_THREADS=1" (FM-02): the most each may be
+JIT_SAFE = {"MAX_JOBS": 2, "FLASHINFER_NVCC_THREADS": 1}
+
+
 def jit_guard(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
     p = loaded.profile
     if "gb10" not in hardware(ranks):
         return
-    missing = [k for k in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS") if k not in p.env]
+    missing = [k for k in JIT_SAFE if k not in p.env]
     if missing:
         yield Finding("jit-guard", "fail", f"no JIT-storm guard: {', '.join(missing)} not set",
                       "set env MAX_JOBS: 2 and FLASHINFER_NVCC_THREADS: 1; a 22-job runtime compile wedged "
                       "all four nodes (CATALOG LCH-10, FM-02)", field="env", where=at(loaded, "env"))
+    for key in (k for k in JIT_SAFE if k in p.env):  # a guard set to 22 jobs is no guard
+        value = p.env[key]
+        if not (value.isdigit() and 1 <= int(value) <= JIT_SAFE[key]):
+            yield Finding("jit-guard", "fail", f"{key}={value}: the seeds' safe value is {JIT_SAFE[key]}",
+                          f"set env {key}: {JIT_SAFE[key]}; FlashInfer's MXFP8 GEMM compiled with 22 jobs "
+                          "exhausted host memory on all four nodes (docs/failure-modes.md FM-02)",
+                          field=f"env.{key}", where=at(loaded, "env", key))
 
 
 def capture_rule(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:

@@ -21,7 +21,8 @@ from sparkfleet.engram.manifest import judge_rank
 from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.nodeside.engram_copy import STATUS
-from sparkfleet.fleet.ship import run_helper
+from sparkfleet.fleet.op import OpGen
+from sparkfleet.fleet.ship import helper_ops, run_helper
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import Rank
 from sparkfleet.spec.errors import UserError
@@ -139,6 +140,16 @@ def _last_event(r: Result) -> dict | None:
     return None
 
 
+def copy_requests(jobs: list[Job]) -> dict[str, str]:
+    """What each node's copier reads on stdin."""
+    return {j.node.name: json.dumps(j.request) for j in jobs}
+
+
+def copy_ops(jobs: list[Job]) -> OpGen[dict[str, Result]]:
+    """The copies as node operations (what --dry-run shows)."""
+    return helper_ops(HELPER, [j.node for j in jobs], copy_requests(jobs), COPY_TIMEOUT_S, changes=True)
+
+
 def run_copies(transport: Transport, jobs: list[Job], *, on_progress: Callable[[Job, dict], None] | None = None,
                timeout_s: float = COPY_TIMEOUT_S, poll_s: float = POLL_S) -> dict[int, tuple[Result, dict | None]]:
     """Run every job's copy at once; returns rank -> (the node's Result, its final JSON event)."""
@@ -152,8 +163,8 @@ def run_copies(transport: Transport, jobs: list[Job], *, on_progress: Callable[[
 
     def work() -> None:
         try:
-            box["results"] = run_helper(transport, [j.node for j in jobs], HELPER,
-                                        {j.node.name: json.dumps(j.request) for j in jobs}, timeout_s=timeout_s)
+            box["results"] = run_helper(transport, [j.node for j in jobs], HELPER, copy_requests(jobs),
+                                        timeout_s=timeout_s, changes=True)
         except BaseException as exc:  # noqa: B036 - re-raised in the caller's thread
             failure.append(exc)
 
@@ -254,20 +265,13 @@ def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list
     (manifest.judge_lane, as `up`'s engram step judges it). Empty for a lane without node-local rows."""
     from sparkfleet.engram import ranges
     from sparkfleet.engram.manifest import judge_lane
-    from sparkfleet.fleet.transport import fan_out
-
     e = profile.engram
     if e is None or not e.node_local:
         return []
     harvest = ranges.stored(profile)
     dirs = copy_dirs(profile, inventory, ranks, templates)
     nodes = {r.node.name: r.node for r in ranks if r.node.name in dirs}
-    cmds = manifest_reads(dirs)
-
-    def one(node: Node) -> Result:
-        return transport.run([node], cmds[node.name], timeout_s=timeout_s)[node.name]
-
-    answers = fan_out(list(nodes.values()), one)
+    answers = transport.run_each(list(nodes.values()), manifest_reads(dirs), timeout_s=timeout_s)
     reach = [n for n, r in answers.items() if not r.ok and r.error not in ("exit", None)]
     findings, _, _ = judge_lane(profile, [r for r in ranks if r.node.name not in reach], dirs, answers, harvest)
     return findings

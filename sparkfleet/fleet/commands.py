@@ -52,7 +52,7 @@ class NodeError:
     """A command that did not do its job on a node, classified so the finding names the real cause."""
 
     node: str
-    kind: str  # reach | docker-down | permission | missing-binary | no-such-container | failed
+    kind: str  # reach | not-run | docker-down | permission | missing-binary | no-such-container | failed
     message: str
     remedy: str
 
@@ -67,6 +67,8 @@ NOT_FOUND = re.compile(r"(?:^|\s)(\S+): (?:command )?not found\s*$", re.M)
 NO_SUCH_CONTAINER = re.compile(r"No such (?:container|object): (\S+)")
 REMEDIES = {
     "reach": "bring the node back (or fix its SSH), then run again",
+    "not-run": "the command never started on the node: fix how this machine enters it (the inventory's wrapper "
+               "for the node, and what it says above), then run again",
     "docker-down": "start docker on the node (sudo systemctl start docker), then run again",
     "permission": "connect as a user allowed to do this (root, or a member of the docker group for docker)",
     "missing-binary": "install it on the node (or put it on the SSH user's PATH), then run again",
@@ -74,11 +76,15 @@ REMEDIES = {
 
 
 def classify(result: Result) -> NodeError | None:
-    """None when the command worked; else what failed: the node not answering is not the same as a
-    command that ran there and failed (docker down, permission, a missing binary)."""
+    """None when the command worked; else what failed: the node not answering, or answering without
+    running the command (not-run: e.g. it could not be entered), is not the same as a command that ran there
+    and failed (docker down, permission, a missing binary)."""
     if result.ok:
         return None
     node = result.node
+    if result.error == "not-run":  # the node answered, but the command was never started there
+        return NodeError(node, "not-run", result.message or "the command could not be run on the node",
+                         REMEDIES["not-run"])
     if result.error not in ("exit", None):  # unreachable, auth, host key, timeout: the transport's verdict
         return NodeError(node, "reach", result.message or result.error or "did not answer", REMEDIES["reach"])
     text = (result.stderr or "").strip() or (result.stdout or "").strip() or result.message
@@ -306,3 +312,18 @@ def lock_release_command(path: str, holder: str) -> str:
     """Remove the node's fleet lock only while it is this holder's (never another controller's)."""
     lock = shlex.quote(path)
     return f"if [ \"$(cat {lock} 2>/dev/null)\" = {shlex.quote(holder)} ]; then rm -f {lock}; fi"
+
+
+# -- docker logs: every other reader of a container's log ---------------------------------------------
+
+LOG_TAIL = 60  # a rank's last log lines kept as evidence (a failed launch's record, watch, the bundle)
+
+
+def log_tail_command(container: str, lines: int = LOG_TAIL) -> str:
+    """The container's last `lines` lines, stdout and stderr together, as `docker logs` prints them."""
+    return f"docker logs --tail {int(lines)} {shlex.quote(container)} 2>&1"
+
+
+def engram_lines_command(container: str) -> str:
+    """The container's `Engram DISK mode` boot lines (none is not an error)."""
+    return f"docker logs {shlex.quote(container)} 2>&1 | grep -F 'Engram DISK mode' || true"

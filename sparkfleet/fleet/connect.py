@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -40,6 +40,11 @@ class MixedTransport:
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
         return self._fan(nodes, lambda t, ns: t.run(ns, command, stdin=stdin, timeout_s=timeout_s, env=env))
+
+    def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
+                 stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> dict[str, Result]:
+        return self._fan(nodes, lambda t, ns: t.run_each(ns, commands, stdin=stdin, timeout_s=timeout_s, env=env))
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]:
         return self._fan(nodes, lambda t, ns: t.put(ns, data, remote_path, mode=mode))

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
-from sparkfleet.fleet.ship import run_helper
+from sparkfleet.fleet.op import OpGen, run_ops
+from sparkfleet.fleet.ship import helper_ops
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.spec.errors import UserError
 from sparkfleet.spec.inventory import Inventory, Node
@@ -49,12 +50,10 @@ def storage_paths(node: Node) -> list[str]:
 
 
 def model_dir(profile: Profile, node: Node) -> str | None:
-    """Where the lane's weights are on this node (TensorFold names its own dir)."""
-    if profile.tensorfold is not None:
-        return profile.tensorfold.model_dir
-    if profile.model is None:
-        return None
-    return posixpath.join(node.storage.model_root, profile.model.repo_dir)
+    """Where the lane's weights are on this node (the engine adapter says)."""
+    from sparkfleet.engines.registry import engine_for
+
+    return engine_for(profile.engine).model_dir(profile, node)
 
 
 def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
@@ -104,9 +103,10 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
             node = rank.node
             mine = paths.setdefault(node.name, storage_paths(node))
             if profile is not None:
-                _add(mine, model_dir(profile, node))
-                if profile.tensorfold is not None:
-                    _add(mine, profile.tensorfold.recipe_dir)
+                from sparkfleet.engines.registry import engine_for
+
+                for path in engine_for(profile.engine).fact_paths(profile, node):
+                    _add(mine, path)
             for launch in plan.launches:
                 if launch.node == node.name and launch.spec is not None:
                     for src in launch.spec.bind_sources:
@@ -150,18 +150,26 @@ def parse_facts(node: str, r: Result) -> NodeFacts | Result:
     return facts
 
 
-def gather(transport: Transport, nodes: Iterable[Node], requests: dict[str, FactsRequest],
-           timeout_s: float = 30.0) -> dict[str, NodeFacts | Result]:
-    """One helper run per node, in parallel; each node's NodeFacts, or its failed Result with the cause."""
+def gather_ops(nodes: Iterable[Node], requests: dict[str, FactsRequest],
+               timeout_s: float = 30.0) -> OpGen[dict[str, NodeFacts | Result]]:
+    """One helper run per node, in parallel; each node's NodeFacts, or its failed Result with the cause.
+    Under --dry-run (the helper's run not made) there are no facts: an empty mapping."""
     nodes = list(nodes)
     stdin = {n.name: requests.get(n.name, FactsRequest(node=n.name)).model_dump_json() for n in nodes}
-    results = run_helper(transport, nodes, HELPER, stdin, timeout_s)
-    out = {n.name: parse_facts(n.name, results[n.name]) for n in nodes}
+    results = yield from helper_ops(HELPER, nodes, stdin, timeout_s)
+    out = {n.name: parse_facts(n.name, results[n.name]) for n in nodes if n.name in results}
     for n in nodes:  # the inventory says a node is simulated (sim up writes it); tables tag it [sim]
-        f = out[n.name]
+        f = out.get(n.name)
         if isinstance(f, NodeFacts):
             f.simulated = n.simulation
     return out
+
+
+def gather(transport: Transport, nodes: Iterable[Node], requests: dict[str, FactsRequest],
+           timeout_s: float = 30.0) -> dict[str, NodeFacts | Result]:
+    """gather_ops run now through the executor (for commands that only read)."""
+    nodes = list(nodes)
+    return run_ops(transport, nodes, gather_ops(nodes, requests, timeout_s))
 
 
 def resolve_gid_indexes(inventory_nodes: Iterable[Node], facts: dict[str, NodeFacts | Result]) -> dict[str, int]:

@@ -4,6 +4,9 @@ A node with a `wrapper` (an argv, e.g. a script that enters a container or names
 command as `WRAPPER... bash -c COMMAND`, with only the caller's env (as over SSH: nothing of this
 machine's environment), and `put` writes through the same wrapper (`cat` into the node's path, `~`
 being the node's home). A wrapper that exits 255 could not reach its node, as ssh's exit 255 means.
+A wrapper also gets a status pipe, its fd number in $SPARKFLEET_NOT_RUN_FD: whatever it writes there
+means it could not run the command at all (it could not enter the node, or not start the command's
+shell there); it closes that fd before the command starts, so nothing the command prints is taken for it.
 A node without a wrapper is a plain local run.
 """
 
@@ -16,7 +19,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +27,9 @@ from sparkfleet.fleet.hostkeys import write_atomic
 from sparkfleet.fleet.ssh import DRAIN_AFTER_EXIT_S, ENV_NAME
 from sparkfleet.fleet.transport import Result, fan_out
 from sparkfleet.spec.inventory import Node
+
+NOT_RUN_FD = "SPARKFLEET_NOT_RUN_FD"  # names the wrapper's status pipe (see above)
+NOT_RUN_MAX = 4096  # bytes of the wrapper's reason kept
 
 # Nodes run DGX OS, where root's login shell is bash; generated shell is bash-valid (set -euo pipefail).
 SHELL = shutil.which("bash") or "/bin/sh"
@@ -45,11 +51,19 @@ class LocalTransport:
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
         """Run `command` with bash -c for every node at once; one Result per node, in input order."""
+        return self.run_each(nodes, {n.name: command for n in nodes},
+                             stdin={n.name: stdin for n in nodes} if stdin else None, timeout_s=timeout_s, env=env)
+
+    def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
+                 stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> dict[str, Result]:
+        """Each node's own command (and stdin) with bash -c, all at once; one Result per node, in input order."""
         for name in env or {}:
             if not ENV_NAME.match(name):
                 raise ValueError(f"env name {name!r} is not a valid shell variable name")
-        data = (stdin or "").encode()
-        return self._each(nodes, lambda node: self._run_one(node, command, data, timeout_s, env or {}))
+        stdin = stdin or {}
+        return self._each([n for n in nodes if n.name in commands], lambda node: self._run_one(
+            node, commands[node.name], (stdin.get(node.name) or "").encode(), timeout_s, env or {}))
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]:
         """Write `data` atomically to the node's path (`~` = the sandbox home for simulated nodes)."""
@@ -83,9 +97,19 @@ class LocalTransport:
 
     def _run_one(self, node: Node, command: str, stdin: bytes, timeout_s: float, extra: dict[str, str]) -> Result:
         env = {**self.node_env(node), **extra}
+        status_r, status_w = os.pipe() if node.wrapper else (-1, -1)
+        if node.wrapper:
+            env[NOT_RUN_FD] = str(status_w)
         # Own session so a timeout kills the command's whole process group, not just the shell.
-        proc = subprocess.Popen(self.argv(node, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            proc = subprocess.Popen(self.argv(node, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env, start_new_session=True,
+                                    pass_fds=(status_w,) if node.wrapper else ())
+        except BaseException:
+            _close(status_r)
+            raise
+        finally:
+            _close(status_w)
         out: list[bytes] = []
         err: list[bytes] = []
         threads = [threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True),
@@ -110,6 +134,10 @@ class LocalTransport:
             t.join(max(0.0, drain_until - time.monotonic()))
         stdout = b"".join(out).decode(errors="replace")
         stderr = b"".join(err).decode(errors="replace")
+        not_run = _read_status(status_r) if node.wrapper else ""
+        if not_run and code != 0:
+            return Result(node.name, False, stdout, stderr, exit_code=code, error="not-run",
+                          message=f"{node.name}: the command could not be run on the node: {not_run[:300]}")
         if timed_out:
             return Result(node.name, False, stdout, stderr, error="timeout",
                           message=f"{node.name}: command did not finish within {timeout_s:g}s (local); "
@@ -159,9 +187,28 @@ class LocalTransport:
                   f"chmod {mode:o} \"$t\"; mv -f \"$t\" \"$p\"; printf %s \"$p\"")
         r = self._run_one(node, script, data, 60.0, {})
         if not r.ok:
-            return Result(node.name, False, error=r.error if r.error == "unreachable" else "error",
+            return Result(node.name, False, error=r.error if r.error in ("unreachable", "not-run") else "error",
                           message=f"{node.name}: cannot write {remote_path}: {r.message}")
         return Result(node.name, True, extra={"path": r.stdout.strip(), "bytes": len(data), "mode": oct(mode)})
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        os.close(fd)
+
+
+def _read_status(fd: int) -> str:
+    """What the wrapper wrote on its status pipe (its last line), without waiting: a command that kept the
+    fd open (a wrapper that does not know the pipe) must not hold the result."""
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, NOT_RUN_MAX)
+    except (BlockingIOError, OSError):
+        data = b""
+    finally:
+        os.close(fd)
+    lines = data.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _pump(stream, sink: list[bytes]) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sparkfleet.engines.base import Launch, groups
 from sparkfleet.fleet.ship import ensure_helper, remote_path
-from sparkfleet.fleet.transport import Result, Transport, fan_out
+from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import Rank
 from sparkfleet.spec.profile import Profile
 
@@ -92,10 +92,7 @@ def run(transport: Transport, ranks: list[Rank], runs: list[RankRun], timeout_s:
         if not res.ok:
             by_node[name].result = res
     todo = [nodes[n] for n, x in by_node.items() if x.result is None]
-
-    def one(node):
-        return transport.run([node], by_node[node.name].command, timeout_s=timeout_s)[node.name]
-
-    for name, res in fan_out(todo, one).items():
+    for name, res in transport.run_each(todo, {n.name: by_node[n.name].command for n in todo},
+                                        timeout_s=timeout_s).items():
         by_node[name].result = res
     return runs

@@ -2,8 +2,8 @@
 
 The command sent to a node is a small `python3 -c` guard: it reads ~/.cache/sparkfleet/bin/<name>,
 checks its sha256 against this sparkfleet's copy and, if it matches, runs exactly the bytes it
-hashed (no window between check and run). If the file is missing or different it creates the
-directory and exits with MISSING (97) plus a marker on stderr; only those nodes get the helper
+hashed (no window between check and run). If the file is missing or different it exits with
+MISSING (97) plus a marker on stderr; only those nodes get the helper
 (Transport.put, mode 0755) and are run again. A node that still differs after shipping fails.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import shlex
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+from sparkfleet.fleet.op import NodeCommands, OpGen, query, run_ops
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.spec.inventory import Node
 
@@ -33,7 +33,6 @@ try:
 except OSError:
     b = None
 if b is None or hashlib.sha256(b).hexdigest() != {digest!r}:
-    os.makedirs(os.path.dirname(p), exist_ok=True)
     sys.stderr.write({marker!r} + ' ' + p + chr(10))
     sys.exit({missing})
 if {run}:
@@ -70,6 +69,11 @@ def guard_command(name: str, *, run: bool = True) -> str:
     return "python3 -c " + shlex.quote(code)
 
 
+def inline_command(name: str) -> str:
+    """The helper's own bytes run by `python3 -c`, for a node that lacks it when nothing may be written."""
+    return "python3 -c " + shlex.quote(helper_bytes(name).decode())
+
+
 def is_missing(r: Result) -> bool:
     """True when the guard said: the helper on that node is missing or differs."""
     return r.exit_code == MISSING and MARKER in (r.stderr + r.stdout)
@@ -95,84 +99,58 @@ def _still_differs(node: str, name: str) -> Result:
                   f"shipping it (sha256 {helper_sha256(name)[:12]}); is ~/.cache writable and not full?")
 
 
-def _put(transport: Transport, nodes: list[Node], name: str) -> dict[str, Result]:
-    return transport.put(nodes, helper_bytes(name), remote_path(name), mode=0o755)
+def helper_ops(name: str, nodes: list[Node], stdin_by_node: dict[str, str] | None = None,
+               timeout_s: float = 30.0, *, run: bool = True, changes: bool = False) -> OpGen[dict[str, Result]]:
+    """Run (or with `run=False` only verify) this sparkfleet's copy of `name` on every node, shipping it first
+    only where it is missing or differs; each node's Result (verify only: message 'current' or 'shipped').
+
+    Steady state: one read-only round trip per node. A node whose copy is missing or changed answers 97;
+    the helper is written there and run again (that node only). Under --dry-run nothing is shipped: the
+    nodes that would need it fail, saying so. `changes`: the helper's run writes on the node (a copy), so it
+    is not run under --dry-run=facts either."""
+    command = guard_command(name, run=run)
+    stdin = dict(stdin_by_node or {})
+    results = yield NodeCommands(f"run {name}" if run else f"verify {name}", {n.name: command for n in nodes},
+                                 changes=changes and run, timeout_s=timeout_s, stdin=stdin)
+    if results is None:
+        return {}
+    stale = [n for n in nodes if is_missing(results[n.name])]
+    if stale:
+        again = yield NodeCommands(f"ship {name}" + (" and run it" if run else ""), {n.name: command for n in stale},
+                                   changes=True, timeout_s=timeout_s, stdin=stdin, file_mode=0o755,
+                                   files={n.name: {remote_path(name): helper_bytes(name)} for n in stale})
+        if again is None and run and not changes:  # --dry-run=facts: the same bytes run inline
+            again = yield query(f"run {name} inline (a dry run ships nothing)",
+                                {n.name: inline_command(name) for n in stale}, timeout_s, stdin)
+        for n in stale:
+            if again is None:
+                results[n.name] = Result(n.name, False, exit_code=MISSING, error="error",
+                                         message=f"{remote_path(name)} on {n.name} is missing or differs from this "
+                                         "sparkfleet's copy, and a dry run ships nothing")
+            elif is_missing(again[n.name]):
+                results[n.name] = _still_differs(n.name, name)
+            else:
+                results[n.name] = again[n.name]
+                if not run and again[n.name].ok:
+                    results[n.name] = Result(n.name, True, message="shipped", elapsed_s=again[n.name].elapsed_s)
+    out = {}
+    for n in nodes:
+        r = results[n.name]
+        if not run and r.ok and not r.message:
+            r = Result(n.name, True, message="current", elapsed_s=r.elapsed_s)
+        out[n.name] = _explain(r, name)
+    return out
 
 
 def ensure_helper(transport: Transport, nodes: Iterable[Node], name: str = "facts.py") -> dict[str, Result]:
     """Make sure every node holds this sparkfleet's copy of `name`; ok Results say 'current' or 'shipped'."""
     nodes = list(nodes)
-    check = guard_command(name, run=False)
-    first = transport.run(nodes, check, timeout_s=30.0)
-    out: dict[str, Result] = {}
-    stale = []
-    for node in nodes:
-        r = first[node.name]
-        if r.ok:
-            out[node.name] = Result(node.name, True, message="current", elapsed_s=r.elapsed_s)
-        elif is_missing(r):
-            stale.append(node)
-        else:
-            out[node.name] = _explain(r, name)
-    if not stale:
-        return out
-    put = _put(transport, stale, name)
-    shipped = [n for n in stale if put[n.name].ok]
-    for n in stale:
-        if not put[n.name].ok:
-            out[n.name] = put[n.name]
-    if shipped:
-        again = transport.run(shipped, check, timeout_s=30.0)
-        for n in shipped:
-            r = again[n.name]
-            if r.ok:
-                out[n.name] = Result(n.name, True, message="shipped", elapsed_s=r.elapsed_s)
-            elif is_missing(r):
-                out[n.name] = _still_differs(n.name, name)
-            else:
-                out[n.name] = _explain(r, name)
-    return out
-
-
-def _run_grouped(transport: Transport, nodes: list[Node], command: str, stdin_by_node: dict[str, str | None],
-                 timeout_s: float) -> dict[str, Result]:
-    """One transport.run per distinct stdin, those runs in parallel (Transport.run takes one stdin)."""
-    groups: dict[str | None, list[Node]] = {}
-    for n in nodes:
-        groups.setdefault(stdin_by_node.get(n.name), []).append(n)
-    if len(groups) == 1:
-        (stdin, members), = groups.items()
-        return transport.run(members, command, stdin=stdin, timeout_s=timeout_s)
-    out: dict[str, Result] = {}
-    with ThreadPoolExecutor(max_workers=min(len(groups), 32)) as pool:
-        futures = [pool.submit(transport.run, members, command, stdin=stdin, timeout_s=timeout_s)
-                   for stdin, members in groups.items()]
-        for f in futures:
-            out.update(f.result())
-    return out
+    return run_ops(transport, nodes, helper_ops(name, nodes, run=False))
 
 
 def run_helper(transport: Transport, nodes: Iterable[Node], name: str,
-               stdin_by_node: dict[str, str] | None = None, timeout_s: float = 30.0) -> dict[str, Result]:
-    """Run `python3 ~/.cache/sparkfleet/bin/<name>` on every node, shipping it first only where needed.
-
-    Steady state: one round trip per node. A node whose copy is missing or changed answers 97; the
-    helper is put there and run again (two more round trips, that node only). Nodes with different
-    stdin run in parallel, one transport call each.
-    """
+               stdin_by_node: dict[str, str] | None = None, timeout_s: float = 30.0,
+               changes: bool = False) -> dict[str, Result]:
+    """Run `python3 ~/.cache/sparkfleet/bin/<name>` on every node now (helper_ops through the executor)."""
     nodes = list(nodes)
-    stdins: dict[str, str | None] = dict(stdin_by_node or {})
-    command = guard_command(name)
-    results = _run_grouped(transport, nodes, command, stdins, timeout_s)
-    stale = [n for n in nodes if is_missing(results[n.name])]
-    if stale:
-        put = _put(transport, stale, name)
-        shipped = [n for n in stale if put[n.name].ok]
-        for n in stale:
-            if not put[n.name].ok:
-                results[n.name] = put[n.name]
-        if shipped:
-            again = _run_grouped(transport, shipped, command, stdins, timeout_s)
-            for n in shipped:
-                results[n.name] = _still_differs(n.name, name) if is_missing(again[n.name]) else again[n.name]
-    return {n.name: _explain(results[n.name], name) for n in nodes}
+    return run_ops(transport, nodes, helper_ops(name, nodes, stdin_by_node, timeout_s, changes=changes))

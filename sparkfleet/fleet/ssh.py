@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -105,9 +105,17 @@ class SshTransport:
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
         """Run `command` (a shell string) on every node at once; one Result per node, in input order."""
-        full = env_prefix(env) + command
-        data = (stdin or "").encode()
-        return self._each(nodes, lambda conn, node: self._exec(conn, node, full, data, timeout_s))
+        return self.run_each(nodes, {n.name: command for n in nodes},
+                             stdin={n.name: stdin for n in nodes} if stdin else None, timeout_s=timeout_s, env=env)
+
+    def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
+                 stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> dict[str, Result]:
+        """Each node's own command (and stdin), all at once over its connection; one Result per node."""
+        prefix = env_prefix(env)
+        stdin = stdin or {}
+        return self._each([n for n in nodes if n.name in commands], lambda conn, node: self._exec(
+            conn, node, prefix + commands[node.name], (stdin.get(node.name) or "").encode(), timeout_s))
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]:
         """Write `data` to `remote_path` on every node: parents created, tmp file + rename, `mode` applied.
@@ -436,10 +444,19 @@ def connect_failure(node: Node, exc: BaseException, known_hosts: Path, timeout_s
                     f"the inventory")
     if isinstance(exc, OSError):
         return fail("unreachable", f"{name}: cannot reach {at}: {_reason(exc)}; check the node and its network")
+    # The peer closed the connection mid-handshake: EOFError from the transport thread, or paramiko's
+    # banner read wrapping it ("Error reading SSH protocol banner" + str(EOFError()), i.e. nothing after it).
+    # A reset there (the peer closed with our banner unread) is the same hang-up.
+    hung_up = exc.__context__ if isinstance(exc.__context__, EOFError | ConnectionResetError) else None
+    if isinstance(exc, EOFError) or hung_up is not None or str(exc) == "Error reading SSH protocol banner":
+        how = "reset" if isinstance(hung_up, ConnectionResetError) else "EOF"
+        return fail("unreachable", f"{name}: {at} accepted TCP, then closed the connection during the SSH "
+                    f"handshake ({how}); check sshd on the node (MaxStartups, a tcpwrapper or fail2ban ban, "
+                    f"or not sshd)")
     # paramiko's start_client() returns on timeout without an error; the next step then finds
     # "No existing session": both mean the SSH handshake did not finish in time.
     stalled = ("banner", "No existing session")
-    if isinstance(exc, EOFError) or (isinstance(exc, paramiko.SSHException) and any(s in str(exc) for s in stalled)):
+    if isinstance(exc, paramiko.SSHException) and any(s in str(exc) for s in stalled):
         return fail("unreachable", f"{name}: {at} accepted TCP but did not complete the SSH handshake within "
                     f"{timeout_s:g}s; check sshd on the node (hung, overloaded, or not sshd)")
     return fail("error", f"{name}: SSH to {at} failed: {type(exc).__name__}: {exc}")

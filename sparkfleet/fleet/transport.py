@@ -8,7 +8,7 @@ result with its cause, never an exception that loses the other nodes' results.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -16,7 +16,8 @@ from typing import Literal, Protocol
 
 from sparkfleet.spec.inventory import Node
 
-ErrorKind = Literal["unreachable", "auth", "hostkey-unknown", "hostkey-changed", "timeout", "exit", "error"]
+ErrorKind = Literal["unreachable", "auth", "hostkey-unknown", "hostkey-changed", "timeout", "exit", "error",
+                    "not-run"]
 
 
 @dataclass
@@ -33,10 +34,19 @@ class Result:
 
 
 class Transport(Protocol):
-    """Run commands on nodes; `put` copies bytes to a path on each node (mode applied)."""
+    """Run commands on nodes; `put` copies bytes to a path on each node (mode applied).
+
+    `run_each` is the one per-node form: a command (and stdin) of its own for each node, all at once;
+    `run` is the same command everywhere."""
 
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
             timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]: ...
+
+    def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
+                 stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> dict[str, Result]:
+        """`commands[node.name]` (and `stdin[node.name]`) on each of `nodes` that has a command."""
+        ...
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]: ...
 
@@ -45,6 +55,26 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class RunEachByRun:
+    """`run_each` for a transport that only has `run` (test doubles): one `run` per distinct command and
+    stdin, those in parallel."""
+
+    def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
+                 stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> dict[str, Result]:
+        groups: dict[tuple[str, str | None], list[Node]] = {}
+        for n in nodes:
+            if n.name in commands:
+                groups.setdefault((commands[n.name], (stdin or {}).get(n.name)), []).append(n)
+        out: dict[str, Result] = {}
+        with ThreadPoolExecutor(max_workers=max(1, min(len(groups), 32))) as pool:
+            futures = [pool.submit(self.run, members, cmd, stdin=data, timeout_s=timeout_s, env=env)  # type: ignore[attr-defined]
+                       for (cmd, data), members in groups.items()]
+            for f in futures:
+                out.update(f.result())
+        return {n.name: out[n.name] for n in nodes if n.name in out}
 
 
 def fan_out(nodes: list[Node], one: Callable[[Node], Result], max_parallel: int = 64) -> dict[str, Result]:

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sparkfleet.checks import clock, probe
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.engram.manifest import judge_rank
 from sparkfleet.engram.ranges import Harvest
 from sparkfleet.fleet.facts import Container, NodeFacts
@@ -234,7 +235,7 @@ def _lane_families(view: FleetView, out: dict[str, Metric]) -> None:
             running = [c for c in lane_containers(st.facts, name) if c.labels.get(RANK_LABEL) == "0"]
             if running:
                 image = running[0].image  # what the head actually runs, if it differs from the profile
-        model = (p.model.name or p.model.repo_dir) if p.model else (p.tensorfold.model_dir if p.tensorfold else "")
+        model = engine_for(p.engine).model_label(p)
         checkpoint = (p.model.revision if p.model else None) or "unknown"
         out[n.LANE_INFO.name].add_metric([name, p.engine, image, model, checkpoint, p.group or ""], 1.0)
         for rank, path in sorted(lane.manifests.items()):

@@ -26,24 +26,6 @@ GRID_W = 24
 SCHEMA_VERSION = 39
 RATE = "$__rate_interval"
 
-# vLLM's names (REFERENCE.md §1). KV usage has a deprecated predecessor that older images still export.
-VLLM_RUNNING = "vllm:num_requests_running"
-VLLM_WAITING = "vllm:num_requests_waiting"
-VLLM_KV = "vllm:kv_cache_usage_perc"
-VLLM_KV_OLD = "vllm:gpu_cache_usage_perc"
-VLLM_PROMPT = "vllm:prompt_tokens_total"
-VLLM_GENERATION = "vllm:generation_tokens_total"
-VLLM_TTFT = "vllm:time_to_first_token_seconds"
-VLLM_ITL = "vllm:inter_token_latency_seconds"
-VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
-VLLM_SUCCESS = "vllm:request_success_total"
-VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-VLLM_PREFIX_HITS = "vllm:prefix_cache_hits_total"
-SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
-SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-
 NODE_SEL = '{node=~"$node"}'
 PROFILE_SEL = '{profile=~"$profile"}'
 QUANTILES = (0.5, 0.9, 0.99)
@@ -251,23 +233,43 @@ def fleet(latch_band: tuple[int, int] | None = (630, 950)) -> dict[str, Any]:
                       variable_query("node", "Node", n.NODE_UP.name, "node")], ["sparkfleet", "fleet"])
 
 
-def _quantiles(metric: str, sel: str) -> list[dict[str, Any]]:
-    return [target(f"histogram_quantile({q:g}, sum by (le, profile) (rate({metric}_bucket{sel}[{RATE}])))",
-                   f"{{{{profile}}}} p{q * 100:g}") for q in QUANTILES]
+def _quantiles(key: str, sel: str) -> list[dict[str, Any]]:
+    return [target(_each_engine("histograms", key, f"histogram_quantile({q:g}, sum by (le, profile) "
+                                f"(rate({{m}}_bucket{sel}[{RATE}])))"), f"{{{{profile}}}} p{q * 100:g}")
+            for q in QUANTILES]
+
+
+def _metrics() -> list[Any]:
+    """Every engine's MetricNames (engines/*.py METRICS), in the registry's order."""
+    from sparkfleet.engines.registry import NAMES, engine_for
+
+    return [m for m in (engine_for(name).metrics for name in NAMES) if m is not None]
+
+
+def _one(m: Any, kind: str, key: str) -> str | None:
+    return m.per_pos if kind == "per_pos" else getattr(m, kind).get(key)
+
+
+def engine_series(kind: str, key: str, *, fallback: bool = False) -> list[str]:
+    """Every engine's series for `key`, and with `fallback` their older names too."""
+    names: list[str] = []
+    for m in _metrics():
+        series = [_one(m, kind, key)] + ([m.fallbacks.get(key)] if fallback else [])
+        names += [x for x in series if x and x not in names]
+    return names
 
 
 def _each_engine(kind: str, key: str, expr: str) -> str:
     """`expr` (with {m} for the series name) for every engine that exports `key`, joined with `or`: one
-    panel for vLLM's and llama.cpp's names (engines/*.py METRICS); a lane has one engine, so one side."""
-    from sparkfleet.engines.registry import NAMES, engine_for
+    panel for vLLM's and llama.cpp's names; a lane has one engine, so one side."""
+    return " or ".join(expr.replace("{m}", x) for x in engine_series(kind, key))
 
-    names = []
-    for name in NAMES:
-        m = engine_for(name).metrics
-        series = getattr(m, kind).get(key) if m is not None else None
-        if series and series not in names:
-            names.append(series)
-    return " or ".join(expr.replace("{m}", x) for x in names)
+
+def _ratio(num: tuple[str, str], den: tuple[str, str], s: str, by: str = "profile", on: str = "") -> str:
+    """rate(num) / rate(den) per lane, for each engine that exports both (one side per engine)."""
+    parts = [f"sum by ({by}) (rate({a}{s}[{RATE}])) / {on}sum by (profile) (rate({b}{s}[{RATE}]))"
+             for m in _metrics() if (a := _one(m, *num)) and (b := _one(m, *den))]
+    return parts[0] if len(parts) == 1 else " or ".join(f"({x})" for x in parts)
 
 
 def lane() -> dict[str, Any]:
@@ -302,45 +304,47 @@ def lane() -> dict[str, Any]:
         panel("Requests running / waiting", "Requests in the engine's batch, and requests queued for it.",
               [target(_each_engine("gauges", "running", "sum by (profile) ({m}" + s + ")"), "{{profile}} running"),
                target(_each_engine("gauges", "waiting", "sum by (profile) ({m}" + s + ")"), "{{profile}} waiting")]),
-        panel("KV cache usage", f"Fraction of the KV cache in use ({VLLM_KV}; images before vLLM 0.10 export "
-              f"{VLLM_KV_OLD}, read when the new name is absent).",
-              [target(f"max by (profile) ({VLLM_KV}{s} or {VLLM_KV_OLD}{s})", "{{profile}}")],
+        panel("KV cache usage", "Fraction of the KV cache in use ("
+              + ", then ".join(engine_series("gauges", "kv_usage", fallback=True))
+              + ": an older image's name is read when the current one is absent).",
+              [target("max by (profile) (" + " or ".join(
+                  f"{m}{s}" for m in engine_series("gauges", "kv_usage", fallback=True)) + ")", "{{profile}}")],
               unit="percentunit"),
         panel("Prompt and generation tokens/s", "Prefill (prompt) and decode (generation) token throughput.",
               [target(_each_engine("counters", "prompt_tokens", "sum by (profile) (rate({m}" + s + f"[{RATE}]))"),
                       "{{profile}} prompt tok/s"),
                target(_each_engine("counters", "generation_tokens", "sum by (profile) (rate({m}" + s + f"[{RATE}]))"),
                       "{{profile}} generation tok/s")]),
-        panel("Time to first token", "TTFT quantiles (p50, p90, p99) from vLLM's histogram.",
-              _quantiles(VLLM_TTFT, s), unit="s"),
-        panel("Inter-token latency", "Inter-token latency quantiles (p50, p90, p99) from vLLM's histogram.",
-              _quantiles(VLLM_ITL, s), unit="s"),
+        panel("Time to first token", "TTFT quantiles (p50, p90, p99) from the engine's histogram.",
+              _quantiles("ttft", s), unit="s"),
+        panel("Inter-token latency", "Inter-token latency quantiles (p50, p90, p99) from the engine's histogram.",
+              _quantiles("itl", s), unit="s"),
         panel("Preemptions", "Requests preempted per interval (KV cache pressure); the seeds' lanes ran with "
-              "zero.", [target(f"sum by (profile) (increase({VLLM_PREEMPTIONS}{s}[{RATE}]))", "{{profile}}")]),
+              "zero.", [target(_each_engine("counters", "preemptions", f"sum by (profile) (increase({{m}}{s}"
+                                            f"[{RATE}]))"), "{{profile}}")]),
         panel("Finished requests", "Requests finished per interval, by reason (stop, length, abort).",
-              [target(f"sum by (profile, finished_reason) (increase({VLLM_SUCCESS}{s}[{RATE}]))",
-                      "{{profile}} {{finished_reason}}")]),
+              [target(_each_engine("counters", "requests", f"sum by (profile, finished_reason) (increase({{m}}{s}"
+                                   f"[{RATE}]))"), "{{profile}} {{finished_reason}}")]),
         panel("Prefix cache hit rate", "Prompt tokens served from the prefix cache, over tokens queried.",
-              [target(f"sum by (profile) (rate({VLLM_PREFIX_HITS}{s}[{RATE}])) / sum by (profile) "
-                      f"(rate({VLLM_PREFIX_QUERIES}{s}[{RATE}]))", "{{profile}}")], unit="percentunit"),
+              [target(_ratio(("counters", "prefix_cache_hits"), ("counters", "prefix_cache_queries"), s),
+                      "{{profile}}")], unit="percentunit"),
         row("DSpark speculative decoding"),
         panel("Mean acceptance length", "Tokens per step: 1 + accepted draft tokens per draft (max k+1, 6 at "
               "k=5; MET-05). Only with --speculative-config.",
-              [target(f"1 + sum by (profile) (rate({SPEC_ACCEPTED}{s}[{RATE}])) / sum by (profile) "
-                      f"(rate({SPEC_DRAFTS}{s}[{RATE}]))", "{{profile}}")]),
+              [target("1 + " + _ratio(("counters", "accepted"), ("counters", "drafts"), s), "{{profile}}")]),
         panel("Draft acceptance rate", "Accepted draft tokens over drafted tokens.",
-              [target(f"sum by (profile) (rate({SPEC_ACCEPTED}{s}[{RATE}])) / sum by (profile) "
-                      f"(rate({SPEC_DRAFT_TOKENS}{s}[{RATE}]))", "{{profile}}")], unit="percentunit"),
+              [target(_ratio(("counters", "accepted"), ("counters", "draft_tokens"), s), "{{profile}}")],
+              unit="percentunit"),
         panel("Acceptance per draft position", "Share of drafts whose token at each position was accepted "
               "(MET-06; the seeds saw 59.5 / 30.4 / 13.9 / 6.1 / 2.8 %).",
-              [target(f"sum by (profile, position) (rate({SPEC_PER_POS}{s}[{RATE}])) / on (profile) group_left () "
-                      f"sum by (profile) (rate({SPEC_DRAFTS}{s}[{RATE}]))", "{{profile}} position {{position}}")],
+              [target(_ratio(("per_pos", ""), ("counters", "drafts"), s, by="profile, position",
+                             on="on (profile) group_left () "), "{{profile}} position {{position}}")],
               unit="percentunit", w=24),
     ]
     return dashboard("sparkfleet-lane", "sparkfleet / Lane",
-                     "A lane's serving metrics from vLLM's /metrics on the head (labelled with the lane by the "
-                     "generated scrape config), with the lane's image and checkpoint.", items,
-                     [variable_query("profile", "Lane", VLLM_RUNNING, "profile"),
+                     "A lane's serving metrics from its engine's /metrics on the head (labelled with the lane by "
+                     "the generated scrape config), with the lane's image and checkpoint.", items,
+                     [variable_query("profile", "Lane", n.LANE_INFO.name, "profile"),
                       variable_query("node", "Node", n.NODE_UP.name, "node")], ["sparkfleet", "lane", "vllm"])
 
 
@@ -359,9 +363,8 @@ def queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in panels(dash) for t in p["targets"]]
 
 
-SERIES = re.compile(r"\b(sparkfleet_[a-z0-9_]+|vllm:[a-z0-9_:]+|llamacpp:[a-z0-9_:]+)")
-
-
 def series_names(expr: str) -> set[str]:
-    """The sparkfleet_* and vllm:* names an expression reads (histogram suffixes included)."""
-    return set(SERIES.findall(expr))
+    """The sparkfleet_* and engine (each adapter's prefix: vllm:*, llamacpp:*) names an expression reads
+    (histogram suffixes included)."""
+    prefixes = "|".join(re.escape(m.prefix) for m in _metrics())
+    return set(re.findall(rf"\b(sparkfleet_[a-z0-9_]+|(?:{prefixes})[a-z0-9_:]+)", expr))

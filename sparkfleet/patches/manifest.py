@@ -123,6 +123,23 @@ def mounts_for(name: str | None, root: Path) -> tuple[list[tuple[str, str]], lis
     return manifest.mounts(), []
 
 
+def refusals(root: Path, name: str | None) -> list[Finding]:
+    """Why `up` refuses the lane's patch set before touching a node (none: the set can be pushed and verified):
+    no manifest, a set the seeds do not list in full (`seed_gap`), or set files that differ from the manifest.
+    The same conditions, in the same order, as `up`'s patches step."""
+    if not name:
+        return []
+    if not (set_dir(root, name) / MANIFEST).is_file():
+        return [Finding("patches", "fail", f"patches/{name}/{MANIFEST} does not exist",
+                        f"sparkfleet patches build DIR --name {name}", observed="has no manifest")]
+    manifest = load(root, name)
+    if not manifest.complete:
+        return [Finding("patches", "fail", f"patches/{name}/{MANIFEST}: {manifest.seed_gap}",
+                        f"sparkfleet patches build DIR --name {name} --mounts mounts.txt",
+                        observed="is not known in full (the seeds do not list its files or checksums)")]
+    return verify_local(root, manifest)
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkfleet.findings import Finding
+from sparkfleet.fleet.op import NodeCommands, OpGen, query, run_ops
 from sparkfleet.fleet.transport import Transport
 from sparkfleet.patches.manifest import PatchManifest, set_dir
 from sparkfleet.spec.inventory import Node
@@ -49,19 +50,16 @@ def remote_path(node: Node, manifest: PatchManifest, source: str) -> str:
     return posixpath.join(node.storage.patch_root, manifest.name, source)
 
 
-def inspect(transport: Transport, nodes: list[Node], manifest: PatchManifest,
-            timeout_s: float = 30.0) -> dict[str, NodeState]:
-    """Which files each node lacks or has with a different hash."""
+def inspect_ops(nodes: list[Node], manifest: PatchManifest,
+                timeout_s: float = 30.0) -> OpGen[dict[str, NodeState] | None]:
+    """Which files each node lacks or has with a different hash (one read per node); None under --dry-run."""
     paths = {n.name: [remote_path(n, manifest, f.source) for f in manifest.files] for n in nodes}
+    command = f"python3 -c {shlex.quote(HASH_SCRIPT)}"
+    results = yield query(f"hash patch set {manifest.name!r}", {n.name: command for n in nodes}, timeout_s,
+                          {n.name: json.dumps(paths[n.name]) for n in nodes})
+    if results is None:
+        return None
     states: dict[str, NodeState] = {}
-    # one command per node; nodes sharing a patch_root share one fan-out
-    results = {}
-    by_stdin: dict[str, list[Node]] = {}
-    for node in nodes:
-        by_stdin.setdefault(json.dumps(paths[node.name]), []).append(node)
-    for stdin, group in by_stdin.items():
-        results.update(transport.run(group, f"python3 -c {shlex.quote(HASH_SCRIPT)}", stdin=stdin,
-                                     timeout_s=timeout_s))
     for node in nodes:
         r = results[node.name]
         if not r.ok:
@@ -85,27 +83,49 @@ def inspect(transport: Transport, nodes: list[Node], manifest: PatchManifest,
     return states
 
 
-def push(transport: Transport, nodes: list[Node], manifest: PatchManifest, root: Path) -> dict[str, NodeState]:
-    """Copy only the files whose hash differs, then verify every node again."""
-    before = inspect(transport, nodes, manifest)
+def inspect(transport: Transport, nodes: list[Node], manifest: PatchManifest,
+            timeout_s: float = 30.0) -> dict[str, NodeState]:
+    """inspect_ops run now."""
+    return run_ops(transport, nodes, inspect_ops(nodes, manifest, timeout_s)) or {}
+
+
+def push_ops(nodes: list[Node], manifest: PatchManifest, root: Path) -> OpGen[dict[str, NodeState] | None]:
+    """Copy only the files whose hash differs (one write per node), then verify every node again. Under
+    --dry-run the hashes are not read, so every file of the set is shown as it would be written."""
+    before = yield from inspect_ops(nodes, manifest)
     base = set_dir(root, manifest.name)
+    todo: dict[str, list[str]] = {}
     for node in nodes:
-        st = before[node.name]
-        if not st.reachable:
-            continue
-        for source in st.missing + st.wrong:
-            data = (base / source).read_bytes()
-            res = transport.put([node], data, remote_path(node, manifest, source))[node.name]
-            if not res.ok:
-                st.message = f"copying {source} failed: {res.message or res.stderr.strip()}"
-                break
-            st.pushed.append(source)
-    after = inspect(transport, [n for n in nodes if before[n.name].reachable], manifest)
-    for name, st in after.items():
+        st = before.get(node.name) if before is not None else None
+        if st is None or st.reachable:
+            todo[node.name] = (st.missing + st.wrong) if st else [f.source for f in manifest.files]
+    by_name = {n.name: n for n in nodes}
+    writes = {n: {remote_path(by_name[n], manifest, src): (base / src).read_bytes() for src in srcs}
+              for n, srcs in todo.items() if srcs}
+    if writes:
+        done = yield NodeCommands(f"copy patch set {manifest.name!r} files that differ",
+                                  {n: "true" for n in writes}, files=writes)
+        if done is None or before is None:
+            return None
+        for n in writes:
+            st = before[n]
+            if done[n].ok:
+                st.pushed = list(todo[n])
+            else:
+                st.message = f"copying failed: {done[n].message or done[n].stderr.strip()}"
+    elif before is None:
+        return None
+    after = yield from inspect_ops([n for n in nodes if before[n.name].reachable], manifest)
+    for name, st in (after or {}).items():
         st.pushed = before[name].pushed
         if before[name].message:
             st.message = before[name].message
-    return {**before, **after}
+    return {**before, **(after or {})}
+
+
+def push(transport: Transport, nodes: list[Node], manifest: PatchManifest, root: Path) -> dict[str, NodeState]:
+    """push_ops run now."""
+    return run_ops(transport, nodes, push_ops(nodes, manifest, root)) or {}
 
 
 def findings(states: dict[str, NodeState], manifest: PatchManifest) -> list[Finding]:

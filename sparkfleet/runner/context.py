@@ -8,7 +8,8 @@ from pathlib import Path
 
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.transport import Result, Transport, fan_out
+from sparkfleet.fleet.op import Executor, shown_as
+from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.plan import Plan
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.record import Record
@@ -20,6 +21,7 @@ from sparkfleet.spec.playbook import Playbook
 @dataclass
 class RunOptions:
     dry_run: bool = False
+    dry_reads: bool = False  # --dry-run=facts: read-only commands (facts, the lane's containers) run
     save_as: str | None = None  # write a restore point after a successful up
     keep: bool = False  # down --keep: stop containers but keep them (the Station's candidate lanes)
     stop_on_gate_failure: bool = False
@@ -66,6 +68,11 @@ class RunContext:
     rendered: bool = False  # plan re-rendered with this run's id and resolved GID indexes
     tunnel: str | None = None  # the head's base URL once decided (an SSH local forward stays open till the end)
     closers: ExitStack = field(default_factory=ExitStack)  # what the run opened (tunnels): closed at its end
+    executor: Executor = field(init=False)  # the one place this run's node commands run (or are shown)
+
+    def __post_init__(self) -> None:
+        self.executor = Executor(self.transport, self.inventory.nodes, dry_run=self.options.dry_run,
+                                 reads=self.options.dry_reads, show=shown_as(self.events.emit))
 
     @property
     def profile(self):
@@ -118,15 +125,3 @@ class RunContext:
         name = self.profile.patches
         path = pm.set_dir(self.spec.root, name) / pm.MANIFEST if name else None
         return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
-
-    def run_each(self, commands: dict[str, str], timeout_s: float = 120.0,
-                 stdin: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict[str, Result]:
-        """A different command per node, all at once (one thread per node)."""
-        if not commands:
-            return {}
-
-        def one(node: Node) -> Result:
-            return self.transport.run([node], commands[node.name], timeout_s=timeout_s,
-                                      stdin=(stdin or {}).get(node.name), env=env)[node.name]
-
-        return fan_out([self.node(n) for n in commands], one)

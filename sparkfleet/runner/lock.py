@@ -191,7 +191,9 @@ class NodeLock:
             return
         me = parse_holder(self.text)
         answers = {n: parse_lock_take(r) for n, r in reply.items()}
-        self.held = [n for n in self.nodes if not getattr(answers.get(n), "kind", "") == "reach"]
+        # a take that did not run, or ran and failed before it took (NodeError of a known kind), took nothing;
+        # only an answer or a failure this code cannot read may leave this run's lock behind
+        self.held = [n for n in self.nodes if getattr(answers.get(n), "kind", "failed") == "failed"]
         stale = {}
         for n, a in answers.items():
             if isinstance(a, LockAnswer) and not a.taken:
@@ -227,8 +229,10 @@ class NodeLock:
             raise Busy(stuck_text(n, self.path, stale[n][0], stale[n][1], a) + more)
         failed = [a for a in answers.values() if not isinstance(a, (LockAnswer, LockStuck)) and a.kind != "reach"]
         if failed:
-            raise UserError(f"{failed[0].node}: could not take the fleet lock {self.path}: {failed[0].message}"
-                            + (f"; {failed[0].remedy}" if failed[0].remedy else ""))
+            e = failed[0]
+            what = "its command could not be run there" if e.kind == "not-run" else "its command failed there"
+            raise UserError(f"{e.node}: could not take the fleet lock {self.path} ({what}): {e.message}"
+                            + (f"; {e.remedy}" if e.remedy else ""))
         ctx.record.data.setdefault("fleet_lock", {})["nodes"] = [n for n, a in answers.items()
                                                                   if isinstance(a, LockAnswer)]
 

@@ -9,7 +9,7 @@ from sparkfleet.fleet import commands as nodeops
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepGen, query, run_now
 
-LOG_TAIL = 60  # lines of each rank's log kept in the record when a launch fails
+LOG_TAIL = nodeops.LOG_TAIL  # lines of each rank's log kept in the record when a launch fails
 
 
 def _by_node(ctx: RunContext) -> dict[str, list[Started]]:

@@ -21,8 +21,9 @@ from sparkfleet.spec.errors import UserError
 
 __all__ = ["REDACTED", "SECRET_NAME", "Record", "RunRecord", "list_runs", "new_run_id", "read_record", "redact"]
 
-# 1: the record as a free-form dict (before the typed model); 2: typed, with per-rank launches and pins
-SCHEMA_VERSION = 2
+# 1: the record as a free-form dict (before the typed model); 2: typed, with per-rank launches and pins;
+# 3: every key the runner and watch write is declared (RecordData forbids others), one validation on write
+SCHEMA_VERSION = 3
 
 
 def new_run_id() -> str:
@@ -104,13 +105,53 @@ class LaunchRecord(_Open):
     inventory: NodeSlice | None = None
 
 
-class RecordData(_Open):
+Doc = dict[str, Any]  # a part whose shape its own module defines (facts: NodeFacts; a probe: its verdict)
+
+
+class PinsRecord(_Open):
+    drift: list[str] = Field(default_factory=list)
+    today: list[str] = Field(default_factory=list)
+
+
+class RecordData(BaseModel):
+    """Every key a run (the runner's steps) or a watch incident writes; another key is a bug, refused on write."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # the plan and the preflight
+    plan_findings: list[FindingRecord] | None = None
+    overrides: Doc | None = None  # -o KEY=VALUE as given: restore reloads the profile with them
+    facts: dict[str, Doc] | None = None  # node -> NodeFacts, or {error, message}
     findings: list[FindingRecord] | None = None
-    gates: GatesRecord | None = None
+    probe: Doc | None = None  # node -> the clock probe's verdict, or {"skipped": why}
+    fabric_probe: Doc | None = None
+    nccl: Doc | None = None
+    patches: PatchesRecord | None = None
     engram: dict[int, str] | None = None  # rank -> node-local | nfs
     engram_manifests: dict[str, str] | None = None  # rank -> sha256 of its copy's manifest
+    engram_ranges: str | None = None  # "harvested" when the harvest decided the rows
+    rail2: dict[str, str] | None = None  # node -> the runtime alias added
+    pins: PinsRecord | None = None
+    fleet_lock: Doc | None = None  # taken_over (findings), nodes
+    # the launch and what served
     launches: list[LaunchRecord] | None = None
-    patches: PatchesRecord | None = None
+    wait_ready: Doc | None = None  # poll_s, polls, poll_started, failed_rank, failed_node, detected_at
+    autotune_shape_changes: list[str] | None = None
+    autotune_seeded: list[str] | None = None
+    log_facts: dict[str, Doc] | None = None  # rank -> LogFacts.as_dict()
+    last_log_lines: dict[str, list[str]] | None = None  # rank (or node) -> its last log lines
+    facts_after_load: dict[str, Doc] | None = None
+    expect: list[FindingRecord] | None = None
+    gates: GatesRecord | None = None
+    restore_point: str | None = None
+    # a watch incident
+    stand_down: Doc | None = None  # why watch stood down, and the lock holder
+    incident: Doc | None = None  # reason, why, node
+    probes: list[Doc] | None = None
+    restart: Doc | None = None
+    stopped: dict[str, Any] | None = None  # node -> [{rank, state, finished_at}] or why it could not say
+    # a record of an older schema: its keys this version no longer names, kept as they were
+    legacy: Doc | None = None
 
 
 class StepRecord(_Open):
@@ -163,6 +204,10 @@ def read_record(doc: Any, origin: str = "run record") -> RunRecord:
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise RecordError(f"{origin}: schema_version {version!r} is newer than this sparkfleet reads "
                           f"({SCHEMA_VERSION}); upgrade sparkfleet to read it")
+    if version < SCHEMA_VERSION and isinstance(doc.get("data"), dict):  # older records named other keys too
+        data = dict(doc["data"])
+        legacy = {k: data.pop(k) for k in list(data) if k not in RecordData.model_fields}
+        doc = {**doc, "data": {**data, **({"legacy": legacy} if legacy else {})}}
     try:
         return RunRecord.model_validate({**doc, "schema_version": version})
     except ValidationError as exc:
@@ -203,11 +248,8 @@ class Record:
         if self.forced:
             d["forced"] = True
         d = json.loads(json.dumps(redact(d, self.secret_values), default=str))
-        try:
-            return RunRecord.model_validate(d).model_dump(mode="json", exclude_unset=True)
-        except ValidationError as exc:  # never lose a record: keep it as it is and say why it is not typed
-            d["schema_errors"] = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)]
-            return d
+        # a key the model does not declare is a bug in sparkfleet: refused here (tests write records), not kept
+        return RunRecord.model_validate(d).model_dump(mode="json", exclude_unset=True)
 
     def write(self, runs_dir: Path) -> Path:
         """Atomic write: a reader never sees half a record."""

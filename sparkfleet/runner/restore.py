@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError
 
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.op import OpGen, query
 from sparkfleet.naming import RUN_LABEL, engram_manifest_path
 from sparkfleet.runner.record import (
     SCHEMA_VERSION,
@@ -293,12 +294,13 @@ def _short(v: object) -> str:
     return s.removeprefix("sha256:")[:12] if len(s) > 16 else s
 
 
-def pin_drift(ctx: RunContext, point: RestorePoint) -> list[Finding]:
-    """Per node, every pin the fleet no longer matches (facts gathered by the caller)."""
+def pin_drift(ctx: RunContext, point: RestorePoint) -> OpGen[list[Finding] | None]:
+    """Per node, every pin the fleet no longer matches (facts gathered by the caller); None under --dry-run
+    (nothing read, nothing judged)."""
     from sparkfleet.fleet.commands import read_file_command
     from sparkfleet.fleet.gather import resolve_gid_indexes
     from sparkfleet.patches.manifest import PatchManifest
-    from sparkfleet.patches.sync import inspect
+    from sparkfleet.patches.sync import inspect_ops
 
     out: list[Finding] = []
 
@@ -310,7 +312,9 @@ def pin_drift(ctx: RunContext, point: RestorePoint) -> list[Finding]:
     gids = resolve_gid_indexes(list(nodes.values()), ctx.facts)
     engram_cmds = {x.node: read_file_command(engram_manifest_path(x.engram_dir))
                    for x in point.launches if x.engram_dir and x.engram_manifest_sha256}
-    engram_now = ctx.run_each(engram_cmds, timeout_s=30)
+    engram_now = yield query("read the recorded Engram manifests", engram_cmds, 30)
+    if engram_now is None or not ctx.facts:
+        return None
     for x in sorted(point.launches, key=lambda x: x.rank):
         f = ctx.facts.get(x.node)
         if not isinstance(f, NodeFacts):
@@ -335,7 +339,7 @@ def pin_drift(ctx: RunContext, point: RestorePoint) -> list[Finding]:
             by_set.setdefault(x.patch_set, []).append(x)
     for name, xs in by_set.items():
         manifest = PatchManifest(name=name, files=[f.model_dump() for f in xs[0].patch_files])
-        states = inspect(ctx.transport, [nodes[x.node] for x in xs], manifest)
+        states = (yield from inspect_ops([nodes[x.node] for x in xs], manifest)) or {}
         for node, st in sorted(states.items()):
             for source in st.missing:
                 drift(node, f"patch file {name}/{source}", "present", "missing")

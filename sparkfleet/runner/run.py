@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from sparkfleet.fleet.connect import transport_for
+from sparkfleet.fleet.op import NoConnection
 from sparkfleet.plan import make_plan
 from sparkfleet.root import state_dir
 from sparkfleet.runner.context import RunContext, RunOptions
@@ -43,7 +44,9 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
             record.write(state / "runs")
         return record
     with FleetLock(state / "locks" / f"{inventory.name}.lock", command):
-        transport = transport_for([r.node for r in plan.ranks])
+        # --dry-run opens no connection at all: a transport that refuses any use (--dry-run=facts reads)
+        transport = NoConnection() if options.dry_run and not options.dry_reads else transport_for(
+            [r.node for r in plan.ranks])
         ctx = RunContext(spec, loaded, inventory, playbook, plan, transport, record, events, options, state)
         lock = NodeLock(ctx)
         try:

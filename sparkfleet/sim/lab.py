@@ -227,12 +227,26 @@ def _inventory_yaml(inv: Inventory, transport: TransportKind, ssh: dict[str, dic
     return head + yaml.safe_dump(data, sort_keys=False, width=120)
 
 
+def without_root(transport: TransportKind, root: bool) -> list[str]:
+    """The parts of the lab this user does not get, and why (empty as root). Everything else, the local
+    lab whole, works the same without root: the nodes live in user namespaces this user owns."""
+    if root or transport != "ssh":
+        return []
+    return ["per-node networks: each node's own network namespace, bridge and veth pair need root (ip netns), so "
+            "the nodes' sshd listen on 127.0.0.1 ports and share this machine's network, and the slow-link fault "
+            "(tc on a node's own link) is refused",
+            "root on the nodes: each sshd must switch to the login user, and a user namespace made without root "
+            "maps one uid, so sessions run as you, not root, and what needs root there fails as on a real node "
+            "(up's drop_caches: sysctl: permission denied); the local transport has root on its nodes"]
+
+
 def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: str | Path | None = None,
        force: bool = False) -> Sim:
     """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file) and start its nodes."""
     if transport not in ("local", "ssh"):
         raise UserError(f"unknown transport {transport!r} (local or ssh)")
-    netns = transport == "ssh" and os.geteuid() == 0  # as root each ssh node gets its own network
+    root = os.geteuid() == 0
+    netns = transport == "ssh" and root  # as root each ssh node gets its own network
     missing = node.missing_privileges(netns=False)
     if missing:
         raise UserError("cannot build simulated nodes on this machine: missing " + "; ".join(missing)
@@ -263,7 +277,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         for n in inv.nodes.values():
             nd = paths.node_dir(n.name)
             ns = netlab.netns_name(n.name) if netns else None
-            node.enter_path(nd).write_text(node.enter_script(nd, n.name, netns=netns, userns=os.geteuid() != 0))
+            node.enter_path(nd).write_text(node.enter_script(nd, n.name, netns=netns, userns=not root,
+                                                          root=node.node_root_user(ssh=transport == "ssh")))
             node.enter_path(nd).chmod(0o755)
             info = ssh.get(n.name)
             sshd_argv = ([sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]]
@@ -279,7 +294,7 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
             "simulation": True, "transport": transport, "source_inventory": str(spec.inventory_path(inventory)),
             "ops_root": str(spec.root), "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "known_hosts": str(paths.known_hosts_path()) if transport == "ssh" else None,
-            "netns": netns, "skipped_profiles": lanes.skipped,
+            "netns": netns, "skipped_profiles": lanes.skipped, "without_root": without_root(transport, root),
             "nodes": {n.name: {"hardware": n.hardware, **({"ssh": ssh[n.name]} if ssh else {})}
                       for n in inv.nodes.values()},
         }

@@ -153,7 +153,7 @@ def serve(root: Path, cid: str) -> int:
 def lane_gguf_paths(node, profiles) -> list[str]:
     """The node paths of the GGUF files the node's llamacpp lanes name."""
     return [posixpath.join(node.storage.model_root, p.model.repo_dir, p.llamacpp.gguf) for p in profiles
-            if p.engine == "llamacpp" and p.model and p.llamacpp and p.llamacpp.gguf]
+            if p.model and p.llamacpp and p.llamacpp.gguf]
 
 
 def place_weights(root: Path, node, profiles) -> list[str]:

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from sparkfleet.fleet.local import NOT_RUN_FD
 from sparkfleet.sim import shim
 from sparkfleet.spec.errors import UserError
 
@@ -41,6 +42,7 @@ OWN_ETC = {"hostname", "mtab", "default"}  # /etc entries the node has of its ow
 NSENTER = "/usr/bin/nsenter"
 BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/usr/local/bin/bwrap")
 START_TIMEOUT_S = 10.0
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")  # what bubblewrap's --dev makes, less devpts
 
 
 def bwrap_path() -> str | None:
@@ -102,12 +104,22 @@ def _ro_tree(host_dir: str, node_dir: str, skip: set[str]) -> list[str]:
     return args
 
 
-def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool) -> list[str]:
-    """The bubblewrap command line of the node's init (everything the node is, as mounts)."""
+def node_root_user(*, ssh: bool) -> bool:
+    """Whether commands run as root inside the node. As root, always (the lab's nodes are entered as root:
+    its inventory's ssh.user). Without root, the local lab's user namespace maps this user to uid 0 (root
+    there, nowhere else), so `up` can do what needs root on a node (drop the page cache) as on the lab. Not
+    in ssh mode: sshd must switch to the login user, and a user namespace made without root maps one uid."""
+    return os.geteuid() == 0 or not ssh
+
+
+def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool, root: bool = True) -> list[str]:
+    """The bubblewrap command line of the node's init (everything the node is, as mounts); `root`: the
+    node's user is uid 0 in its user namespace (with userns), else this user's own uid."""
     fs = node_dir / "fs"
     args = [bwrap_path() or "bwrap", "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--hostname", hostname]
     if userns:
-        args += ["--unshare-user", "--uid", str(os.getuid()), "--gid", str(os.getgid())]
+        uid, gid = (0, 0) if root else (os.getuid(), os.getgid())
+        args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid)]
     if caps:
         args += ["--cap-add", "ALL"]  # root's node: its sshd drops privileges per session, as on a real node
     args += ["--tmpfs", "/"]
@@ -127,11 +139,30 @@ def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool) -> li
         args += _ro_tree("/etc/default", "/etc/default", {"earlyoom"})
     for p in python_roots():
         args += ["--ro-bind", p, p]
-    args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", "--dev", "/dev"]
+    args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", *dev_args(userns and not root)]
     for node_path in shim.BOUND_FILES:
         args += ["--ro-bind", str(shim.bound_source(fs, node_path)), node_path]
     args += ["--chdir", home_dir(), "--clearenv", "--setenv", "PATH", NODE_PATH, "--setenv", "HOME", home_dir()]
     return args
+
+
+def dev_args(nests: bool) -> list[str]:
+    """The node's /dev: bubblewrap's own (`--dev`), unless that would nest user namespaces (`nests`: without
+    root, for a node user other than uid 0). There `--dev` makes bubblewrap map the user to uid 0 first (to
+    mount devpts), then nest a second user namespace for the sandbox's uid; the node's mount, ipc, uts and
+    pid namespaces belong to the first, which no process stays in, so nothing outside could ever enter the
+    node (nsenter: "reassociate to namespace 'ns/ipc' failed: Operation not permitted"). That node gets the
+    host's harmless devices bound one by one instead, so its one user namespace owns all the others."""
+    if not nests:
+        return ["--dev", "/dev"]
+    args = ["--dir", "/dev"]
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        args += ["--symlink", target, f"/dev/{name}"]
+    return args + ["--perms", "1777", "--tmpfs", "/dev/shm"]
 
 
 def init_path(node_dir: Path) -> Path:
@@ -141,7 +172,7 @@ def init_path(node_dir: Path) -> Path:
 def start(node_dir: Path, hostname: str, *, netns: str | None, sshd: list[str] | None) -> int:
     """Start the node's init (returns its pid on this machine) and wait until it says it is up."""
     userns = os.geteuid() != 0
-    argv = bwrap_args(node_dir, hostname, userns=userns, caps=not userns)
+    argv = bwrap_args(node_dir, hostname, userns=userns, caps=not userns, root=node_root_user(ssh=bool(sshd)))
     info_r, info_w = os.pipe()
     argv[1:1] = ["--info-fd", str(info_w)]
     argv += ["--", "/usr/bin/python3", f"{SHIM_DIR}/sim-node-init", *(["--sshd", *sshd] if sshd else [])]
@@ -231,20 +262,33 @@ def _reap(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool) -> str:
+def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool, root: bool = True) -> str:
     """The wrapper the local transport runs each command under: it enters the running node (or answers
-    as ssh does for a host that cannot be reached, exit 255)."""
+    as ssh does for a host that cannot be reached, exit 255).
+
+    Without root it joins the node's user namespace first (--preserve-credentials: the same uid there),
+    which owns the node's other namespaces (dev_args). What nsenter itself says (it could not enter, or
+    not start the node's shell) goes to the local transport's status pipe, fd $SPARKFLEET_NOT_RUN_FD, so
+    a command that never ran is told from one that ran and failed; the command never sees that fd."""
     ns = "-m -u -i -p" + (" -n" if netns else "") + (" -U --preserve-credentials" if userns else "")
     d = shlex.quote(str(node_dir))
     state = shlex.quote(shim.STATE)
-    return (f"#!/bin/sh\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
+    user = "root" if root else shlex.quote(pwd.getpwuid(os.getuid()).pw_name)  # as `id -un` says there
+    inner = "exec 2>&8 8>&- 9>&-; exec /usr/bin/env -u " + NOT_RUN_FD + ' "$@"'
+    # bash, not sh: the status pipe's fd may be 10 or more, which dash cannot name in a redirection
+    return (f"#!/bin/bash\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
             f"d={d}\n"
+            f'fd=${{{NOT_RUN_FD}:-}}\n'
+            'case "$fd" in 9) ;; [0-2]|""|*[!0-9]*) exec 9>&2 ;; *) exec 9>&"$fd" {fd}>&- ;; esac\n'
             f'pid=$(sed -n \'s/.*"pid": \\([0-9]*\\).*/\\1/p\' "$d/init.json" 2>/dev/null)\n'
             f'if [ -e "$d/unreachable" ] || [ -z "$pid" ] || [ ! -f "/proc/$pid/root/"{state}/node.json ]; then\n'
             f'  echo "ssh: connect to host {node} port 22: No route to host" >&2\n  exit 255\nfi\n'
-            f"exec {NSENTER} -t \"$pid\" {ns} -r -w -- /usr/bin/env PATH={NODE_PATH} "
-            f"HOME={shlex.quote(home_dir())} USER={shlex.quote(pwd.getpwuid(os.getuid()).pw_name)} "
-            f"LOGNAME={shlex.quote(pwd.getpwuid(os.getuid()).pw_name)} SHELL=/bin/bash LANG=C.UTF-8 \"$@\"\n")
+            f'if [ ! -x {NSENTER} ]; then\n'
+            f'  echo "cannot enter simulated node {node}: {NSENTER} is not installed here (util-linux)" >&9\n'
+            f"  exit 125\nfi\n"
+            f"exec 8>&2\n"
+            f"exec {NSENTER} -t \"$pid\" {ns} -r -w -- /bin/sh -c {shlex.quote(inner)} sh PATH={NODE_PATH} "
+            f"HOME={shlex.quote(home_dir())} USER={user} LOGNAME={user} SHELL=/bin/bash LANG=C.UTF-8 \"$@\" 2>&9\n")
 
 
 def enter_path(node_dir: Path) -> Path:

@@ -1649,7 +1649,12 @@ def sysctl(argv: list[str], root: Path) -> int:
         path = root / "proc" / "sys" / key.replace(".", "/")
         if not path.parent.is_dir():
             raise ShimError(f"sysctl: cannot stat /proc/sys/{key.replace('.', '/')}: No such file or directory", 255)
-        path.write_text(value + "\n")
+        try:
+            path.write_text(value + "\n")
+        except PermissionError:
+            if os.geteuid() != 0:  # what procps' sysctl says to a user who is not root
+                raise ShimError(f'sysctl: permission denied on key "{key}"', 1) from None
+            # root of the unprivileged lab's user namespace: the kernel keeps the host's vm sysctls to the host
         with open(root / STATE / "sysctl.log", "a") as log:  # what was set, for tests and `sim status`
             log.write(f"{rfc3339(time.time())} {key}={value}\n")
         if "-q" not in argv:

@@ -51,7 +51,7 @@ def _describe(err: dict) -> str:
     kind = err["type"]
     got = err.get("input")
     if kind == "extra_forbidden":
-        return "unknown field (check the spelling; see README 'Profiles' for the fields)"
+        return "unknown field (check the spelling; README 'Writing a profile' and spec/profile.py list the fields)"
     if kind == "missing":
         return "required field is missing"
     if kind == "value_error":

@@ -101,6 +101,10 @@ class Spec:
         return sorted(p.stem for p in (self.root / "profiles").glob("*.yaml"))
 
     def _raw_profile(self, name: str, chain: list[str]) -> tuple[dict, Marks, list[str]]:
+        if "/" in name or "\\" in name or name.startswith(".") or name.endswith((".yaml", ".yml")):
+            # a name under profiles/, never a path: `../inventories/lab` would read an inventory as a lane
+            raise SpecError(f"{name!r} is not a profile name: a profile is named by its file under profiles/ "
+                            "without .yaml (see `sparkfleet profiles`)", chain[-1] if chain else None)
         path = self.root / "profiles" / f"{name}.yaml"
         display = self._rel(path)
         if not path.is_file():

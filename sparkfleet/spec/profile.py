@@ -126,7 +126,7 @@ class TensorFold(Strict):
     recipe_dir: str  # where the recipe (scripts/serve.sh) lives on every node
     model_dir: str  # weights directory on every node (NFS on workers)
     args: dict[str, Any] = Field(default_factory=dict)  # serve settings, flag-dict form
-    # what each rank's container runs in the foreground; default: bash <recipe_dir>/scripts/serve.sh
+    # what each rank's container runs in the foreground; default: bash <recipe_dir>/scripts/serve.sh start
     rank_command: list[str] | None = None
 
 
@@ -179,6 +179,9 @@ class Profile(Strict):
     model: ModelSpec | None = None
     group: str | None = None
     ranks: list[str] | None = None  # rank order by node name; rank 0 is the head
+    # true: the lane runs on the first `tp` nodes of its group on purpose (one Spark of the sparks group);
+    # otherwise a tp below the group's size is refused unless `ranks:` names the nodes (spec/rules.py lane_shape)
+    partial_group: bool = False
     tp: int = Field(1, ge=1)
     dcp: int = Field(1, ge=1)
     port: int | None = Field(None, ge=1, le=65535)

@@ -6,6 +6,7 @@ for every engine; an engine's own (vLLM's block size, capture sizes...) live in 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 from sparkfleet.engines.base import at, hardware
@@ -14,6 +15,7 @@ from sparkfleet.findings import Finding
 from sparkfleet.placement import Rank
 from sparkfleet.spec.inventory import Inventory
 from sparkfleet.spec.load import Loaded
+from sparkfleet.spec.yamlsrc import locate
 
 Rule = Callable[[Loaded, Inventory, list[Rank]], Iterator[Finding]]
 RULES: list[Rule] = []
@@ -64,25 +66,17 @@ def station_offload(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterat
 
 
 @rule
-def image_pin(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
-    p = loaded.profile
-    if p.image and not p.image.digest:
-        yield Finding("image-digest", "warn", f"image {p.image.ref} has no digest pin",
-                      "add image.digest (sha256:...) so a re-pushed tag cannot change the lane",
-                      field="image.digest", where=at(loaded, "image"))
-
-
-@rule
 def examples(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """A lane shipped with example values says so once: the profile's fields and the inventory's."""
     p = loaded.profile
-    if p.examples:
-        yield Finding("example-values", "warn", f"example values, not from the seeds: {', '.join(p.examples)}",
-                      "set them to your lab's values before a real launch", field="examples",
-                      where=at(loaded, "examples"))
+    parts = [f"profile: {', '.join(p.examples)}"] if p.examples else []
     if inv.example:
-        yield Finding("example-values", "warn",
-                      f"inventory {inv.name!r} holds example addresses, HCAs and interfaces",
-                      "set your nodes' values in the inventory (marked example: true)")
+        parts.append(f"inventory {inv.name!r}: node addresses, HCAs and interfaces")
+    if parts:
+        yield Finding("example-values", "warn", f"example values, not from the seeds: {'; '.join(parts)}",
+                      "set them to your lab's values before a real launch (the inventory: remove example: true "
+                      "once its nodes are yours)", field="examples" if p.examples else None,
+                      where=at(loaded, "examples") if p.examples else None)
 
 
 @rule
@@ -113,3 +107,77 @@ def api_key(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Findi
         yield Finding("api-key", "fail", f"engine {p.engine} does not take an API key from sparkfleet",
                       "drop api_key_env, or set the key the way the engine's own recipe reads it",
                       field="api_key_env", where=at(loaded, "api_key_env"))
+
+
+# -- the lane's shape: what docker and the engine would refuse at launch, said at plan ---------------------
+
+# docker's container-name rule (moby daemon/names: RestrictedNamePattern)
+DOCKER_NAME = re.compile(r"^/?[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+# the modes `docker run -v SRC:DST:MODE` takes (comma-separated; moby volume/mounts parser)
+VOLUME_MODES = {"ro", "rw", "z", "Z", "nocopy", "consistent", "cached", "delegated",
+                "shared", "rshared", "slave", "rslave", "private", "rprivate"}
+
+
+@rule
+def lane_shape(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """dcp divides tp; a lane on part of its group says so (ranks: or partial_group: true)."""
+    p = loaded.profile
+    if p.tp % p.dcp:
+        divisors = ", ".join(str(d) for d in range(1, p.tp + 1) if p.tp % d == 0)
+        yield Finding("lane-shape", "fail", f"dcp {p.dcp} does not divide tp {p.tp} ({_set_at(loaded, 'tp')}): "
+                      "each DCP group is tp/dcp ranks", f"use a dcp that divides {p.tp}: {divisors}",
+                      field="dcp", where=at(loaded, "dcp"))
+    members = inv.groups.get(p.group or "", [])
+    if p.ranks is None and not p.partial_group and len(members) > len(ranks):
+        used = [r.node.name for r in ranks]
+        left = [n for n in members if n not in used]
+        yield Finding("lane-shape", "fail",
+                      f"tp {p.tp} uses {len(used)} of the {len(members)} nodes of group {p.group!r} "
+                      f"({', '.join(used)}): {', '.join(left)} would be left out without a word",
+                      f"name the nodes in rank order (ranks: [{', '.join(used)}]), or set partial_group: true "
+                      f"when the first {len(used)} of the group are meant, or set tp to {len(members)}",
+                      field="tp", where=at(loaded, "tp"))
+
+
+def _set_at(loaded: Loaded, key: str) -> str:
+    """Where a field's value came from: `set at FILE:LINE`, `set by -o KEY=VALUE`, or the default."""
+    file, line = locate(loaded.marks, (key,))
+    if (key,) not in loaded.marks and not any(k[:1] == (key,) for k in loaded.marks):
+        return "the default"
+    if file and file.startswith("-o "):
+        return f"set by {file}"
+    return f"set at {file}:{line}" if line else f"set in {file}"
+
+
+@rule
+def docker_names(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """The container name and the bind mounts as docker will parse them."""
+    from sparkfleet.naming import container_name
+
+    p = loaded.profile
+    name = container_name(p.name, 0)
+    if not DOCKER_NAME.match(name):
+        yield Finding("docker-name", "fail", f"container name {name!r} (from the profile's name {p.name!r}) is not "
+                      "one docker accepts: [a-zA-Z0-9][a-zA-Z0-9_.-]+",
+                      "rename the profile file: letters, digits, '_', '.' and '-' only", field="name",
+                      where=loaded.chain[-1] if loaded.chain else None)
+    for i, m in enumerate(p.mounts):
+        for part in ("source", "target"):
+            value = getattr(m, part)
+            if ":" in value or not value.strip() or "\n" in value:
+                yield Finding("docker-mount", "fail", f"mounts[{i}].{part} {value!r}: docker's -v SRC:DST[:MODE] "
+                              "cannot carry a path with ':' (nor an empty one)",
+                              "mount a path without ':' (a symlink to it, or the directory above)",
+                              field=f"mounts.{i}.{part}", where=at(loaded, "mounts", i, part))
+    for flag in ("-v", "--volume"):
+        values = p.docker.get(flag)
+        for j, spec in enumerate(values if isinstance(values, list) else [] if values is None else [values]):
+            parts = str(spec).split(":")
+            modes = parts[2].split(",") if len(parts) == 3 else []
+            if len(parts) not in (2, 3) or not all(parts[:2]) or not parts[1].startswith("/") or \
+                    any(x not in VOLUME_MODES for x in modes):
+                yield Finding("docker-mount", "fail", f"docker {flag} {spec!r} is not SRC:DST[:MODE] with an "
+                              f"absolute DST and MODE of {', '.join(sorted(VOLUME_MODES))}",
+                              "fix the volume spec (a path with ':' cannot be mounted with -v)",
+                              field=f"docker.{flag}", where=at(loaded, "docker", flag, *([j] if isinstance(values, list)
+                                                                                         else [])))

@@ -10,15 +10,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, replace
 
-from sparkfleet.fleet.commands import lane_containers_command, parse_container_ids, read_file_command
+from sparkfleet.fleet.commands import (  # noqa: F401 - log_tail_command and LOG_TAIL: watch's, from the one place
+    LOG_TAIL,
+    lane_containers_command,
+    log_tail_command,
+    parse_container_ids,
+    read_file_command,
+)
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
-
-LOG_TAIL = 60  # each rank's last log lines kept as evidence (as the runner keeps for a failed launch)
-
-
-def log_tail_command(container: str, lines: int = LOG_TAIL) -> str:
-    return f"docker logs --tail {int(lines)} {shlex.quote(container)} 2>&1"
 
 
 def parse_log_tail(result: Result) -> list[str]:

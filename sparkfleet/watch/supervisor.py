@@ -442,9 +442,4 @@ def _rank_dict(r: RankState) -> dict:
 
 
 def _run_each(transport, inventory: Inventory, commands: dict[str, str]) -> dict[str, Result]:
-    from sparkfleet.fleet.transport import fan_out
-
-    def one(node) -> Result:
-        return transport.run([node], commands[node.name], timeout_s=30)[node.name]
-
-    return fan_out([inventory.nodes[n] for n in commands], one)
+    return transport.run_each([inventory.nodes[n] for n in commands], commands, timeout_s=30)

@@ -1,0 +1,150 @@
+"""Node operations as data, and the one executor that runs them.
+
+Code that needs a node does not run anything: it *yields* a `NodeCommands` (one command per node, plus
+whether it changes the node) and receives each node's `Result` back, like pyinfra's operations that
+yield commands. `Executor.drive` is the one place those commands are run, so dry-run is decided here
+and nowhere else:
+
+- `dry_run` off: every command runs.
+- `dry_run` on (`--dry-run`): nothing runs and no connection is opened; each command is shown and the
+  generator receives None, and says what it would have done.
+- `dry_run` with `reads` (`--dry-run=facts`): read-only commands (`changes=False`) run, the others are
+  shown.
+
+A command that depends on what a read would return (the stop step's container ids) is shown with a
+named placeholder in angle brackets, e.g. `docker rm -f <ids of the lane's containers on reddie>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.spec.inventory import Node
+
+T = TypeVar("T")
+
+
+@dataclass
+class NodeCommands:
+    """One command per node; all nodes at once, or node by node in the mapping's order when `serial`."""
+
+    what: str  # for people: "stop the lane's containers"
+    commands: dict[str, str]
+    changes: bool = True  # False: a read-only query (run under --dry-run=facts)
+    timeout_s: float = 120.0
+    env: dict[str, str] | None = None  # set in the command's environment, never in its text
+    serial: bool = False
+    files: dict[str, dict[str, str | bytes]] = field(default_factory=dict)  # node -> path -> content, written first
+    file_mode: int = 0o644
+    stdin: dict[str, str] = field(default_factory=dict)  # node -> what the command reads on stdin
+
+
+Reply = dict[str, Result] | None
+OpGen = Generator[NodeCommands, Reply, T]
+
+
+def query(what: str, commands: dict[str, str], timeout_s: float = 60.0,
+          stdin: dict[str, str] | None = None) -> NodeCommands:
+    """A read-only NodeCommands (it changes nothing on the node)."""
+    return NodeCommands(what, commands, changes=False, timeout_s=timeout_s, stdin=stdin or {})
+
+
+def placeholder(what: str) -> str:
+    """The named stand-in for a value only a read would give (shown under --dry-run)."""
+    return f"<{what}>"
+
+
+def shown_as(emit: Callable[..., None]) -> Callable[[NodeCommands], None]:
+    """How a command that is not run is shown: one `would` event per node (and per file it would write),
+    through `emit(event, **fields)` (the run's events, or a verb's printer)."""
+
+    def show(op: NodeCommands) -> None:
+        for node, command in op.commands.items():
+            for path, content in op.files.get(node, {}).items():
+                text = content if isinstance(content, str) else f"<{len(content)} bytes>"
+                emit("would", what=op.what, node=node, write=path, content=text)
+            emit("would", what=op.what, node=node, command=command, **({"env": sorted(op.env)} if op.env else {}),
+                 **({"stdin": op.stdin[node]} if node in op.stdin else {}))
+
+    return show
+
+
+class DryRunLeak(RuntimeError):
+    """Something tried to reach a node under --dry-run without going through the executor: a bug."""
+
+
+class NoConnection:
+    """The transport under --dry-run: nothing may reach a node, so any use is a bug, said loudly."""
+
+    def _refuse(self, what: str) -> Any:
+        raise DryRunLeak(f"--dry-run: {what} was called outside the executor (sparkfleet/fleet/op.py); "
+                         "nothing was run on any node")
+
+    def run(self, nodes, command, **kw):  # noqa: ANN001, ANN003 - same signature as Transport.run
+        return self._refuse("transport.run")
+
+    def run_each(self, nodes, commands, **kw):  # noqa: ANN001, ANN003
+        return self._refuse("transport.run_each")
+
+    def put(self, nodes, data, remote_path, **kw):  # noqa: ANN001, ANN003
+        return self._refuse("transport.put")
+
+    def forward(self, node, remote_port, remote_host="127.0.0.1"):  # noqa: ANN001
+        return self._refuse("transport.forward")
+
+    def close(self) -> None:
+        """Nothing was opened."""
+
+
+@dataclass
+class Executor:
+    """Runs NodeCommands on nodes through a transport, under one dry-run rule (see the module docstring)."""
+
+    transport: Transport
+    nodes: Mapping[str, Node]
+    dry_run: bool = False
+    reads: bool = False  # --dry-run=facts: read-only commands run under dry-run
+    show: Callable[[NodeCommands], None] | None = None  # how a command that is not run is shown
+
+    def skips(self, op: NodeCommands) -> bool:
+        return self.dry_run and (op.changes or not self.reads)
+
+    def run(self, op: NodeCommands) -> Reply:
+        """Run one NodeCommands now (or show it and return None): files first, and a node whose file
+        could not be written runs nothing."""
+        if self.skips(op):
+            if self.show is not None:
+                self.show(op)
+            return None
+        results: dict[str, Result] = {}
+        for node, files in op.files.items():
+            for path, content in files.items():
+                data = content.encode() if isinstance(content, str) else content
+                res = self.transport.put([self.nodes[node]], data, path, mode=op.file_mode)[node]
+                if not res.ok:
+                    results[node] = res
+                    break
+        todo = {n: c for n, c in op.commands.items() if n not in results}
+        groups = [{n: c} for n, c in todo.items()] if op.serial else [todo]
+        for group in groups:
+            if group:
+                results.update(self.transport.run_each([self.nodes[n] for n in group], group, stdin=op.stdin,
+                                                       timeout_s=op.timeout_s, env=op.env))
+        return results
+
+    def drive(self, gen: OpGen[T]) -> T:
+        """Run a generator's NodeCommands as it yields them; what it returns."""
+        try:
+            op = next(gen)
+            while True:
+                op = gen.send(self.run(op))
+        except StopIteration as done:
+            return done.value
+
+
+def run_ops(transport: Transport, nodes: list[Node], gen: OpGen[T]) -> T:
+    """Drive `gen` now, no dry-run (for commands that only read or that the user asked to change)."""
+    return Executor(transport, {n.name: n for n in nodes}).drive(gen)

@@ -1,0 +1,38 @@
+"""The steps after the lane serves: expectations asserted, the answer gates, the record."""
+
+from __future__ import annotations
+
+from sparkfleet.findings import failed
+from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.runner.context import RunContext
+from sparkfleet.runner.ops import StepGen, StepResult
+from sparkfleet.runner.ranks import stop_launch_commands
+from sparkfleet.runner.steps.preflight import gather_facts
+from sparkfleet.spec.playbook import Step
+
+
+def expect(ctx: RunContext, st: Step) -> StepGen:
+    from sparkfleet.runner.expect import assert_expectations
+
+    after = yield from gather_facts(ctx)
+    ctx.record.data["facts_after_load"] = {n: f.model_dump(mode="json") for n, f in after.items()
+                                           if isinstance(f, NodeFacts)}
+    findings = assert_expectations(ctx, after)
+    ctx.record.data["expect"] = [f.as_dict() for f in findings]
+    if failed(findings):
+        yield stop_launch_commands(ctx)
+        return StepResult("fail", "expectations not met; every rank of this launch was stopped", findings)
+    warns = [f for f in findings if f.status == "warn"]
+    return StepResult("warn" if warns else "ok", f"{len(findings)} expectation(s) checked", findings)
+
+
+def gates(ctx: RunContext, st: Step) -> StepResult:
+    from sparkfleet.runner.gates_step import gates_step
+
+    if ctx.options.gate_args:
+        st = st.model_copy(update={"args": {**st.args, **ctx.options.gate_args}})
+    return gates_step(ctx, st)
+
+
+def record(ctx: RunContext, st: Step) -> StepResult:
+    return StepResult("ok", f"run {ctx.record.run_id} recorded")

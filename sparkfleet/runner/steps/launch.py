@@ -1,0 +1,162 @@
+"""The launch steps: the ranks started in waves (workers, then the head), and waiting until the lane serves
+while following every rank (fast-fail on an exited rank or a fatal line)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+
+from sparkfleet.engines.logs import LogFacts
+from sparkfleet.engines.registry import engine_for
+from sparkfleet.findings import Finding
+from sparkfleet.fleet import commands as nodeops
+from sparkfleet.plan import make_plan
+from sparkfleet.runner.context import RunContext, Started
+from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult
+from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands
+from sparkfleet.spec.playbook import Step
+
+
+def _render(ctx: RunContext) -> None:
+    """Re-render the plan with this run's id (container labels) and the GID indexes the facts resolved."""
+    if not ctx.rendered:
+        ctx.plan = make_plan(ctx.loaded, ctx.inventory, ctx.playbook, ctx.spec.root,
+                             run_id=ctx.record.run_id, gid_index=ctx.gid_index)
+        ctx.rendered = True
+        from sparkfleet.runner.restore import launch_records
+
+        ctx.record.data["launches"] = launch_records(ctx)
+
+
+def _api_key(ctx: RunContext) -> str | None:
+    """The lane's API key from the env var the profile names (registered as a secret for the record)."""
+    if not ctx.profile.api_key_env:
+        return None
+    key = os.environ.get(ctx.profile.api_key_env)
+    if key:
+        ctx.record.secret_values.add(key)
+    return key
+
+
+def launch(ctx: RunContext, st: Step) -> StepGen:
+    _render(ctx)
+    want = {"workers": ("worker",), "head": ("head",), "all": ("worker", "head")}[st.role or "all"]
+    chosen = [x for x in ctx.plan.launches if x.role in want]
+    if not chosen:
+        return StepResult("skip", f"no {st.role} rank in this lane")
+    env = None
+    if ctx.profile.api_key_env:
+        key = _api_key(ctx)
+        if not key and not ctx.options.dry_run:
+            return StepResult("fail", f"the lane needs an API key in ${ctx.profile.api_key_env} (profile api_key_env); "
+                              "it is not set here")
+        var = engine_for(ctx.profile.engine).api_key_var
+        assert var is not None  # a lane rule refuses api_key_env for an engine without one
+        env = {var: key or ""}
+    dry = False
+    for wave in sorted({x.wave for x in chosen}):
+        batch = [x for x in chosen if x.wave == wave]
+        results = yield NodeCommands(f"start rank(s) {', '.join(str(x.rank) for x in batch)}",
+                                     {x.node: x.script for x in batch}, timeout_s=300, env=env,
+                                     files={x.node: x.files for x in batch if x.files})
+        if results is None:
+            dry = True
+            continue
+        for x in batch:
+            res = results[x.node]
+            if not res.ok:
+                bad = nodeops.failures({x.node: res})
+                return StepResult("fail", f"rank {x.rank} on {x.node} did not start: "
+                                  f"{res.message or res.stderr.strip()[-300:]}", bad)
+            cid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else x.container
+            ctx.started.append(Started(x.node, x.rank, x.container, cid))
+    if dry:
+        return StepResult("ok", "would start " + ", ".join(f"rank {x.rank} on {x.node}" for x in chosen),
+                          data={"launches": [x.as_dict() for x in chosen]})
+    return StepResult("ok", "started " + ", ".join(f"rank {x.rank} on {x.node}" for x in chosen))
+
+
+def wait_ready(ctx: RunContext, st: Step) -> StepGen:
+    """Poll the head's /health and /v1/models; follow every rank; fast-fail on a vanished or exited rank,
+    a fatal line, or a node whose docker stopped answering."""
+    if not ctx.started:
+        return StepResult("fail", "no rank was started by this run")
+    budget = ctx.options.boot_budget_s or ctx.profile.expect.boot_budget_s or 900
+    deadline = time.time() + budget
+    engine = engine_for(ctx.profile.engine)
+    names = set(ctx.profile.served_names)
+    base = ctx.endpoint()
+    key = _api_key(ctx)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    station = [r.node for r in ctx.plan.ranks if r.node.hardware == "gb300"]
+    started_at = time.time() - 60  # hash dirs the tuner makes for this launch are newer than this
+    if station:
+        from sparkfleet.runner import autotune
+
+        changed = autotune.shape_changes(ctx.state_dir / "runs", ctx.profile.name, ctx.plan.launches[-1].argv)
+        if changed:
+            ctx.events.emit("message", text=f"kernel shapes changed since the last good run ({', '.join(changed)}): "
+                            "seeding the autotune cache cannot help; the first boot retunes (75-90 min, LCH-G3)")
+            ctx.record.data["autotune_shape_changes"] = changed
+    with httpx.Client(timeout=5.0, headers=headers) as http:
+        polls: list[float] = []  # when each poll began (the last few go into the record)
+        ctx.record.data["wait_ready"] = watch = {"poll_s": ctx.options.poll_s, "polls": 0, "poll_started": []}
+        while True:
+            polls.append(time.time())
+            watch.update(polls=len(polls), poll_started=[round(t, 3) for t in polls[-20:]])
+            if station:  # seed new autotune hash dirs before the tuner reads them (LCH-G2)
+                seeded = yield NodeCommands("seed the autotune cache", {
+                    n.name: autotune.seed_command(n.storage.cache_dir, started_at) for n in station}, timeout_s=30)
+                for n, res in (seeded or {}).items():
+                    for d in (autotune.parse(res.stdout)["seeded"] if res.ok else []):
+                        ctx.events.emit("message", text=f"seeded autotune cache {d} on {n}")
+                        ctx.record.data.setdefault("autotune_seeded", []).append(d)
+            states, errors = yield from follow(ctx)
+            ctx.events.ranks([{"node": n, "rank": r, "state": s.status,
+                               "phase": ctx.log_facts.get(r, LogFacts()).phase,
+                               "lines": ctx.log_facts.get(r, LogFacts()).lines_seen}
+                              for r, (n, s) in sorted(states.items())])
+            failure = launch_failure(ctx, states)
+            if failure:
+                rank, node, why = failure
+                watch.update(failed_rank=rank, failed_node=node, detected_at=round(time.time(), 3))
+                return (yield from _fail_launch(ctx, why))
+            if errors:
+                rank, node, err = errors[0]
+                watch.update(failed_rank=rank, failed_node=node, detected_at=round(time.time(), 3))
+                return (yield from _fail_launch(ctx, f"cannot follow rank {rank} on {node}: {err.message}",
+                                                [e.finding() for _, _, e in errors]))
+            ready, why = _api_ready(http, base, names)
+            if ready and engine.ready_from_log and not ctx.log_facts.get(0, LogFacts()).api_up:
+                ready, why = False, f"{why}, but the head has not logged that it serves"
+            if ready:
+                ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
+                return StepResult("ok", f"serving at {base} ({why})")
+            if time.time() > deadline:
+                return (yield from _fail_launch(ctx, f"not healthy after {budget:.0f} s (the profile's boot budget): "
+                                                f"{why}"))
+            time.sleep(ctx.options.poll_s)
+
+
+def _api_ready(http: httpx.Client, base: str, names: set[str]) -> tuple[bool, str]:
+    try:
+        h = http.get(f"{base}/health")
+        if h.status_code != 200:
+            return False, f"/health {h.status_code}"
+        m = http.get(f"{base}/v1/models")
+        listed = {x.get("id") for x in m.json().get("data", [])} if m.status_code == 200 else set()
+    except (httpx.HTTPError, ValueError) as exc:
+        return False, f"API not answering ({type(exc).__name__})"
+    if not names <= listed:
+        return False, f"/v1/models lacks {sorted(names - listed)}"
+    return True, f"/health 200, models {sorted(listed)}"
+
+
+def _fail_launch(ctx: RunContext, why: str, findings: list[Finding] | None = None) -> StepGen:
+    ctx.events.emit("message", text=f"{why}: stopping every rank of this launch")
+    yield stop_launch_commands(ctx)
+    ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
+    ctx.record.data["last_log_lines"] = {str(r): lines for r, lines in ctx.logs_tail.items()}
+    return StepResult("fail", why + "; every rank of this launch was stopped", findings or [])

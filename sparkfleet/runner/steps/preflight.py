@@ -1,0 +1,182 @@
+"""The preflight steps, before anything starts: facts, checks, the clock probe under load, the fabric probe
+and NCCL's transport. Any failure here stops the run while nothing runs yet."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+from sparkfleet.findings import Finding, failed
+from sparkfleet.fleet import commands as nodeops
+from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.transport import Result
+from sparkfleet.runner.context import RunContext
+from sparkfleet.runner.ops import NodeCommands, Reply, StepGen, StepResult
+from sparkfleet.spec.playbook import Step
+
+
+def gather_facts(ctx: RunContext, with_lane: bool = True) -> Generator[NodeCommands, Reply, dict]:
+    """The lane's facts, one helper run per node; {} under --dry-run (unless --dry-run=facts)."""
+    from sparkfleet.fleet.gather import facts_requests, gather_ops
+
+    requests = facts_requests(ctx.inventory, ctx.plan, ctx.profile, root=ctx.spec.root) if with_lane else {}
+    return (yield from gather_ops(ctx.nodes, requests))
+
+
+def facts(ctx: RunContext, st: Step) -> StepGen:
+    from sparkfleet.fleet.gather import resolve_gid_indexes
+
+    ctx.facts = yield from gather_facts(ctx)
+    if not ctx.facts:  # --dry-run: the helper was not run
+        return StepResult("ok", f"would gather facts on {len(ctx.nodes)} node(s) (--dry-run=facts gathers them, "
+                          "read-only)")
+    ctx.gid_index = resolve_gid_indexes(ctx.nodes, ctx.facts)
+    ctx.record.data["facts"] = {n: (f.model_dump(mode="json") if isinstance(f, NodeFacts) else
+                                    {"error": f.error, "message": f.message}) for n, f in ctx.facts.items()}
+    bad = nodeops.failures({n: f for n, f in ctx.facts.items() if isinstance(f, Result)})
+    if bad:
+        return StepResult("fail", f"{len(bad)} node(s) did not answer", bad)
+    sim = any(isinstance(f, NodeFacts) and f.simulated for f in ctx.facts.values())
+    return StepResult("ok", f"{len(ctx.facts)} node(s) answered" + (" [sim]" if sim else ""),
+                      data={"gid_index": ctx.gid_index})
+
+
+def check(ctx: RunContext, st: Step) -> StepResult:
+    from sparkfleet.checks import run_checks
+
+    if ctx.options.dry_run and not ctx.facts:
+        return StepResult("ok", "would run the preflight checks on the facts (not gathered under --dry-run; "
+                          "--dry-run=facts gathers them)")
+    findings = run_checks(ctx.plan, ctx.inventory, ctx.facts, profile=ctx.profile,
+                          caches_dropped=ctx.caches_dropped)
+    ctx.record.data["findings"] = [f.as_dict() for f in findings]
+    if failed(findings):
+        n = sum(1 for f in findings if f.status == "fail")
+        return StepResult("fail", f"{n} check(s) failed: nothing was started", findings)
+    warns = sum(1 for f in findings if f.status == "warn")
+    return StepResult("warn" if warns else "ok", f"{len(findings)} finding(s), {warns} warning(s)", findings)
+
+
+def probe(ctx: RunContext, st: Step) -> StepGen:
+    """Load every rank's GPU (in the lane's image, as `check --probe` does) and judge clock latch and slow
+    state from the samples under load; a latched rank stops the run before anything starts (FM-09).
+
+    The clock findings replace the check step's idle snapshot in the record ("unknown": not judged)."""
+    from sparkfleet.checks import clock
+    from sparkfleet.checks import probe as clock_probe
+
+    judged = [r.node for r in ctx.plan.ranks if clock.judged(ctx.inventory.hardware(r.node))]
+    if not judged:
+        return StepResult("skip", "no rank's hardware class has clock-latch thresholds")
+    if ctx.options.no_probe:
+        findings = [Finding(clock.CHECK, "unknown", "not judged: the clock probe was skipped (--no-probe)",
+                            "run without --no-probe to judge the clock under load", node=n.name) for n in judged]
+        ctx.record.data["probe"] = {"skipped": "--no-probe"}
+        _replace_clock_findings(ctx, findings)
+        return StepResult("skip", "clock probe skipped (--no-probe): clock latch and slow state not judged",
+                          findings)
+    cmds = {n.name: clock_probe.probe_command(clock.load_for(n, _facts_of(ctx, n.name), ctx.profile,
+                                                             seconds=ctx.options.probe_seconds))
+            for n in judged}
+    results = yield NodeCommands("load each rank's GPU and sample its clock", cmds,
+                                 timeout_s=clock_probe.PROBE_MAX_S + 30)
+    if results is None:
+        return StepResult("ok", "would probe the GPU clock under load on " + ", ".join(cmds))
+    findings: list[Finding] = []
+    runs = {}
+    for n in judged:
+        res = results[n.name]
+        run = clock_probe.parse_output(res.stdout) if res.ok else {
+            "error": (nodeops.classify(res) or nodeops.NodeError(n.name, "failed", "", "")).message}
+        runs[n.name] = run
+        findings += clock.from_probe(n.name, ctx.inventory.hardware(n), run)
+    ctx.record.data["probe"] = {name: clock_probe.verdict(run, **clock.thresholds(ctx.inventory.hardware(
+        ctx.node(name)))) for name, run in runs.items()}
+    _replace_clock_findings(ctx, findings)
+    bad = [f for f in findings if f.status == "fail"]
+    if bad:
+        return StepResult("fail", f"{len(bad)} rank(s) failed the clock probe: nothing was started", findings)
+    unknown = [f for f in findings if f.status == "unknown"]
+    warns = [f for f in findings if f.status == "warn"]
+    return StepResult("warn" if unknown or warns else "ok",
+                      f"clock under load judged on {len(judged) - len({f.node for f in unknown})} of {len(judged)} "
+                      "rank(s)" + (f", {len(unknown)} not judged" if unknown else ""), findings)
+
+
+def _facts_of(ctx: RunContext, node: str) -> NodeFacts | None:
+    f = ctx.facts.get(node)
+    return f if isinstance(f, NodeFacts) else None
+
+
+def _replace_clock_findings(ctx: RunContext, findings: list[Finding]) -> None:
+    """The probe's verdicts stand for the clock checks in the record (what the exporter publishes)."""
+    from sparkfleet.checks import clock
+
+    nodes = {f.node for f in findings}
+    kept = [f for f in ctx.record.data.get("findings", [])
+            if not (f.get("check") in (clock.CHECK, clock.SLOW) and f.get("node") in nodes)]
+    ctx.record.data["findings"] = kept + [f.as_dict() for f in findings]
+
+
+def probe_ratio(ctx: RunContext):
+    def ratio(link) -> float | None:
+        return ctx.inventory.hardware(ctx.inventory.nodes[link.a]).fabric_probe_ratio
+    return ratio
+
+
+def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
+    """Measure every pair of the lane's ranks over their fabric IPs; a link far off the others fails."""
+    from sparkfleet.checks.fabric_probe import suspects, verdict
+    from sparkfleet.fleet import fabric_probe as fp
+
+    ranks = ctx.plan.ranks
+    if len(ranks) < 2:
+        return StepResult("skip", "one rank: nothing crosses the fabric")
+    if not ctx.options.fabric_probe:
+        return StepResult("skip", "fabric probe off (--no-fabric-probe)")
+    if all(r.node.transport == "local" for r in ranks):
+        # the local transport runs on this machine: its ranks share one network, there is no link to measure
+        return StepResult("skip", "every rank is on the local transport (this machine): no fabric between them; "
+                          "`sparkfleet check --fabric` probes anyway")
+    bulk = int(st.args.get("bulk_bytes", fp.BULK_BYTES))
+    nodes, missing = fp.endpoints(ranks)
+    links = [x for rnd in fp.plan_links(nodes) for x in rnd]
+    if ctx.options.dry_run:
+        for what, node, request in fp.requests(nodes, bulk):
+            ctx.events.emit("would", what=what, node=node, command=fp.command(), stdin=request)
+        return StepResult("ok", f"would measure {len(links)} link(s) over the fabric IPs on port {fp.PORT} "
+                          f"({fp.HELPER} on each rank; RTT at "
+                          + ", ".join(f"{s // 1024} KB" for s in fp.RTT_SIZES)
+                          + f", {bulk // 2**20} MB each way): " + "; ".join(
+                              f"{x.a} {x.a_ip} <-> {x.b} {x.b_ip}" for x in links),
+                          data={"links": [x.name for x in links]})
+    run = fp.probe(ctx.transport, ranks, bulk_bytes=bulk, confirm=suspects(probe_ratio(ctx)))
+    findings = verdict(run, probe_ratio(ctx))
+    ctx.record.data["fabric_probe"] = {**run.as_dict(), "findings": [f.as_dict() for f in findings]}
+    if failed(findings):
+        bad = [f for f in findings if f.status == "fail"]
+        return StepResult("fail", f"{len(bad)} fabric link(s) failed the probe: nothing was started", findings)
+    slowest = min((x for x in run.links if x.bps), key=lambda x: x.bps or 0, default=None)
+    return StepResult("ok", f"{len(run.links)} link(s) measured"
+                      + (f"; slowest {slowest.name} {slowest.bps / 1e9:.3g} Gb/s" if slowest and slowest.bps else ""),
+                      findings)
+
+
+def nccl(ctx: RunContext, st: Step) -> StepResult:
+    """Optional (add `- nccl` after `check`): the NCCL all-reduce in the lane's image; sockets on an RDMA lane fail."""
+    from sparkfleet.checks import nccl as judge
+    from sparkfleet.fleet import nccl as allreduce
+
+    ranks = ctx.plan.ranks
+    if ctx.profile.image is None:
+        return StepResult("skip", "the lane has no image to run NCCL in")
+    runs = allreduce.commands(ctx.profile, ranks, ctx.plan.launches, ctx.gid_index, run_id=ctx.record.run_id)
+    if ctx.options.dry_run:
+        for x in runs:
+            ctx.events.emit("would", what="NCCL all-reduce in the lane's image", node=x.node, command=x.command)
+        return StepResult("ok", f"would run the NCCL all-reduce on {len(runs)} rank(s)")
+    allreduce.run(ctx.transport, ranks, runs)
+    findings, seen = judge.judge(runs, judge.expects_rdma(ranks))
+    ctx.record.data["nccl"] = {"ranks": seen, "findings": [f.as_dict() for f in findings]}
+    if failed(findings):
+        return StepResult("fail", "NCCL's all-reduce failed or fell back to sockets: nothing was started", findings)
+    return StepResult("ok", f"NCCL all-reduce on {len(runs)} rank(s)", findings)

@@ -1,0 +1,148 @@
+"""`--dry-run` touches nothing: nodes whose shell records every command they receive get none from
+`up/down/check --nccl/patches push/engram-local --dry-run`, SSH nodes get no connection, and
+`--dry-run=facts` sends them only reads."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkfleet.cli.main import main
+
+
+def recording_inventory(ops: Path, log: Path, *, answer: bool) -> None:
+    """inventories/rec.yaml: the lab's nodes, each entered through a shell that appends every command it
+    receives to `log`; with `answer` it then runs the command here (read-only facts), else it fails as an
+    unreachable node does."""
+    rec, bin_dir = ops / "rec.sh", ops / "node-bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")  # `docker ps -q` on a node with no container
+    (bin_dir / "docker").chmod(0o755)
+    rec.write_text("#!/bin/bash\nnode=$1; shift\nprintf '%s\\t%s\\n' \"$node\" \"${*: -1}\" | tr -d '\\000' >> "
+                   f"{log}\n" + (f'export PATH={bin_dir}:/usr/bin:/bin\nexec "$@"\n' if answer else "exit 255\n"))
+    rec.chmod(0o755)
+    data = yaml.safe_load((ops / "inventories" / "lab.yaml").read_text())
+    data["name"], data["example"] = "rec", False
+    for name, node in data["nodes"].items():
+        node["transport"] = "local"
+        node["wrapper"] = [str(rec), name]
+    (ops / "inventories" / "rec.yaml").write_text(yaml.safe_dump(data))
+
+
+def events(capsys) -> list[dict]:
+    return [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+
+
+@pytest.fixture
+def rec(ops_root: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    log = tmp_path / "received.log"
+    recording_inventory(ops_root, log, answer=False)
+    return ops_root, log
+
+
+def test_up_dry_run_sends_nothing_and_shows_every_step_s_commands(rec, capsys) -> None:
+    ops, log = rec
+    code = main(["up", "--profile", "dcp2", "--root", str(ops), "-i", "rec", "--dry-run", "--json"])
+    seen = events(capsys)
+    assert code == 0, seen[-3:]
+    assert not log.exists(), log.read_text()
+    would = [e for e in seen if e["event"] == "would"]
+    what = {e["what"] for e in would}
+    assert {"take the fleet lock", "list the lane's containers", "stop the lane's containers", "drop the page cache",
+            "run facts.py", "read each rank's Engram manifest"} <= what, what
+    # a command that depends on a read names what it stands for
+    stops = {e["node"]: e["command"] for e in would if e["what"] == "stop the lane's containers"}
+    assert stops == {n: f"docker rm -f '<ids of the lane'\"'\"'s containers on {n}>'"
+                     for n in ("reddie", "asusi", "bluey", "spark4")}
+    # every rank's launch, workers before the head
+    starts = [e for e in would if e["what"].startswith("start rank")]
+    assert [e["node"] for e in starts][-1] == "reddie" and {e["node"] for e in starts} == set(stops)
+    assert all("docker run" in e["command"] for e in starts)
+    assert [e for e in seen if e["event"] == "result"][0]["outcome"] == "ok"
+
+
+def test_down_check_nccl_patches_push_engram_local_dry_run_send_nothing(rec, capsys) -> None:
+    ops, log = rec
+    root = ["--root", str(ops), "-i", "rec"]
+    assert main(["down", "--profile", "dcp2", *root, "--dry-run", "--json"]) == 0
+    down = events(capsys)
+    assert {"stop the lane's containers"} <= {e["what"] for e in down if e["event"] == "would"}
+    assert main(["check", "--profile", "dcp2", *root, "--nccl", "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["contacted"] == [] and [c["node"] for c in doc["nccl"]["commands"]] == \
+        ["reddie", "asusi", "bluey", "spark4"]
+    (ops / "profiles/dcp2-patched.yaml").write_text("extends: dcp2\npatches: probe\n")
+    assert main(["patches", "push", "--profile", "dcp2-patched", *root, "--dry-run", "--json"]) == 0
+    pushed = events(capsys)
+    assert {e["what"] for e in pushed} == {"hash patch set 'probe'", "copy patch set 'probe' files that differ"}
+    writes = [e for e in pushed if "write" in e]
+    assert len(writes) == 4 and all(e["write"].endswith("/probe/sparkfleet_patch_probe.py") for e in writes)
+    assert main(["engram-local", "--profile", "dcp2", *root, "--whole-shards", "--dry-run", "--json"]) == 0
+    copies = events(capsys)
+    assert {e["what"] for e in copies} == {"run engram_copy.py"} and len(copies) == 4
+    assert not log.exists(), log.read_text()
+
+
+def test_up_dry_run_opens_no_ssh_connection(ops_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """SSH nodes at a listener that counts connections: --dry-run makes none."""
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            accepted.append(conn)
+            conn.close()
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    data = yaml.safe_load((ops_root / "inventories" / "lab.yaml").read_text())
+    data["name"], data["example"] = "tcp", False
+    for node in data["nodes"].values():
+        node["ssh"] = {"host": "127.0.0.1", "port": srv.getsockname()[1], "user": "root"}
+    (ops_root / "inventories" / "tcp.yaml").write_text(yaml.safe_dump(data))
+    try:
+        code = main(["up", "--profile", "dcp2", "--root", str(ops_root), "-i", "tcp", "--dry-run", "--json"])
+    finally:
+        stop.set()
+        t.join(2)
+        srv.close()
+    assert code == 0, events(capsys)[-3:]
+    assert accepted == []
+
+
+READS = ("python3 -c 'import hashlib, os, sys",  # the facts helper's sha256 guard (reads its copy)
+         "python3 -c '#!/usr/bin/env python3",  # the facts helper run inline: nothing shipped
+         "docker ps -a -q --no-trunc --filter",  # the lane's containers
+         "cat ")  # the Engram manifests
+
+
+def test_dry_run_facts_sends_only_reads(ops_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no facts helper shipped here: it must run inline
+    log = tmp_path / "received.log"
+    recording_inventory(ops_root, log, answer=True)
+    main(["up", "--profile", "dcp2", "--root", str(ops_root), "-i", "rec", "--dry-run=facts", "--json"])
+    seen = events(capsys)
+    received = [line.split("\t", 1) for line in log.read_text().splitlines() if "\t" in line]
+    assert {n for n, _ in received} == {"reddie", "asusi", "bluey", "spark4"}
+    assert all(cmd.startswith(READS) for _, cmd in received), [c[:80] for _, c in received
+                                                                 if not c.startswith(READS)]
+    assert any(cmd.startswith(READS[1]) for _, cmd in received)  # facts really ran, inline
+    assert not (tmp_path / "home" / ".cache").exists()  # and nothing was shipped
+    facts = [e for e in seen if e["event"] == "step" and e["step"] == "facts" and e["status"] != "start"]
+    assert facts and "node(s) answered" in facts[0]["summary"]

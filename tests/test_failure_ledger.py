@@ -1,0 +1,114 @@
+"""docs/failure-modes.md, the failure ledger: a row for every mode sparkfleet names, every test it names real,
+and the header's figures the counting script's (bench/ledger.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+MODE = re.compile(r"\bFM-(\d{2})\b")
+# the ids the ledger keeps (CATALOG §8 of the design docs): the Sparks' FM-01..33, the Station's FM-40..70
+IDS = [f"FM-{n:02d}" for n in (*range(1, 34), *range(40, 71))]
+
+
+def load_ledger():
+    spec = importlib.util.spec_from_file_location("sparkfleet_ledger", REPO / "bench" / "ledger.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+ledger = load_ledger()
+TEXT = ledger.LEDGER.read_text()
+
+
+def named_in(paths: list[Path]) -> dict[str, list[str]]:
+    """Every FM id a file names, with where."""
+    out: dict[str, list[str]] = {}
+    for path in paths:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for m in MODE.finditer(line):
+                out.setdefault(f"FM-{m.group(1)}", []).append(f"{path.relative_to(REPO)}:{n}")
+    return out
+
+
+def test_the_ledger_has_one_row_per_mode_in_order() -> None:
+    assert [r.id for r in ledger.rows(TEXT)] == IDS
+
+
+def test_every_mode_named_in_sparkfleet_has_a_row() -> None:
+    shipped = [p for d in ("sparkfleet", "profiles", "templates", "playbooks") for p in sorted((REPO / d).rglob("*"))
+               if p.is_file() and p.suffix in (".py", ".yaml", ".j2", ".sh", ".md")]
+    named = named_in(shipped)
+    assert named, "sparkfleet names failure modes by id"
+    rows = {r.id for r in ledger.rows(TEXT)}
+    assert {k: v for k, v in named.items() if k not in rows} == {}
+
+
+def test_every_row_holds_and_names_tests_that_exist() -> None:
+    figures, problems = ledger.audit(TEXT)
+    assert problems == []
+    assert figures["modes"] == len(IDS) == figures["command"] + figures["unit"] + figures["none"]
+
+
+def test_the_header_figures_are_the_scripts() -> None:
+    figures, _ = ledger.audit(TEXT)
+    assert ledger.with_header(TEXT, figures) == TEXT, "run `python3 bench/ledger.py --write`"
+    assert ledger.header(figures) in TEXT
+
+
+def test_every_unguarded_mode_says_why() -> None:
+    for r in ledger.rows(TEXT):
+        if r.kind == "none":
+            assert r.guard and r.caused and not r.tests, r.id
+
+
+# -- the script itself: a row that does not hold is named ------------------------------------------------------
+
+HEAD = "| ID | What happens | Where sparkfleet guards it | Caused by | Kind |\n|---|---|---|---|---|\n"
+LAB_UP = "tests/test_lifecycle.py::test_a_warning_line_is_not_fatal"  # `up` on the simulated lab
+UNIT = "tests/test_logs.py::test_fatal_lines"  # a parser on hand-made lines
+
+
+@pytest.mark.parametrize("row, problem", [
+    (f"| FM-50 | w | g | {LAB_UP} | command |", None),
+    (f"| FM-45 | w | g | {UNIT} | unit |", None),
+    ("| FM-64 | w | g | nothing to guard | none |", None),
+    ("| FM-50 | w | g | tests/test_lifecycle.py::test_no_such_test | command |",
+     "names tests/test_lifecycle.py::test_no_such_test, which is not a test function"),
+    ("| FM-50 | w | g | tests/test_nosuch.py::test_x | unit |", "names tests/test_nosuch.py::test_x"),
+    (f"| FM-45 | w | g | {UNIT} | command |", "kind command, but none of its tests runs the CLI"),
+    ("| FM-45 | w | g | the parser is tested | unit |", "kind unit names no test"),
+    (f"| FM-64 | w | g | {UNIT} | none |", "kind none needs the reason it is not guarded, and names no test"),
+    (f"| FM-45 | w | g | {UNIT} | maybe |", "kind 'maybe' is not one of command, unit, none"),
+], ids=["command", "unit", "none", "missing-test", "missing-file", "unit-claimed-as-command", "unit-without-test",
+        "none-with-test", "bad-kind"])
+def test_the_audit_names_a_row_that_does_not_hold(row: str, problem: str | None) -> None:
+    figures, problems = ledger.audit(HEAD + row + "\n")
+    if problem is None:
+        assert problems == []
+    else:
+        assert problem in problems[0], problems  # (a missing test also leaves a command row without one)
+        assert all(p.startswith("docs/failure-modes.md:3: FM-") for p in problems)
+
+
+def test_the_audit_counts_lab_and_command_rows() -> None:
+    text = HEAD + "\n".join([f"| FM-50 | w | g | {LAB_UP} | command |",
+                             "| FM-19 | w | g | tests/test_rules.py::test_plan_refuses_unservable | command |",
+                             f"| FM-45 | w | g | {UNIT} | unit |", "| FM-64 | w | g | why | none |"]) + "\n"
+    figures, problems = ledger.audit(text)
+    assert problems == []
+    assert figures == {"modes": 4, "command": 2, "unit": 1, "none": 1, "command_in_lab": 1}  # `plan` needs no lab
+
+
+def test_a_second_row_for_a_mode_is_named() -> None:
+    _, problems = ledger.audit(HEAD + "| FM-64 | w | g | why | none |\n| FM-64 | w | g | why | none |\n")
+    assert problems == ["docs/failure-modes.md:4: FM-64: a second row for FM-64"]

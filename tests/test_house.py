@@ -1,0 +1,110 @@
+"""The house's shape, held by tests: no import loops (imports at the top and inside functions, type-only
+ones included), and no engine branch outside the engine adapters."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from sparkfleet.engines.registry import NAMES
+
+PKG = Path(__file__).resolve().parent.parent / "sparkfleet"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every sparkfleet module `name` imports, wherever the import stands (top, function, TYPE_CHECKING)."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in known else base)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m in known and m != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_loops() -> None:
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    loops = cycles(graph)
+    assert loops == [], "\n".join(" <-> ".join(c) + ": " + "; ".join(
+        f"{a} -> {', '.join(sorted(graph[a] & set(c)))}" for a in c) for c in loops)
+
+
+def test_the_cycle_finder_finds_a_loop() -> None:  # the test above could not fail without it
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def engine_comparisons(tree: ast.AST) -> list[int]:
+    """Lines comparing something with an engine's name ('vllm', or one of ('vllm', 'sglang')); a list is an
+    argv (`cmd[:2] == ["vllm", "serve"]` reads a command), not a set of names."""
+    def is_name(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in NAMES
+        if isinstance(node, ast.Tuple | ast.Set):
+            return any(is_name(e) for e in node.elts)
+        return False
+
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
+            and any(is_name(x) for x in (n.left, *n.comparators))]
+
+
+def test_no_engine_branch_outside_the_engine_adapters() -> None:
+    found = [f"{p.relative_to(PKG.parent)}:{line}" for p in sorted(PKG.rglob("*.py"))
+             if "engines" not in p.relative_to(PKG).parts[:1]
+             for line in engine_comparisons(ast.parse(p.read_text()))]
+    assert found == []
+
+
+def test_the_engine_branch_finder_sees_one() -> None:
+    tree = ast.parse("if p.engine == 'llamacpp': pass\nok = p.engine in ('vllm', 'sglang')\nx = a == 'b'\n")
+    assert engine_comparisons(tree) == [1, 2]
