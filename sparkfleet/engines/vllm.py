@@ -64,6 +64,8 @@ FATAL = (
     r"EngineCore failed to start",  # v1/engine/core.py:708 (0.11.0), :1136 (0.20.0), logger.exception
     r"EngineCore encountered a fatal error",  # v1/engine/core.py:710/1232 (0.11.0), :1138/2018 (0.20.0)
     r"RPC call to \S+ timed out",  # v1/executor/multiproc_executor.py:273 (0.11.0), TimeoutError
+    r"WorkerProc failed to start",  # v1/executor/multiproc_executor.py:597 (0.11.0), :751 (0.13.0), exception
+    r"WorkerProc hit an exception",  # v1/executor/multiproc_executor.py:824 (0.13.0), logger.exception
 )
 
 
@@ -275,6 +277,24 @@ def reasoning_medium(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list
                       where=at(loaded, "flags", "--default-chat-template-kwargs", "reasoning_effort"))
 
 
+# --nnodes/--node-rank/--master-addr: engine/arg_utils.py:757-759 in 0.11.1, none in 0.11.0
+MULTINODE_SINCE = (0, 11, 1)
+
+
+def multinode_version(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """The multi-node template passes --nnodes/--node-rank/--master-addr; an older vLLM refuses them."""
+    image = loaded.profile.image
+    version = version_of(image.engine_version if image else None)
+    if len({r.node.name for r in ranks}) > 1 and version is not None and version < MULTINODE_SINCE:
+        assert image is not None
+        yield Finding("vllm-version", "fail",
+                      f"the image declares vLLM {image.engine_version}; a lane over several nodes needs 0.11.1 or "
+                      "newer (--nnodes, --node-rank and --master-addr came in 0.11.1)",
+                      "use an image of vLLM 0.11.1 or newer, or place the lane on one node",
+                      field="image.engine_version", where=at(loaded, "image", "engine_version"),
+                      observed=image.engine_version, expected=">= 0.11.1")
+
+
 def head_ports(p: Profile, r: Rank, multi: bool) -> dict[int, str]:
     """What a rank listens on: the API and, across nodes, the rendezvous port, both on the head."""
     out: dict[int, str] = {}
@@ -295,7 +315,11 @@ class Vllm(Engine):
     chat_template_flag = "--chat-template"  # vllm/entrypoints/openai/cli_args.py
     autotune_hardware = frozenset({"gb300"})  # FlashInfer's autotune on the Station (LCH-G2, FM-40/41)
     guarded_by = frozenset({"kv-sizing", "graph-memory", "long-context"})
-    lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, reserved_rule)
+    # /health 200 is not proof enough: the head must also have logged uvicorn's "Application startup complete."
+    # (read as tail counts lines since issue 24, so the line is not lost behind a progress bar)
+    ready_from_log = True
+    lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, multinode_version,
+                  reserved_rule)
 
     def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
         return engram_host_dir(ctx, r)

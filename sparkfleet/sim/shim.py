@@ -1018,6 +1018,9 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
             "--host", host, "--port", str(port), "--boot-seconds", str(cfg["boot_seconds"]),
             "--kv-tokens", str(kv_tokens(f, cfg, root)), "--kv-memory-bytes", str(int(kv_budget(f, cfg, root))),
             "--model-gib", f"{weights / 2**30:.4f}"]
+    if f.get("--kv-cache-memory-bytes"):  # vLLM skips profiling then: no "Available KV cache memory" line
+        argv += ["--kv-cache-memory-bytes", f["--kv-cache-memory-bytes"][0],
+                 "--gpu-memory-bytes", str(gpu_memory_bytes(root))]
     for name in f.get("--served-model-name") or ["model"]:
         argv += ["--served-name", name]
     if f.get("--max-model-len"):
@@ -1516,9 +1519,12 @@ def docker_logs(argv: list[str], root: Path) -> int:
     if c is None:
         raise ShimError(f"Error response from daemon: No such container: {pos[0]}", 1)
     log = root / STATE / "logs" / f"{c['Id']}.log"
-    text = log.read_text() if log.is_file() else ""
+    # bytes as the engine wrote them: read_text() and splitlines() would turn tqdm's \r into line ends, which
+    # docker does not (its log records end at \n)
+    text = log.read_bytes().decode(errors="replace") if log.is_file() else ""
     tail = _get(opts, "-n", "--tail")
-    lines = text.splitlines(keepends=True)
+    lines = text.split("\n")
+    lines = [x + "\n" for x in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
     if tail and tail[-1] != "all":
         lines = lines[-int(tail[-1]):] if int(tail[-1]) else []
     sys.stdout.write("".join(lines))
