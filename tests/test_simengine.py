@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkfleet.engines.logs import parse, split_lines, text
+from sparkfleet.engines.vllm import LOG as VLLM  # the sim engine prints vLLM's lines
 from sparkfleet.simengine import tokens
 from sparkfleet.simengine.main import GRAPH_SIZES, SHARDS
 from sparkfleet.simengine.server import PRINTED_ROUTES
@@ -503,7 +504,7 @@ def test_missing_patch_is_an_import_error(boot_lanes):
     assert ln.wait_exit("r1") == 1
     log = ln.log("r1")
     assert "Traceback (most recent call last):" in log
-    f = parse(log, [r"Traceback \(most recent call last\)"])  # as the controller reads it: prefixed, headed
+    f = parse(log, [r"Traceback \(most recent call last\)"], VLLM)  # as the controller reads it: prefixed, headed
     assert f.fatal_detail and f.fatal_detail.startswith("ImportError: cannot import name 'EngramDiskReader'")
     assert "Starting to load model" not in log
     assert ln.wait_exit("r0") == 1 and 200 not in ln.statuses
@@ -515,7 +516,7 @@ def test_engine_fatal_prints_a_cuda_error_and_exits(boot_lanes):
     log = ln.log()
     # logger.exception("EngineCore encountered a fatal error.") (v1/engine/core.py:868): the record carries the
     # traceback, and the reader names the exception that ends it
-    f = parse(log, [])
+    f = parse(log, [], VLLM)
     assert f.fatal and f.fatal.endswith("[core.py:868] EngineCore encountered a fatal error.")
     assert f.fatal_detail == "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert "Application startup complete" not in log and 200 not in ln.statuses
@@ -807,7 +808,7 @@ def test_a_0_11_head_prints_vllm_0_11s_lines(tmp_path):
     routes = [x.split("] ", 1)[1] for x in said if "] Route: " in x]
     assert routes == [f"Route: {p}, Methods: {m}" for p, m in PRINTED_ROUTES]
     assert any(re.fullmatch(r'INFO:     127\.0\.0\.1:\d+ - "GET /v1/models HTTP/1\.1" 200 OK', x) for x in said)
-    f = parse("\n".join(lines) + "\n", [])
+    f = parse("\n".join(lines) + "\n", [], VLLM)
     assert (f.moe_backend, f.kv_tokens, f.api_up, f.fatal) == ("Marlin", 1_888_800, True, None)
 
 
