@@ -146,3 +146,17 @@ def test_dry_run_facts_sends_only_reads(ops_root: Path, tmp_path: Path, monkeypa
     assert not (tmp_path / "home" / ".cache").exists()  # and nothing was shipped
     facts = [e for e in seen if e["event"] == "step" and e["step"] == "facts" and e["status"] != "start"]
     assert facts and "node(s) answered" in facts[0]["summary"]
+
+
+def test_verbose_shows_each_command_as_it_runs(rec, capsys) -> None:
+    """-v: a `command` event per node for every command the executor runs (none without -v)."""
+    ops, log = rec
+    main(["up", "--profile", "dcp2", "--root", str(ops), "-i", "rec", "--json"])
+    assert [e for e in events(capsys) if e["event"] == "command"] == []
+    before = log.read_text().count("\n")
+    main(["up", "--profile", "dcp2", "--root", str(ops), "-i", "rec", "-v", "--json"])
+    ran = [e for e in events(capsys) if e["event"] == "command"]
+    received = [line.split("\t", 1) for line in log.read_text().splitlines()[before:] if "\t" in line]
+    # every command a node received was shown, node by node, first line for first line
+    assert sorted((n, c) for n, c in received) == sorted((e["node"], e["command"].split("\n")[0]) for e in ran)
+    assert {e["node"] for e in ran if e["what"] == "take the fleet lock"} == {"reddie", "asusi", "bluey", "spark4"}

@@ -24,6 +24,7 @@ from sparkfleet.schema.playbook import Playbook
 class RunOptions:
     dry_run: bool = False
     dry_reads: bool = False  # --dry-run=facts: read-only commands (facts, the lane's containers) run
+    verbose: bool = False  # -v: a `command` event for every command as it runs
     save_as: str | None = None  # write a restore point after a successful up
     keep: bool = False  # down --keep: stop containers but keep them (the Station's candidate lanes)
     stop_on_gate_failure: bool = False
@@ -78,7 +79,9 @@ class RunContext:
 
     def __post_init__(self) -> None:
         self.executor = Executor(self.transport, self.inventory.nodes, dry_run=self.options.dry_run,
-                                 reads=self.options.dry_reads, show=shown_as(self.events.emit))
+                                 reads=self.options.dry_reads, show=shown_as(self.events.emit),
+                                 on_run=shown_as(lambda _would, **line: self.events.emit("command", **line))
+                                 if self.options.verbose else None)
 
     @property
     def profile(self):
