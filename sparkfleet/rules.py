@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from sparkfleet.engines.base import at, hardware
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
+from sparkfleet.naming import container_name
 from sparkfleet.placement import Rank
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
@@ -152,7 +153,6 @@ def _set_at(loaded: Loaded, key: str) -> str:
 @rule
 def docker_names(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
     """The container name and the bind mounts as docker will parse them."""
-    from sparkfleet.naming import container_name
 
     p = loaded.profile
     name = container_name(p.name, 0)

@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkfleet.engines.logs import LogFacts
+from sparkfleet.engram.fleet import copy_dirs
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.op import Executor, shown_as
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.result import GateResult
 from sparkfleet.opsdir import Spec
+from sparkfleet.patches import manifest as pm
+from sparkfleet.placement import endpoint
 from sparkfleet.plan import Plan
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.record import LaunchRecord, Record
@@ -105,7 +108,6 @@ class RunContext:
         if self.options.endpoint:
             return self.options.endpoint.rstrip("/")
         from sparkfleet.fleet.connect import api_base
-        from sparkfleet.placement import endpoint
 
         if self.tunnel is None and self.profile.port is not None and not self.options.dry_run:
             self.tunnel = self.closers.enter_context(api_base(
@@ -121,7 +123,6 @@ class RunContext:
 
     def engram_dirs(self) -> dict[str, tuple[int, str]]:
         """node -> (rank, node-local Engram copy dir) for the ranks that read a node-local copy."""
-        from sparkfleet.engram.fleet import copy_dirs
 
         return copy_dirs(self.profile, self.inventory, self.plan.ranks, self.spec.root / "templates")
 
@@ -129,7 +130,6 @@ class RunContext:
         """sha256 of the lane's patch-set manifest file (a restore pin), None without one."""
         import hashlib
 
-        from sparkfleet.patches import manifest as pm
 
         name = self.profile.patches
         path = pm.set_dir(self.spec.root, name) / pm.MANIFEST if name else None

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from sparkfleet.engram import ranges as engram_ranges
+from sparkfleet.engram.fleet import manifest_reads
 from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import commands as nodeops
+from sparkfleet.patches import manifest as pm
+from sparkfleet.patches import sync
+from sparkfleet.runner import restore as rp
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
 from sparkfleet.runner.steps.preflight import gather_facts
@@ -16,8 +21,6 @@ from sparkfleet.schema.playbook import Step
 
 
 def patches(ctx: RunContext, st: Step) -> StepGen:
-    from sparkfleet.patches import manifest as pm
-    from sparkfleet.patches import sync
 
     name = ctx.profile.patches
     if not name:
@@ -66,8 +69,6 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
     launch: a warning, or, with `expect.engram_node_local: true`, a failure for every rank outside
     engram.nfs_ranks without a qualifying copy (none at all, wrong revision or format, missing rows,
     unverified, another rank's): nothing starts."""
-    from sparkfleet.engram import ranges as engram_ranges
-    from sparkfleet.engram.fleet import manifest_reads
 
     e = ctx.profile.engram
     if e is None or not e.node_local:
@@ -140,7 +141,6 @@ def rail2_down(ctx: RunContext, st: Step) -> StepGen:
 
 def pins(ctx: RunContext, st: Step) -> StepGen:
     """restore: adopt the recorded launches, say what today would render differently, refuse on drifted pins."""
-    from sparkfleet.runner import restore as rp
 
     view = ctx.options.restore_point
     if view is None:
