@@ -23,8 +23,10 @@ def recording_inventory(ops: Path, log: Path, *, answer: bool) -> None:
     bin_dir.mkdir()
     (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")  # `docker ps -q` on a node with no container
     (bin_dir / "docker").chmod(0o755)
-    rec.write_text("#!/bin/bash\nnode=$1; shift\nprintf '%s\\t%s\\n' \"$node\" \"${*: -1}\" | tr -d '\\000' >> "
-                   f"{log}\n" + (f'export PATH={bin_dir}:/usr/bin:/bin\nexec "$@"\n' if answer else "exit 255\n"))
+    # nodes run in parallel: each command is appended whole, under a lock on the log
+    rec.write_text("#!/bin/bash\nnode=$1; shift\n"
+                   f"exec 9>>{log}; flock 9; printf '%s\\t%s\\n' \"$node\" \"${{*: -1}}\" >&9; exec 9>&-\n"
+                   + (f'export PATH={bin_dir}:/usr/bin:/bin\nexec "$@"\n' if answer else "exit 255\n"))
     rec.chmod(0o755)
     data = yaml.safe_load((ops / "inventories" / "lab.yaml").read_text())
     data["name"], data["example"] = "rec", False
