@@ -63,7 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--profile", "-p", required=True, help="the lane to bring up")
     add_overrides(up)
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
-    up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
+    on_fail = up.add_mutually_exclusive_group()
+    on_fail.add_argument("--stop-on-gate-failure", dest="stop_on_gate_failure", action="store_true", default=True,
+                         help="stop every rank when a gate fails (the default)")
+    on_fail.add_argument("--keep-on-gate-failure", dest="stop_on_gate_failure", action="store_false",
+                         help="leave the lane up for inspection when a gate fails (said in the output and record)")
     up.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
     up.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
     up.add_argument("--no-fabric-probe", dest="fabric_probe", action="store_false",
@@ -122,7 +126,7 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
     return RunOptions(gate_args=gate_args, dry_run=bool(args.dry_run), dry_reads=dry_reads(args),
                       save_as=getattr(args, "save_as", None),
                       keep=getattr(args, "keep", False),
-                      stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
+                      stop_on_gate_failure=getattr(args, "stop_on_gate_failure", True),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
                       fabric_probe=getattr(args, "fabric_probe", True), no_probe=getattr(args, "no_probe", False),
                       probe_seconds=probe_seconds(args), **extra)

@@ -26,7 +26,7 @@ class RunOptions:
     dry_reads: bool = False  # --dry-run=facts: read-only commands (facts, the lane's containers) run
     save_as: str | None = None  # write a restore point after a successful up
     keep: bool = False  # down --keep: stop containers but keep them (the Station's candidate lanes)
-    stop_on_gate_failure: bool = False
+    stop_on_gate_failure: bool = True  # False: up --keep-on-gate-failure (the lane stays up, said loudly)
     force: bool = False  # restore: go on despite drifted pins
     boot_budget_s: float | None = None  # overrides the profile's expect.boot_budget_s
     poll_s: float = 1.0
