@@ -37,6 +37,7 @@ class RunOptions:
     probe_seconds: float | None = None  # up --probe-seconds: how long the probe's load runs (None: its default)
     gate_args: dict = field(default_factory=dict)  # overrides the playbook's gates step args (only, soak_minutes)
     fabric_probe: bool = True  # up --no-fabric-probe: skip the measured fabric probe
+    limit: tuple[str, ...] = ()  # down --limit NODE,...: only these nodes of the lane are touched
 
 
 @dataclass
@@ -86,7 +87,8 @@ class RunContext:
 
     @property
     def nodes(self) -> list[Node]:
-        return [r.node for r in self.plan.ranks]
+        """The lane's nodes in rank order (only those of --limit when given)."""
+        return [r.node for r in self.plan.ranks if not self.options.limit or r.node.name in self.options.limit]
 
     @property
     def head(self) -> Node:
