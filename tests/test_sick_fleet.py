@@ -129,3 +129,17 @@ def test_limit_is_checked_against_the_lane_and_refused_on_up(sim, capsys) -> Non
     assert main(["status", *LANE, "--limit", "nowhere", "--json"]) == 2
     assert "nowhere is not a node of lane dcp2" in capsys.readouterr().err
     assert states(sim) == {n: [] for n in LAB_NODES}  # nothing was started
+
+
+# -- Engram per layer ---------------------------------------------------------------------------------------
+
+def test_a_rank_that_reads_one_engram_layer_over_nfs_fails_expect_naming_rank_and_layer(sim, capsys) -> None:
+    sim.fault("bluey", "engram-layer-nfs")  # its last layer from the model directory, the others node-local
+    code, events = run(capsys, "up", *LANE, *FAST)
+    assert code == 1
+    assert result(events)["reason"] == "expect: expectations not met; every rank of this launch was stopped"
+    fails = [(f["node"], f["message"]) for e in events if e["event"] == "findings" and e["step"] == "expect"
+             for f in e["findings"] if f["status"] == "fail"]
+    assert fails == [("bluey", "rank 2 (bluey) read Engram layer(s) 14 over NFS, not from its node-local copy "
+                               "(expect.engram_node_local; 6-8 ms a step against 3, ENG-16)")]
+    assert states(sim) == {n: ["exited"] for n in LAB_NODES}

@@ -25,6 +25,12 @@ from tests.test_fleet_lock import holder, lock_file
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
 
 
+def default_sigint() -> None:
+    """In the child: SIGINT as a terminal's shell leaves it (a test run started in the background of a
+    non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True)
 def clean(sim, capsys):
     yield
@@ -47,7 +53,7 @@ def test_an_interrupted_up_leaves_no_container_of_its_run_running_and_no_lock(si
                            "--inventory", str(sim.inventory_path), *FAST, "--json"],
                           env={**os.environ, "PYTHONPATH": str(REPO), "SPARKFLEET_STATE": str(tmp_path / "a")},
                           cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True)
+                          start_new_session=True, preexec_fn=default_sigint)
 
     def events() -> list[dict]:
         return [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]

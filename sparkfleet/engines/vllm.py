@@ -91,6 +91,7 @@ LOG = LogVocabulary(
     moe_backend=MOE_ANY,
     engram_disk=ENGRAM_DISK,
     engram_node_local=re.compile(r"read from node-local"),
+    engram_layer_read=re.compile(r"Engram layer (\d+) rows \[\d+, \d+\) read from (node-local|the model directory)"),
     # not 0.20's "Loaded %d configs for kernel '%s'" (kernels/helion/config_manager.py:127)
     autotune_loaded=re.compile(r"Loaded (\d+) configs(?! for kernel)"),
     autotune_preloaded=re.compile(r"Preloaded (\d+)/(\d+)"),
