@@ -448,9 +448,11 @@ def test_auto_gid_resolves_to_the_roce_v2_ipv4_entry(repo_spec: Spec) -> None:
     f = only([x for x in findings if x.status == "ok"], "rdma", "asusi")
     assert f.message == "gid_index auto resolves to 5"
     assert (f.observed or "").startswith("index 5: RoCE v2 192.168.192.12 on enp1s0f0np0 (rocep1s0f0 port 1)")
-    # the profile's fixed NCCL_IB_GID_INDEX=3 points elsewhere on this node
-    w = [x for x in of(findings, "rdma", "asusi") if x.status == "warn"]
-    assert len(w) == 1 and "NCCL_IB_GID_INDEX=3" in w[0].message and w[0].expected == "NCCL_IB_GID_INDEX=5"
+    # the profile's fixed NCCL_IB_GID_INDEX=3 points elsewhere on this node: refused before launch
+    w = [x for x in of(findings, "rdma", "asusi") if x.status == "fail"]
+    assert [(x.message, x.expected) for x in w] == [
+        ("rank 1: NCCL_IB_GID_INDEX=3 on HCA rocep1s0f0,roceP2p1s0f0 is not this node's RoCE v2 IPv4 entry for "
+         "192.168.192.12; the right index is 5", "NCCL_IB_GID_INDEX=5")]
     assert {x.status for x in of(findings, "rdma", "reddie")} == {"ok"}
 
 
@@ -465,7 +467,7 @@ def test_a_wrong_fixed_gid_index_fails_and_names_the_right_one(repo_spec: Spec) 
     inv.nodes["bluey"].rdma.gid_index = 5
     got = of(check(profile, inv, plan, facts), "rdma", "bluey")
     assert [(x.status, x.message[:40]) for x in got] == [("ok", "gid_index 5 is the RoCE v2 IPv4 entry"),
-                                                         ("warn", "the launch sets NCCL_IB_GID_INDEX=3, but")]
+                                                         ("fail", "rank 2: NCCL_IB_GID_INDEX=3 on HCA rocep")]
 
 
 def test_no_roce_v2_ipv4_entry_fails(repo_spec: Spec) -> None:

@@ -290,7 +290,7 @@ def fake_ctx(url: str, stop_on_gate_failure: bool):
     head = SimpleNamespace(name="reddie")
     return SimpleNamespace(
         endpoint=lambda: url, profile=lane(), head=head, transport=None, events=Events(),
-        options=SimpleNamespace(dry_run=False, stop_on_gate_failure=stop_on_gate_failure),
+        options=SimpleNamespace(dry_run=False, stop_on_gate_failure=stop_on_gate_failure), started=[],
         record=Record("run-1", "up", "sim-lane", "sim", "sparkfleet up"),
         plan=SimpleNamespace(ranks=[SimpleNamespace(node=head, role="head", rank=0)]))
 
@@ -316,7 +316,7 @@ def test_up_gates_step_fails_the_run_and_stops_the_lane_only_when_asked(engine_f
     if stop:
         assert stopped == [ctx] and "every rank of this launch was stopped" in result.summary
     else:
-        assert stopped == [] and "left running" in result.summary
+        assert stopped == [] and "LEFT RUNNING" in result.summary
     assert KEY not in json.dumps(ctx.record.as_dict())
 
 

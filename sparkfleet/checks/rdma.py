@@ -1,12 +1,15 @@
 """RoCE GID index: the configured one must be the node's RoCE v2 IPv4 entry on the fabric HCA (INV-23).
 
 "GID index = this node's RoCE-v2 IPv4 entry (not always 3)": a fixed index that points elsewhere
-makes b12x/TensorFold talk over the wrong GID. `auto` is resolved exactly as the launch resolves it
-(`fleet.gather.resolve_gid_indexes`), so the check and the launch can never disagree.
+makes b12x/TensorFold talk over the wrong GID, and so does a fixed index in a launch variable that
+carries one (the engine adapter's `gid_env`): both fail before anything starts. `auto` is resolved
+exactly as the launch resolves it (`fleet.gather.resolve_gid_indexes`), so the check and the launch can
+never disagree.
 """
 
 from __future__ import annotations
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import resolve_gid_indexes
@@ -77,12 +80,27 @@ def check(ctx: CheckContext) -> list[Finding]:
                                f"set nodes.{node.name}.rdma.gid_index: {right} (or auto) in the inventory "
                                "(INV-23: not always 3)", node=node.name,
                                observed=f"configured {configured}; {entry}", expected=expected))
-        launch = ctx.launch(node.name)
-        nccl = launch.env.get("NCCL_IB_GID_INDEX") if launch else None
-        if nccl is not None and nccl.strip().isdigit() and int(nccl) != right:
-            out.append(Finding(CHECK, "warn", f"the launch sets NCCL_IB_GID_INDEX={nccl}, but this node's RoCE v2 "
-                               f"IPv4 entry is {right}",
-                               f"check NCCL picks the right GID on {node.name} (NCCL_DEBUG=INFO), or set "
-                               "NCCL_IB_GID_INDEX per node (INV-23)", node=node.name,
-                               observed=entry, expected=f"NCCL_IB_GID_INDEX={right}"))
+        out.extend(launch_gids(ctx, r.rank, node, right, entry))
+    return out
+
+
+def launch_gids(ctx: CheckContext, rank: int, node: Node, right: int, entry: str) -> list[Finding]:
+    """A fixed index in a GID variable of the rank's launch (the engine adapter names them: NCCL_IB_GID_INDEX,
+    TensorFold's GID_INDEX...) that is not the node's RoCE v2 entry fails: NCCL hangs or talks over the wrong
+    address (INV-23: not always 3). `auto` (or a value sparkfleet resolves later) is not judged here."""
+    assert node.rdma is not None
+    launch = ctx.launch(node.name)
+    if launch is None:
+        return []
+    hcas = ",".join(node.rdma.hcas)
+    out = []
+    for var in engine_for(ctx.profile.engine).gid_env:
+        given = str(launch.env.get(var, "")).strip()
+        if not given.isdigit() or int(given) == right:
+            continue
+        out.append(Finding(CHECK, "fail", f"rank {rank}: {var}={given} on HCA {hcas} is not this node's RoCE v2 "
+                           f"IPv4 entry for {node.fabric_ip or node.rdma.fabric_iface}; the right index is {right}",
+                           f"set {var} to {right} for {node.name}, or leave it to sparkfleet (the index differs "
+                           "per node: INV-23, not always 3); nothing was started", node=node.name,
+                           observed=f"{var}={given}; {entry}", expected=f"{var}={right}"))
     return out

@@ -30,6 +30,7 @@ from sparkfleet.runner.events import JsonEvents
 from sparkfleet.schema.errors import UserError
 
 ORDER = 12
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a command killed by it
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -63,11 +64,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--profile", "-p", required=True, help="the lane to bring up")
     add_overrides(up)
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
-    up.add_argument("--stop-on-gate-failure", action="store_true", help="stop the lane when a gate fails")
+    on_fail = up.add_mutually_exclusive_group()
+    on_fail.add_argument("--stop-on-gate-failure", dest="stop_on_gate_failure", action="store_true", default=True,
+                         help="stop every rank when a gate fails (the default)")
+    on_fail.add_argument("--keep-on-gate-failure", dest="stop_on_gate_failure", action="store_false",
+                         help="leave the lane up for inspection when a gate fails (said in the output and record)")
     up.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
     up.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
     up.add_argument("--no-fabric-probe", dest="fabric_probe", action="store_false",
                     help="skip the measured fabric probe between the ranks (on by default for multi-node lanes)")
+    add_limit(up, argparse.SUPPRESS)  # refused: a tensor-parallel lane cannot start on part of its nodes
     up.set_defaults(func=run_playbook, playbook="up")
 
     down = sub.add_parser("down", help="stop a lane (head first), remove rail-2 aliases, verify it is gone",
@@ -77,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(down)
     down.add_argument("--profile", "-p", required=True, help="the lane to stop")
     down.add_argument("--keep", action="store_true", help="stop the containers but keep them")
+    add_limit(down, "only these nodes of the lane (e.g. the one that was unreachable, once it is back)")
     down.set_defaults(func=run_playbook, playbook="down")
 
     play = sub.add_parser("play", help="run your own playbook for a lane", formatter_class=fmt,
@@ -104,7 +111,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     rs.add_argument("--force", action="store_true", help="restore even when pins drifted")
     rs.add_argument("--gates", metavar="LIST", help="only these gates (comma-separated; default: the profile's set)")
     rs.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
+    add_limit(rs, argparse.SUPPRESS)
     rs.set_defaults(func=run_restore)
+
+
+def add_limit(p: argparse.ArgumentParser, text: str) -> None:
+    p.add_argument("--limit", metavar="NODE[,NODE]", help=text)
+
+
+def limit_nodes(args: argparse.Namespace, lane: str, nodes: list[str]) -> tuple[str, ...]:
+    """--limit NODE[,NODE] checked against the lane's nodes (a node outside it is refused, named)."""
+    text = getattr(args, "limit", None)
+    if not text:
+        return ()
+    if args.command in ("up", "restore"):
+        raise UserError(f"--limit is refused on {args.command}: a tensor-parallel lane cannot start on part of "
+                        "its nodes (use it with down, status or logs)")
+    names = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    outside = [x for x in names if x not in nodes]
+    if outside or not names:
+        raise UserError(f"--limit {text}: {', '.join(outside) or '(no node)'} is not a node of lane {lane} "
+                        f"(its nodes: {', '.join(nodes)})")
+    return names
 
 
 def _wrap(text: str) -> str:
@@ -123,7 +151,7 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       verbose=bool(getattr(args, "verbose", False)),
                       save_as=getattr(args, "save_as", None),
                       keep=getattr(args, "keep", False),
-                      stop_on_gate_failure=getattr(args, "stop_on_gate_failure", False),
+                      stop_on_gate_failure=getattr(args, "stop_on_gate_failure", True),
                       boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
                       fabric_probe=getattr(args, "fabric_probe", True), no_probe=getattr(args, "no_probe", False),
                       probe_seconds=probe_seconds(args), **extra)
@@ -140,7 +168,7 @@ def probe_seconds(args: argparse.Namespace, flag: str = "--probe-seconds") -> fl
 
 def _execute(args: argparse.Namespace, profile: str, playbook: str, options: RunOptions,
              over: list | None = None) -> int:
-    from sparkfleet.runner.run import execute
+    from sparkfleet.runner.run import Terminated, execute
 
     sp = spec(args)
     loaded = sp.profile(profile, overrides(args) if over is None else over)
@@ -154,10 +182,16 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         raise UserError(f"{where}probe: required (profile {profile}): --no-probe is refused; the clock latch "
                         "(FM-09) must be judged under load before this lane starts")
     inventory = fleet_inventory(sp, args.inventory)
+    if getattr(args, "limit", None):
+        from sparkfleet.placement import place
+
+        options.limit = limit_nodes(args, profile, [r.node.name for r in place(loaded, inventory)])
     pb = sp.playbook(playbook)
     events = JsonEvents() if args.json else Progress(out, verbosity(args))
     try:
         record = execute(sp, loaded, inventory, pb, options, events, " ".join(["sparkfleet", args.command, profile]))
+    except Terminated:  # before the run had anything to clean up (taking the locks)
+        return EXIT_TERMINATED
     finally:
         events.close()
     if args.json:
@@ -166,6 +200,8 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         err.print(f"sparkfleet: {pb.name} {profile}: {record.outcome}: {record.reason}", markup=False)
     elif args.quiet:  # -q: the findings above, and this
         out.print(f"{pb.name} {profile}: ok (run {record.run_id})", markup=False)
+    if record.outcome == "interrupted" and record.data.get("interrupted_by") == "SIGTERM":
+        return EXIT_TERMINATED
     return {"ok": EXIT_OK, "refused": EXIT_USAGE, "interrupted": EXIT_INTERRUPTED}.get(record.outcome, EXIT_FAIL)
 
 

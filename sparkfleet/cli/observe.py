@@ -15,6 +15,7 @@ from sparkfleet.cli.common import (
     add_json,
     add_root,
     add_wide,
+    err,
     fleet_inventory,
     out,
     print_json,
@@ -41,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--endpoint", metavar="URL",
                    help="the lane's API base URL if not the default (http://HEAD:PORT, or an SSH tunnel to a head "
                    "that binds 127.0.0.1); needs --profile")
+    s.add_argument("--limit", metavar="NODE[,NODE]", help="only these nodes")
     s.set_defaults(func=run_status)
 
     lg = sub.add_parser("logs", help="a lane's logs, every rank merged with a node prefix", formatter_class=fmt,
@@ -59,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     lg.add_argument("--since", help="only lines since (docker's --since: 10m, 2026-11-29T10:00:00)")
     lg.add_argument("--follow", "-f", action="store_true",
                     help="keep printing new lines (every second) until Ctrl-C")
+    lg.add_argument("--limit", metavar="NODE[,NODE]", help="only these nodes of the lane")
     lg.set_defaults(func=run_logs)
 
     r = sub.add_parser("runs", help="list run records; `runs show ID` prints one", formatter_class=fmt,
@@ -81,17 +84,29 @@ def _fleet(args: argparse.Namespace):
     if getattr(args, "profile", None):
         p = sp.profile(args.profile).profile
         nodes = inv.group_nodes(p.group) if p.group in inv.groups else nodes
+    if getattr(args, "limit", None):
+        from sparkfleet.cli.lifecycle import limit_nodes
+
+        names = limit_nodes(args, args.profile or f"inventory {inv.name}", [n.name for n in nodes])
+        nodes = [n for n in nodes if n.name in names]
     transport = transport_for(nodes)
     return sp, inv, nodes, transport, gather(transport, nodes, {})
 
 
-def _ours(facts) -> list[dict]:
+UNREACHABLE = "unreachable, may be running"  # a node that could not be asked: its lane's rank may still run
+
+
+def _ours(facts, ranks: dict[str, tuple[str, int]] | None = None) -> list[dict]:
+    """sparkfleet's containers per node; a node that did not answer is a row of its own (with the lane's rank
+    placed there, from `ranks`: node -> (profile, rank), when one lane is asked about)."""
     from sparkfleet.fleet.facts import NodeFacts
 
     rows = []
     for node, f in facts.items():
         if not isinstance(f, NodeFacts):
-            rows.append({"node": node, "error": f.message or f.error})
+            lane = (ranks or {}).get(node)
+            rows.append({"node": node, "error": f.message or f.error, "state": UNREACHABLE,
+                         **({"profile": lane[0], "rank": lane[1]} if lane else {})})
             continue
         for c in (f.docker.containers if f.docker else []):
             if LABEL in c.labels:
@@ -136,13 +151,16 @@ def run_status(args: argparse.Namespace) -> int:
     if args.endpoint and not args.profile:
         raise UserError("--endpoint is one lane's API: name the lane with --profile")
     sp, inv, nodes, transport, facts = _fleet(args)
-    rows = [r for r in _ours(facts) if not args.profile or r.get("profile") in (None, args.profile)]
+    rows = [r for r in _ours(facts, _lane_ranks(sp, inv, args.profile))
+            if not args.profile or r.get("profile") in (None, args.profile)]
     lanes = {}
     try:
         for r in rows:
             if r.get("rank") == 0 and r.get("state") == "running":
                 lanes[r["profile"]] = _lane_status(sp.profile(r["profile"]).profile, inv.nodes[r["node"]],
                                                    transport, args.endpoint)
+        if args.endpoint and args.profile not in lanes:  # asked for: probed whatever SSH said
+            lanes[args.profile] = _endpoint_status(args.endpoint.rstrip("/"))
     finally:
         transport.close()
     unreachable = [r for r in rows if "error" in r]
@@ -153,6 +171,18 @@ def run_status(args: argparse.Namespace) -> int:
     if not rows:
         out.print("no sparkfleet containers on these nodes")
     return EXIT_FAIL if unreachable else EXIT_OK
+
+
+def _lane_ranks(sp, inv, profile: str | None) -> dict[str, tuple[str, int]]:
+    """node -> (profile, rank) for the one lane asked about (none: every lane could be anywhere)."""
+    if not profile:
+        return {}
+    from sparkfleet.placement import place
+
+    try:
+        return {r.node.name: (profile, r.rank) for r in place(sp.profile(profile), inv)}
+    except UserError:
+        return {}
 
 
 def _lane_status(profile, head, transport, override: str | None) -> dict:
@@ -185,9 +215,10 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
     if errors:
         cols.append(Column("reason", wrap=True))
     table = []
-    for r in sorted(rows, key=lambda x: (x.get("profile") or "", x.get("rank", 0))):
+    for r in sorted(rows, key=lambda x: (x.get("profile") or "", x.get("rank", -1))):
         if "error" in r:
-            row = [r["node"], "", "", Text("unreachable", style="red"), "", "", r["error"]]
+            row = [r["node"], r.get("profile", ""), str(r.get("rank", "")), Text(UNREACHABLE, style="red"), "", "",
+                   r["error"]]
         else:
             row = [r["node"], r["profile"], str(r["rank"]), r["state"], r["started_at"] or "", r["container"]]
             row += [""] if errors else []
@@ -202,10 +233,17 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
 def run_logs(args: argparse.Namespace) -> int:
     sp, inv, nodes, transport, facts = _fleet(args)
     try:
-        mine = [r for r in _ours(facts) if r.get("profile") == args.profile
+        rows = _ours(facts)
+        lost = [r for r in rows if "error" in r and (args.node is None or r["node"] == args.node)]
+        for r in lost:  # said first, on stderr: their logs are not in what follows
+            err.print(f"sparkfleet: logs: could not reach {r['node']}: {r['error']}", markup=False)
+        mine = [r for r in rows if "error" not in r and r.get("profile") == args.profile
                 and (args.node is None or r["node"] == args.node) and (args.rank is None or r["rank"] == args.rank)]
         if not mine:
-            raise UserError(f"no container of lane {args.profile!r} on the selected nodes")
+            where = (f"; could not reach {', '.join(r['node'] for r in lost)}, so it may still run there"
+                     if lost else "")
+            raise UserError(f"no container of lane {args.profile!r} on the selected nodes that answered{where}"
+                            if lost else f"no container of lane {args.profile!r} on the selected nodes")
         seen: dict[str, int] = {}
         first = True
         while True:

@@ -105,6 +105,8 @@ class Engine:
     log: ClassVar[LogVocabulary] = LogVocabulary()
     metrics: ClassVar[MetricNames | None] = None  # None: no /metrics the bench or dashboards read
     api_key_var: ClassVar[str | None] = None  # the container variable the engine reads its API key from
+    # the launch variables that carry a RoCE GID index: a fixed one must be the node's RoCE v2 entry (INV-23)
+    gid_env: ClassVar[tuple[str, ...]] = ()
     ready_from_log: ClassVar[bool] = False  # wait for the head's `log.serving` line as well as /health
     lane_rules: ClassVar[tuple[LaneRule, ...]] = ()
     # hardware classes whose kernel autotune cache `up` seeds while a rank boots (runner/autotune.py)

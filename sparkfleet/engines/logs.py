@@ -61,6 +61,7 @@ class LogVocabulary:
     moe_backend: re.Pattern | None = None
     engram_disk: re.Pattern | None = None
     engram_node_local: re.Pattern | None = None
+    engram_layer_read: re.Pattern | None = None  # one Engram layer's read: layer (1), node-local or not (2)
     autotune_loaded: re.Pattern | None = None
     autotune_preloaded: re.Pattern | None = None
     rehome: re.Pattern | None = None
@@ -79,6 +80,7 @@ class LogFacts:
     moe_backend: str | None = None
     engram_rows: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> [start, end)
     engram_node_local: bool = False
+    engram_layer_local: dict[int, bool] = field(default_factory=dict)  # layer -> its boot line said node-local
     autotune_loaded: int | None = None
     autotune_preloaded: tuple[int, int] | None = None
     rehome_layers: int | None = None
@@ -94,6 +96,7 @@ class LogFacts:
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["engram_rows"] = {str(k): list(v) for k, v in self.engram_rows.items()}
+        d["engram_layer_local"] = {str(k): v for k, v in self.engram_layer_local.items()}
         return d
 
 
@@ -129,6 +132,8 @@ def feed(facts: LogFacts, lines: list[str], signatures: list[str], vocab: LogVoc
             facts.engram_rows[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
         if vocab.engram_node_local and vocab.engram_node_local.search(line):
             facts.engram_node_local = True
+        if vocab.engram_layer_read and (m := vocab.engram_layer_read.search(line)):
+            facts.engram_layer_local[int(m.group(1))] = m.group(2) == "node-local"
         if vocab.autotune_loaded and (m := vocab.autotune_loaded.search(line)):
             facts.autotune_loaded = int(m.group(1))
         if vocab.autotune_preloaded and (m := vocab.autotune_preloaded.search(line)):

@@ -15,6 +15,7 @@ RESERVED_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
 
 class SGLang(Engine):
     name = "sglang"
+    gid_env = ("NCCL_IB_GID_INDEX",)
     chat_template_flag = "--chat-template"  # sglang/srt/server_args.py
     reserved_flags = RESERVED_FLAGS
     reserved_env = RESERVED_ENV

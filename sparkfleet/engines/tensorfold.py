@@ -57,6 +57,7 @@ def flags_unused(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Ran
 
 class TensorFold(Engine):
     name = "tensorfold"
+    gid_env = ("NCCL_IB_GID_INDEX", "GID_INDEX")  # GID_INDEX: its config.env
     required = ("image", "model", "group", "port", "tensorfold")
     reserved_env = RESERVED_ENV
     log = LOG

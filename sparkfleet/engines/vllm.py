@@ -93,6 +93,7 @@ LOG = LogVocabulary(
     moe_backend=MOE_ANY,
     engram_disk=ENGRAM_DISK,
     engram_node_local=re.compile(r"read from node-local"),
+    engram_layer_read=re.compile(r"Engram layer (\d+) rows \[\d+, \d+\) read from (node-local|the model directory)"),
     # not 0.20's "Loaded %d configs for kernel '%s'" (kernels/helion/config_manager.py:127)
     autotune_loaded=re.compile(r"Loaded (\d+) configs(?! for kernel)"),
     autotune_preloaded=re.compile(r"Preloaded (\d+)/(\d+)"),
@@ -307,6 +308,7 @@ def head_ports(p: Profile, r: Rank, multi: bool) -> dict[int, str]:
 
 class Vllm(Engine):
     name = "vllm"
+    gid_env = ("NCCL_IB_GID_INDEX", "B12X_ROCE_GID_INDEX")
     reserved_flags = RESERVED_FLAGS
     reserved_env = RESERVED_ENV
     log = LOG

@@ -36,7 +36,7 @@ from typing import Any
 from sparkfleet.engines.logs import split_lines
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.transport import Result
-from sparkfleet.naming import PROFILE_LABEL
+from sparkfleet.naming import PROFILE_LABEL, RUN_LABEL
 from sparkfleet.schema.inventory import Node
 
 # `sysctl -w` rather than a redirect into /proc: it is an ordinary command, so the simulated lab's shim
@@ -110,10 +110,12 @@ def failures(results: dict[str, Result]) -> list[Finding]:
 
 # -- docker: the lane's containers, their state, their logs, stopping them ---------------------------
 
-def lane_containers_command(profile: str, running_only: bool = False) -> str:
-    """Ids of one lane's containers, by label only: another lane's or a foreign container never matches."""
+def lane_containers_command(profile: str, running_only: bool = False, run_id: str | None = None) -> str:
+    """Ids of one lane's containers (of one run, with `run_id`), by label only: another lane's or a foreign
+    container never matches (docker ANDs label filters)."""
     flag = "" if running_only else " -a"
-    return f"docker ps{flag} -q --no-trunc --filter {shlex.quote(f'label={PROFILE_LABEL}={profile}')}"
+    run = f" --filter {shlex.quote(f'label={RUN_LABEL}={run_id}')}" if run_id else ""
+    return f"docker ps{flag} -q --no-trunc --filter {shlex.quote(f'label={PROFILE_LABEL}={profile}')}{run}"
 
 
 def parse_container_ids(result: Result) -> list[str] | NodeError:

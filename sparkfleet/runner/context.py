@@ -30,7 +30,7 @@ class RunOptions:
     verbose: bool = False  # -v: a `command` event for every command as it runs
     save_as: str | None = None  # write a restore point after a successful up
     keep: bool = False  # down --keep: stop containers but keep them (the Station's candidate lanes)
-    stop_on_gate_failure: bool = False
+    stop_on_gate_failure: bool = True  # False: up --keep-on-gate-failure (the lane stays up, said loudly)
     force: bool = False  # restore: go on despite drifted pins
     boot_budget_s: float | None = None  # overrides the profile's expect.boot_budget_s
     poll_s: float = 1.0
@@ -41,6 +41,7 @@ class RunOptions:
     probe_seconds: float | None = None  # up --probe-seconds: how long the probe's load runs (None: its default)
     gate_args: dict = field(default_factory=dict)  # overrides the playbook's gates step args (only, soak_minutes)
     fabric_probe: bool = True  # up --no-fabric-probe: skip the measured fabric probe
+    limit: tuple[str, ...] = ()  # down --limit NODE,...: only these nodes of the lane are touched
 
 
 @dataclass
@@ -92,7 +93,8 @@ class RunContext:
 
     @property
     def nodes(self) -> list[Node]:
-        return [r.node for r in self.plan.ranks]
+        """The lane's nodes in rank order (only those of --limit when given)."""
+        return [r.node for r in self.plan.ranks if not self.options.limit or r.node.name in self.options.limit]
 
     @property
     def head(self) -> Node:

@@ -63,9 +63,12 @@ def engram_node_local(ctx: RunContext) -> list[Finding]:
     assert ctx.profile.engram is not None
     nfs_ok = set(ctx.profile.engram.nfs_ranks)
     nodes = {r.rank: r.node.name for r in ctx.plan.ranks}
-    on_nfs = [r for r, lf in sorted(ctx.log_facts.items()) if not lf.engram_node_local]
-    out = [Finding("engram-local", "fail", f"rank {r} ({nodes.get(r, '?')}) read Engram rows over NFS, not from "
-                   "its node-local copy (expect.engram_node_local; 6-8 ms a step against 3, ENG-16)",
+    nfs_layers = {r: nfs_read(lf) for r, lf in ctx.log_facts.items()}
+    on_nfs = [r for r, layers in sorted(nfs_layers.items()) if layers is not None]
+    out = [Finding("engram-local", "fail", f"rank {r} ({nodes.get(r, '?')}) read Engram "
+                   + (f"layer(s) {', '.join(map(str, nfs_layers[r]))}" if nfs_layers[r] else "rows")
+                   + " over NFS, not from its node-local copy (expect.engram_node_local; 6-8 ms a step against 3, "
+                   "ENG-16)",
                    "its manifest qualified before launch, so the copy's bytes are not what it claims (short, "
                    f"changed): copy again: sparkfleet engram-local --profile {ctx.profile.name} --node "
                    f"{nodes.get(r, 'NODE')} --force",
@@ -77,6 +80,15 @@ def engram_node_local(ctx: RunContext) -> list[Finding]:
                            else f"every other rank logged 'read from node-local'; ranks {listed} read the model "
                            "directory (engram.nfs_ranks)"))
     return out
+
+
+def nfs_read(lf) -> list[int] | None:
+    """None when the rank read Engram node-local: every layer's boot line says so (engines that print one per
+    layer), else its one 'read from node-local' line; else the layers read over NFS ([] when not per layer)."""
+    if lf.engram_layer_local:
+        layers = sorted(k for k, local in lf.engram_layer_local.items() if not local)
+        return layers or None
+    return None if lf.engram_node_local else []
 
 
 def memory_after_load(ctx: RunContext, after: dict) -> list[Finding]:

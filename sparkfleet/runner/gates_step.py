@@ -21,9 +21,9 @@ from sparkfleet.schema.playbook import Step
 
 
 def gates_step(ctx: RunContext, st: Step) -> StepResult:
-    """Run the profile's gates against the lane just started; a failure fails the `up`.
-
-    The lane is left running for inspection unless --stop-on-gate-failure was given.
+    """Run the profile's gates against the lane just started; a failure fails the `up` and stops every rank
+    it started (an `up` nobody watches must not go on serving wrong answers). --keep-on-gate-failure leaves
+    the lane up for inspection, said loudly in the output and in the record.
     """
     profile = ctx.profile
     base = ctx.endpoint()
@@ -60,7 +60,15 @@ def gates_step(ctx: RunContext, st: Step) -> StepResult:
     text = summary(results)
     if ctx.options.stop_on_gate_failure:
         stop_launch(ctx)
-        text += "; every rank of this launch was stopped (--stop-on-gate-failure)"
+        text += "; every rank of this launch was stopped"
     else:
-        text += f"; the lane is left running at {base} for inspection (sparkfleet down --profile {profile.name})"
+        left = ", ".join(f"rank {s.rank} on {s.node}" for s in ctx.started)
+        warning = (f"WARNING: gate(s) {', '.join(r.name for r in failed)} failed and the lane is LEFT RUNNING at "
+                   f"{base} ({left}), answering as it failed, because of --keep-on-gate-failure; stop it with "
+                   f"`sparkfleet down --profile {profile.name}`")
+        ctx.events.emit("message", text=warning)
+        ctx.record.data["gates"]["left_running"] = {"endpoint": base, "ranks": [
+            {"node": s.node, "rank": s.rank, "container": s.container} for s in ctx.started], "warning": warning}
+        text += f"; the lane is LEFT RUNNING at {base} (--keep-on-gate-failure): sparkfleet down --profile " \
+                f"{profile.name}"
     return StepResult("fail", text, findings, data)

@@ -7,7 +7,7 @@ from sparkfleet.engines.logs import LogFacts, feed
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.fleet import commands as nodeops
 from sparkfleet.runner.context import RunContext, Started
-from sparkfleet.runner.ops import NodeCommands, StepGen, query, run_now
+from sparkfleet.runner.ops import NodeCommands, StepGen, query
 
 LOG_TAIL = nodeops.LOG_TAIL  # lines of each rank's log kept in the record when a launch fails
 
@@ -85,5 +85,29 @@ def stop_launch_commands(ctx: RunContext) -> NodeCommands:
                         timeout_s=120)
 
 
-def stop_launch(ctx: RunContext) -> None:
-    run_now(ctx, stop_launch_commands(ctx))
+def stop_run(ctx: RunContext) -> StepGen:
+    """Stop every container of this run on every node of the lane, found by the run's label (not only what
+    ctx.started recorded: a Ctrl-C inside a launch wave comes back after each node's `docker run` ended, but
+    before the wave's ranks were recorded). Returns the nodes that could not be asked, with why."""
+    cmd = nodeops.lane_containers_command(ctx.profile.name, running_only=True, run_id=ctx.record.run_id)
+    listed = yield query("list this run's containers", {n.name: cmd for n in ctx.nodes}, 30)
+    found, lost = {}, {}
+    for n, res in (listed or {}).items():
+        ids = nodeops.parse_container_ids(res)
+        if isinstance(ids, nodeops.NodeError):
+            lost[n] = ids.message
+            ids = []
+        ids = list(dict.fromkeys([*ids, *(s.id for s in _by_node(ctx).get(n, []) if n not in lost)]))
+        if ids:
+            found[n] = ids
+    if found:
+        stopped = yield NodeCommands("stop every rank of this run", {
+            n: nodeops.stop_command(ids, remove=False) for n, ids in found.items()}, timeout_s=120)
+        for e in nodeops.failures(stopped or {}):
+            lost[e.node or "?"] = e.message
+    return lost
+
+
+def stop_launch(ctx: RunContext) -> dict[str, str]:
+    """stop_run now (a failed gate, Ctrl-C): the nodes that could not be asked, with why."""
+    return ctx.executor.drive(stop_run(ctx))

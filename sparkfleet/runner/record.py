@@ -133,6 +133,7 @@ class RecordData(BaseModel):
     rail2: dict[str, str] | None = None  # node -> the runtime alias added
     pins: PinsRecord | None = None
     fleet_lock: Doc | None = None  # taken_over (findings), nodes
+    unreachable: dict[str, Doc] | None = None  # stop: node -> {rank, kind, why, remedy}: it may still run there
     # the launch and what served
     launches: list[LaunchRecord] | None = None
     wait_ready: Doc | None = None  # poll_s, polls, poll_started, failed_rank, failed_node, detected_at
@@ -144,6 +145,7 @@ class RecordData(BaseModel):
     expect: list[FindingRecord] | None = None
     gates: GatesRecord | None = None
     restore_point: str | None = None
+    interrupted_by: str | None = None  # SIGINT | SIGTERM: every container of the run was looked up and stopped
     # a watch incident
     stand_down: Doc | None = None  # why watch stood down, and the lock holder
     incident: Doc | None = None  # reason, why, node

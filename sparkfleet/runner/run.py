@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sparkfleet.fleet.connect import transport_for
 from sparkfleet.fleet.op import NoConnection
@@ -20,6 +24,35 @@ from sparkfleet.runner.steps import DRY, STEPS
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled exactly as Ctrl-C is (everything this run started is stopped); the CLI exits 143."""
+
+
+@contextmanager
+def _signals(during_cleanup: bool = False) -> Iterator[None]:
+    """While a run runs, SIGTERM raises Terminated (so `kill` cleans up as Ctrl-C does); while it cleans up,
+    SIGINT and SIGTERM are held off, so a second Ctrl-C cannot leave a rank running or a lock behind (every
+    cleanup command has its own timeout). Only the main thread can set handlers (tests may run elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if during_cleanup:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook, options: RunOptions,
@@ -44,7 +77,7 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
         if not options.dry_run:
             record.write(state / "runs")
         return record
-    with FleetLock(state / "locks" / f"{inventory.name}.lock", command):
+    with _signals(), FleetLock(state / "locks" / f"{inventory.name}.lock", command):
         # --dry-run opens no connection at all: a transport that refuses any use (--dry-run=facts reads)
         transport = NoConnection() if options.dry_run and not options.dry_reads else transport_for(
             [r.node for r in plan.ranks])
@@ -55,23 +88,39 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
         except BaseException:
             transport.close()
             raise
+        interrupted: KeyboardInterrupt | None = None
         try:
             _steps(ctx)
-        except KeyboardInterrupt:
-            record.outcome, record.reason = "interrupted", "interrupted by the user"
-            if ctx.started and not options.dry_run:
-                stop_launch(ctx)
-                record.reason += "; every rank of this launch was stopped"
-            events.step("interrupt", "fail", record.reason)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+            interrupted = exc
         finally:
-            lock.release()
-            ctx.close()
-            transport.close()
-            record.finished = time.time()
-            if not options.dry_run:
-                path = record.write(state / "runs")
-                events.emit("message", text=f"record: {path}")
+            with _signals(during_cleanup=True):
+                if interrupted is not None:
+                    _interrupted(ctx, interrupted)
+                lock.release()
+                ctx.close()
+                transport.close()
+                record.finished = time.time()
+                if not options.dry_run:
+                    path = record.write(state / "runs")
+                    events.emit("message", text=f"record: {path}")
     return record
+
+
+def _interrupted(ctx: RunContext, exc: KeyboardInterrupt) -> None:
+    """Stop every container of this run on every node (by its run label), and say what could not be."""
+    record = ctx.record
+    sig = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+    record.outcome = "interrupted"
+    record.reason = "terminated (SIGTERM)" if sig == "SIGTERM" else "interrupted by the user"
+    record.data["interrupted_by"] = sig
+    if not ctx.options.dry_run:
+        lost = stop_launch(ctx)
+        record.reason += "; every rank of this launch was stopped"
+        if lost:
+            record.reason += " but on " + ", ".join(f"{n} ({why})" for n, why in lost.items()) + \
+                ", which could not be asked: a rank of this run may still run there"
+    ctx.events.step("interrupt", "fail", record.reason)
 
 
 def _steps(ctx: RunContext) -> None:

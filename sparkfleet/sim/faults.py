@@ -77,6 +77,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         ("stream-usage-missing", "streams never send the usage chunk"),
         ("memory-leak", "every request leaks memory"),
     )),
+    Kind("engram-layer-nfs", "sim engine fault for the next launch on this node: its last Engram layer is read from "
+         "the model directory (NFS), the other layers from the node-local copy (ENG-16: 6-8 ms a step, not 3)"),
 )}
 ENGINE_FAULTS = frozenset(k for k, v in KINDS.items() if v.summary.startswith("sim engine fault"))
 

@@ -161,7 +161,8 @@ class Rank:
         for layer, start, end in c.engram_ranges:  # the DeepSeek V4.1 patch's lines (the seeds, CATALOG §5.2)
             log.info(p, "engram.py:212", f"Engram DISK mode: layer {layer} rows [{start}, {end})")
         for layer, start, end in c.engram_ranges:
-            where = f"read from node-local {c.engram_dir}" if c.engram_node_local else \
+            local = c.engram_node_local and not (c.has("engram-layer-nfs") and layer == c.engram_ranges[-1][0])
+            where = f"read from node-local {c.engram_dir}" if local else \
                 "read from the model directory (no node-local copy)"
             log.info(p, "engram.py:248", f"Engram layer {layer} rows [{start}, {end}) {where}")
         if c.engram_node_local and not c.engram_ranges:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from sparkfleet.findings import Finding
 from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet.op import placeholder
 from sparkfleet.runner.context import RunContext
@@ -11,56 +12,85 @@ from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
 from sparkfleet.schema.playbook import Step
 
 
-def lane_containers(ctx: RunContext, running_only: bool) -> StepGen:
-    """This lane's container ids per node, by label (one `docker ps` per node); node failures as findings."""
+def lane_containers(ctx: RunContext, running_only: bool, nodes: list[str] | None = None) -> StepGen:
+    """This lane's container ids per node, by label (one `docker ps` per node); node failures as NodeErrors."""
     cmd = nodeops.lane_containers_command(ctx.profile.name, running_only)
-    results = yield query("list the lane's containers", {n.name: cmd for n in ctx.nodes})
+    names = [n.name for n in ctx.nodes] if nodes is None else nodes
+    results = yield query("list the lane's containers", {n: cmd for n in names})
     if results is None:  # --dry-run: not read; the stop command names what it would have found
-        return {n.name: [placeholder(f"ids of the lane's containers on {n.name}")] for n in ctx.nodes}, []
-    found, bad = {}, []
+        return {n: [placeholder(f"ids of the lane's containers on {n}")] for n in names}, {}
+    found, bad = {}, {}
     for name, res in results.items():
         ids = nodeops.parse_container_ids(res)
         if isinstance(ids, nodeops.NodeError):
-            bad.append(ids.finding())
+            bad[name] = ids
         elif ids:
             found[name] = ids
     return found, bad
 
 
+def unreached(ctx: RunContext, bad: dict[str, nodeops.NodeError]) -> tuple[list[Finding], dict]:
+    """One finding per node that could not be asked (unreachable, docker not answering): the rank of this
+    lane that may still run there, and the remedy; and the record's `unreachable` entry."""
+    ranks = {r.node.name: r.rank for r in ctx.plan.ranks}
+    findings, doc = [], {}
+    for node, e in bad.items():
+        rank = ranks.get(node)
+        remedy = (f"{e.remedy or 'bring the node back'}; rank {rank} of {ctx.profile.name} may still run there "
+                  f"(holding its GPU memory and port): once {node} answers, run `sparkfleet down --profile "
+                  f"{ctx.profile.name} --limit {node}`")
+        findings.append(Finding("stop", "fail", f"{node}: could not stop rank {rank}, it may still be running "
+                                f"({e.message})", remedy, node=node))
+        doc[node] = {"rank": rank, "kind": e.kind, "why": e.message, "remedy": remedy}
+    return findings, doc
+
+
 def stop(ctx: RunContext, st: Step) -> StepGen:
-    """Stop every container of this lane on the lane's nodes and wait until they are gone.
+    """Stop every container of this lane on every node that answers, wait until they are gone, then fail
+    naming each node that could not be asked (and the rank that may still run there).
 
     Only containers carrying this lane's label are touched: another lane's or a foreign container is
     reported by `check` and never stopped here (docs/failure-modes.md FM-48). Removing them (not just stopping) means
-    no old head's rendezvous is left on the master port for a new worker to join (FM-01)."""
+    no old head's rendezvous is left on the master port for a new worker to join (FM-01). A node that does
+    not answer does not keep the survivors up: they are stopped all the same (one dead node must not leave
+    three ranks holding GPU memory and the port)."""
     keep = ctx.options.keep
     found, bad = yield from lane_containers(ctx, running_only=False)
-    if bad:
-        return StepResult("fail", "cannot list containers on every node", bad)
-    if not found:
-        return StepResult("ok", "no container of this lane on its nodes")
+    reached = [n.name for n in ctx.nodes if n.name not in bad]
     ranks = {r.node.name: r.rank for r in ctx.plan.ranks}
     head_first = st.args.get("order") == "head-first"
     order = sorted(found, key=lambda n: (ranks.get(n, 99) if head_first else -ranks.get(n, 99)))
-    # down: the head first, so workers see it go rather than a half-dead lane serving
-    results = yield NodeCommands("stop the lane's containers",
-                                 {n: nodeops.stop_command(found[n], remove=not keep) for n in order}, serial=head_first)
-    if results is None:
-        return StepResult("ok", "would stop this lane's containers on " + ", ".join(order))
-    bad = nodeops.failures(results)
-    if bad:
-        return StepResult("fail", "could not stop every container", bad)
-    deadline = time.time() + ctx.options.stop_timeout_s
-    while True:
-        left, bad = yield from lane_containers(ctx, running_only=keep)
-        if bad:
-            return StepResult("fail", "lost a node while stopping", bad)
-        if not left:
-            break
-        if time.time() > deadline:
-            return StepResult("fail", "containers still there after stopping: "
-                              + ", ".join(f"{n}: {len(v)}" for n, v in left.items()))
-        time.sleep(0.3)
     n = sum(len(v) for v in found.values())
-    return StepResult("ok", f"{'stopped (kept)' if keep else 'removed'} {n} container(s) on " + ", ".join(order),
-                      data={"stopped": {k: found[k] for k in order}})
+    if found:
+        # down: the head first, so workers see it go rather than a half-dead lane serving
+        results = yield NodeCommands("stop the lane's containers", {
+            x: nodeops.stop_command(found[x], remove=not keep) for x in order}, serial=head_first)
+        if results is None:
+            return StepResult("ok", "would stop this lane's containers on " + ", ".join(order))
+        failed = {x: e for x, e in ((x, nodeops.classify(r)) for x, r in results.items()) if e is not None}
+        if any(e.kind != "reach" for e in failed.values()):
+            return StepResult("fail", "could not stop every container", [e.finding() for e in failed.values()])
+        bad.update(failed)
+        reached = [x for x in reached if x not in failed]
+        deadline = time.time() + ctx.options.stop_timeout_s
+        while reached:
+            left, lost = yield from lane_containers(ctx, running_only=keep, nodes=reached)
+            bad.update(lost)
+            reached = [x for x in reached if x not in lost]
+            left = {x: v for x, v in left.items() if x in reached}
+            if not left:
+                break
+            if time.time() > deadline:
+                return StepResult("fail", "containers still there after stopping: "
+                                  + ", ".join(f"{x}: {len(v)}" for x, v in left.items()))
+            time.sleep(0.3)
+    done = (f"{'stopped (kept)' if keep else 'removed'} {n} container(s) on " + ", ".join(order)) if found else \
+        "no container of this lane on " + (", ".join(reached) if bad else "its nodes")
+    data = {"stopped": {k: found[k] for k in order}} if found else {}
+    if not bad:
+        return StepResult("ok", done, data=data)
+    findings, doc = unreached(ctx, bad)
+    ctx.record.data["unreachable"] = doc
+    return StepResult("fail", f"{done}; could not reach " + ", ".join(
+        f"{x} (rank {ranks.get(x)} may still be running there)" for x in bad) + "; once they answer, run "
+        f"`sparkfleet down --profile {ctx.profile.name} --limit {','.join(bad)}`", findings, data)
