@@ -991,7 +991,7 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     profile = labels.get(LABEL_PREFIX + "profile")
     cmd = container["Config"]["Cmd"] or []
     if profile is not None and os.path.basename((container["Config"].get("Entrypoint") or [""])[0]) in (
-            "llama-server", "rpc-server"):  # llama.cpp's real server stands in (sparkfleet/sim/llama.py)
+            "llama-server", "rpc-server", "ggml-rpc-server"):  # llama.cpp's own (sparkfleet/sim/llama.py)
         return [cfg["python"], "-m", "sparkfleet.sim.llama", str(root), container["Id"]]
     if profile is not None and cmd[:2] != ["vllm", "serve"]:
         tf = tensorfold_config(root, container)
