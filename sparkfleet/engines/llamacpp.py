@@ -67,8 +67,8 @@ METRICS = MetricNames(
 
 def accept_wait(container: str, ip: str, port: int) -> str:
     """A worker's ready check: a bounded wait until its rpc-server accepts on ip:port, since llama-server
-    connects to every --rpc address once at load and fails if one is not listening yet. It ends early, with
-    the container's last lines, when the container stops running; a worker that never accepts fails the
+    connects to every --rpc address once at load and fails if one is not listening yet. It ends early (the
+    container's last lines, then why) when the container stops running; a worker that never accepts fails the
     launch step, which names its rank."""
     c, where = shlex.quote(container), f"{ip}:{port}"
     polls = int(ACCEPT_WAIT_S / ACCEPT_POLL_S)
@@ -77,8 +77,8 @@ def accept_wait(container: str, ip: str, port: int) -> str:
             f"  [ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] || break\n"
             f"  sleep {ACCEPT_POLL_S}\n"
             f"done\n"
-            f"echo \"rpc-server in {container} does not accept on {where}\" >&2\n"
             f"docker logs --tail 5 {c} >&2\n"
+            f"echo \"rpc-server in {container} does not accept on {where}\" >&2\n"  # last: the step keeps the tail
             f"exit 1\n")
 
 

@@ -80,8 +80,10 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
             for x in batch:
                 res = (ready or {}).get(x.node)
                 if x.ready_check and res is not None and not res.ok:
+                    yield stop_launch_commands(ctx)  # the head would fail on the missing rank: stop them all
                     return StepResult("fail", f"rank {x.rank} on {x.node} did not come up: "
-                                      f"{res.message or res.stderr.strip()[-300:]}", nodeops.failures({x.node: res}))
+                                      f"{res.message or res.stderr.strip()[-300:]}; every rank of this launch "
+                                      "was stopped", nodeops.failures({x.node: res}))
     if dry:
         return StepResult("ok", "would start " + ", ".join(f"rank {x.rank} on {x.node}" for x in chosen),
                           data={"launches": [x.as_dict() for x in chosen]})
