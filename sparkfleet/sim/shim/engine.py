@@ -48,7 +48,7 @@ def _vllm_flags(cmd: list[str]) -> dict[str, list[str]]:
 def llamacpp_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[str] | None:
     """llama.cpp's own server and RPC server stand in for themselves (sparkfleet/sim/llama.py)."""
     entry = os.path.basename((container["Config"].get("Entrypoint") or [""])[0])
-    if entry not in ("llama-server", "rpc-server"):
+    if entry not in ("llama-server", "rpc-server", "ggml-rpc-server"):
         return None
     return [cfg["python"], "-m", "sparkfleet.sim.llama", str(root), container["Id"]]
 
