@@ -25,18 +25,13 @@ def patches(ctx: RunContext, st: Step) -> StepGen:
     name = ctx.profile.patches
     if not name:
         return StepResult("skip", "the lane uses no patch set")
-    if not (pm.set_dir(ctx.spec.root, name) / pm.MANIFEST).is_file():
-        return StepResult("fail", f"patch set {name!r} has no manifest", [Finding(
-            "patches", "fail", f"patches/{name}/{pm.MANIFEST} does not exist",
-            f"sparkfleet patches build DIR --name {name}")])
+    refused = pm.refusals(ctx.spec.root, name)  # the same judgement `profiles` shows as servable: no
+    if refused:
+        why = refused[0].observed if refused[0].observed in (
+            "has no manifest", "is not known in full (the seeds do not list its files or checksums)") \
+            else "differs from its manifest here"
+        return StepResult("fail", f"patch set {name!r} {why}: nothing was started", refused)
     manifest = pm.load(ctx.spec.root, name)
-    if not manifest.complete:
-        return StepResult("fail", f"patch set {name!r} is not known in full: nothing was started", [Finding(
-            "patches", "fail", f"patches/{name}/{pm.MANIFEST}: {manifest.seed_gap}",
-            f"sparkfleet patches build DIR --name {name} --mounts mounts.txt")])
-    local = pm.verify_local(ctx.spec.root, manifest)
-    if local:
-        return StepResult("fail", f"patch set {name!r} differs from its manifest here", local)
     states = yield from sync.inspect_ops(ctx.nodes, manifest)
     if states is None:
         return StepResult("ok", f"would verify patch set {name!r} ({len(manifest.files)} file(s)) on every rank")
