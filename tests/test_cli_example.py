@@ -120,4 +120,4 @@ def test_eof_during_the_ssh_handshake_is_said(tmp_path: Path, monkeypatch, capsy
     rows = json.loads(capsys.readouterr().out)["containers"]
     assert rows == [{"node": "n1", "error": f"n1: me@127.0.0.1:{server.port} accepted TCP, then closed the "
                      "connection during the SSH handshake (EOF); check sshd on the node (MaxStartups, a "
-                     "tcpwrapper or fail2ban ban, or not sshd)"}]
+                     "tcpwrapper or fail2ban ban, or not sshd)", "state": "unreachable, may be running"}]

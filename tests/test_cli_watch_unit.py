@@ -124,3 +124,28 @@ def test_user_and_ssh_config(tmp_path: Path) -> None:
     assert "--user" not in s["ExecStart"][0] and "sparkops" not in s["ExecStart"][0]
     assert sorted(systemd_words(e)[0] for e in s["Environment"]) == [f"SPARKFLEET_SSH_CONFIG={ssh}",
                                                                      f"SPARKFLEET_STATE={tmp_path / 'state'}"]
+
+
+def test_the_units_exec_start_watches_the_lab(sim, tmp_path: Path) -> None:
+    """The unit's ExecStart, run as systemd would (its cwd, only its environment), watches the lab's lane: with
+    no dcp2 serving, its probes fail against the lab's head; under --dry-run (nothing is stopped or started)
+    the one restart of its budget is counted as if done, the next failure spends the budget and it gives up
+    with exit 1 (which RestartPreventExitStatus keeps systemd from restarting)."""
+    from sparkfleet.sim.paths import sim_inventory_path
+
+    inv = sim_inventory_path()
+    env = _env(tmp_path, SPARKFLEET_STATE=os.environ["SPARKFLEET_STATE"])  # the lab's own state dir
+    text = _unit(["--profile", "dcp2", "-i", str(inv), "--interval", "1", "--failures", "1", "--max-restarts", "1",
+                  "--backoff", "1", "--probe-timeout", "1", "--dry-run"], env, tmp_path)
+    s = unit_settings(text)
+    exec_start = systemd_words(s["ExecStart"][0].replace("$$", "$"))
+    assert exec_start[exec_start.index("--inventory") + 1] == str(inv)
+    service_env = {"PATH": "/usr/bin:/bin", "HOME": ME.pw_dir, "SPARKFLEET_CONFIG": str(tmp_path / "none.yaml")}
+    for e in s["Environment"]:
+        key, value = systemd_words(e)[0].split("=", 1)
+        service_env[key] = value
+    proc = subprocess.run([*exec_start, "--json"], capture_output=True, text=True, env=service_env,
+                          cwd=s["WorkingDirectory"][0], timeout=120)
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-2000:])
+    out = proc.stdout + proc.stderr
+    assert "reddie" in out and "dcp2" in out, out[-2000:]

@@ -110,13 +110,14 @@ def test_a_missing_engram_dir_fails_check_and_stops_up_at_the_engram_step(sim, c
 
 
 def test_a_wrong_gid_index_is_named_by_check(sim, capsys) -> None:
-    """A global IPv6 address moves bluey's RoCE v2 IPv4 entry from 3 to 5: `check` names the index the lane's
-    fixed NCCL_IB_GID_INDEX would miss (up resolves each node's index itself; restore refuses the moved pin)."""
+    """A global IPv6 address moves bluey's RoCE v2 IPv4 entry from 3 to 5: `check` fails naming the index the
+    lane's fixed NCCL_IB_GID_INDEX would miss, and the right one (tests/test_sick_fleet.py does it through up)."""
     sim.fault("bluey", "wrong-gid")
     code, fs = check(capsys, "dcp2")
-    assert code == 0
+    assert code == 1
     assert judged(fs, "rdma") == [
-        ("bluey", "rdma", "warn", "the launch sets NCCL_IB_GID_INDEX=3, but this node's RoCE v2 IPv4 entry is 5")]
+        ("bluey", "rdma", "fail", "rank 2: NCCL_IB_GID_INDEX=3 on HCA rocep1s0f0,roceP2p1s0f0 is not this node's "
+         "RoCE v2 IPv4 entry for 192.168.192.13; the right index is 5")]
 
 
 def test_slow_state_is_seen_by_the_probe(sim, capsys) -> None:

@@ -181,6 +181,7 @@ def test_up_builds_one_node_per_inventory_node_with_the_contract_layout(ro_sim, 
     }
     assert {p.name for p in (asusi / shim.STATE).iterdir()} == {
         "node.json", "gpu.json", "docker.json", "faults.json", "engine.json", "logs", "stash", ".lock", "node",
+        "llama.cpp",  # llama.cpp's built binaries, placed in every node for its RPC lanes (sim/llama.py)
         "init.ready"}
     tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name != build.SHIM_ZIP]
     assert sorted(tools) == sorted(build.SHIM_NAMES)

@@ -99,8 +99,8 @@ def test_node_local_engram_only_where_the_copy_covers_the_rows(sim, capsys) -> N
         fails = [f for f in next(e for e in events if e["event"] == "findings" and e["step"] == "expect")["findings"]
                  if f["status"] == "fail"]
         assert [(f["check"], f["node"], f["message"]) for f in fails] == [(
-            "engram-local", "spark4", "rank 3 (spark4) read Engram rows over NFS, not from its node-local copy "
-            "(expect.engram_node_local; 6-8 ms a step against 3, ENG-16)")]
+            "engram-local", "spark4", "rank 3 (spark4) read Engram layer(s) 1, 14 over NFS, not from its node-local "
+            "copy (expect.engram_node_local; 6-8 ms a step against 3, ENG-16)")]
         assert _lane_states(sim) == dict.fromkeys(NODES, ["exited"])  # the lane was stopped, like any failure
         logs = {n: _head_log_lines(sim, n) for n in ("spark4", "asusi")}
         q = ROWS // 4

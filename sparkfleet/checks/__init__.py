@@ -17,7 +17,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
 
 if TYPE_CHECKING:
     from sparkfleet.fleet.facts import NodeFacts
@@ -47,6 +46,9 @@ def run_checks(plan: Plan, inventory: Inventory, facts: dict[str, NodeFacts | Re
     (`check --probe`); `caches_dropped` says per node whether the page cache was dropped before the
     facts were gathered (True) or why dropping failed (a message).
     """
+    # inside the function: the clock probe's entry point (sparkfleet.checks.probe, run in the lane's image)
+    # imports this package and must need nothing beyond the standard library
+    from sparkfleet.fleet.facts import NodeFacts
 
     from .context import CheckContext
 

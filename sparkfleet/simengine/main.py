@@ -158,7 +158,7 @@ class Rank:
         log.info(p, "gpu_model_runner.py:3563", f"Starting to load model {c.model}...")  # v1/worker/
         if c.moe_backend:
             log.info(p, "mxfp4.py:125", moe_line(c.moe_backend, c.vllm_version))
-        for layer, start, end in c.engram_ranges:  # the DeepSeek V4.1 patch's lines (the seeds, CATALOG §5.2)
+        for layer, start, end in c.engram_ranges:  # the DeepSeek V4.1 patch's lines (the seeds)
             log.info(p, "engram.py:212", f"Engram DISK mode: layer {layer} rows [{start}, {end})")
         for layer, start, end in c.engram_ranges:
             local = c.engram_node_local and not (c.has("engram-layer-nfs") and layer == c.engram_ranges[-1][0])
