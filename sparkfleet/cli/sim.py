@@ -89,7 +89,7 @@ def run_up(args: argparse.Namespace) -> int:
     if status["known_hosts"]:
         say(f"host keys pinned in {status['known_hosts']}")
     for part in sim.manifest.get("without_root", []):
-        say(f"not without root: {part}")
+        say(f"needs root, so not here: {part}")
     for skipped in sim.manifest.get("skipped_profiles", []):
         say(f"profile skipped (did not load): {skipped}")
     say(f"make it this shell's default inventory: {default_line()}")
