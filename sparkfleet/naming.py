@@ -35,7 +35,7 @@ def labels(profile: str, rank: int, run_id: str) -> dict[str, str]:
 
 
 def engram_copy_dir(root: str, name: str) -> str:
-    """A node-local Engram copy: one directory per checkpoint under the node's root (CATALOG ENG-26);
+    """A node-local Engram copy: one directory per checkpoint under the node's root (ENG-26);
     `name` is the profile's engram_copy_name() (its copy_dir, else the model's revision)."""
     return posixpath.join(root, name)
 

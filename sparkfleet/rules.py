@@ -1,6 +1,6 @@
 """Lane rules: refuse a profile before anything runs (pure; profile x inventory -> findings).
 
-Each rule is a lesson from the seeds (CATALOG.md ids in the messages' remedies). The rules here hold
+Each rule is a lesson from the seeds (docs/failure-modes.md ids in the messages' remedies). The rules here hold
 for every engine; an engine's own (vLLM's block size, capture sizes...) live in its adapter.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from sparkfleet.engines.base import at, hardware
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
+from sparkfleet.naming import container_name
 from sparkfleet.placement import Rank
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
@@ -56,12 +57,12 @@ def station_offload(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterat
         if bad:
             yield Finding("offload-matcher", "fail", f"offload matcher {bad} is not routed_experts.*",
                           "use --cpu-offload-params routed_experts.w13_weight routed_experts.w2_weight "
-                          "(CATALOG LCH-G6)", field="flags.--cpu-offload-params",
+                          "(LCH-G6)", field="flags.--cpu-offload-params",
                           where=at(loaded, "flags", "--cpu-offload-params"))
     text = " ".join([*map(str, p.flags), *map(str, p.flags.values()), *p.env, *p.env.values()]).lower()
     if "megamoe" in text and len(ranks) == 1:
         yield Finding("megamoe", "fail", "MegaMoE on one GPU: it needs expert parallel, then OOMs at construction "
-                      "(268.8 GiB needed, 249.8 available)", "remove the MegaMoE setting (CATALOG FM-57)",
+                      "(268.8 GiB needed, 249.8 available)", "remove the MegaMoE setting (docs/failure-modes.md FM-57)",
                       field="flags", where=at(loaded, "flags"))
 
 
@@ -91,7 +92,7 @@ def engram_nodes(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[
                           "checkpoint (the model is on this node's disk)", node=r.node.name, field="engram.nfs_ranks")
         elif r.rank in e.nfs_ranks:
             yield Finding("engram-nfs", "warn", f"rank {r.rank} ({r.node.name}) reads Engram rows over NFS",
-                          "6-8 ms a step against 3 locally (CATALOG ENG-16); drop it from engram.nfs_ranks "
+                          "6-8 ms a step against 3 locally (ENG-16); drop it from engram.nfs_ranks "
                           "once it has a copy", node=r.node.name, field="engram.nfs_ranks")
         elif r.node.storage.engram_local_dir is None:
             yield Finding("engram-nfs", "warn",
@@ -152,7 +153,6 @@ def _set_at(loaded: Loaded, key: str) -> str:
 @rule
 def docker_names(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
     """The container name and the bind mounts as docker will parse them."""
-    from sparkfleet.naming import container_name
 
     p = loaded.profile
     name = container_name(p.name, 0)

@@ -24,12 +24,15 @@ def _own_state_dir(tmp_path_factory: pytest.TempPathFactory):
         yield
 
 
-@pytest.fixture(autouse=True)
-def _lab_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def _lab_chosen():
     """The tests' fleet is the repo's `lab` inventory, chosen on purpose (a command that contacts nodes
-    refuses the shipped example left as the default: tests/test_cli_example.py runs that case)."""
-    if not os.environ.get("SPARKFLEET_INVENTORY"):
-        monkeypatch.setenv("SPARKFLEET_INVENTORY", "lab")
+    refuses the shipped example left as the default: tests/test_cli_example.py runs that case). Its own
+    MonkeyPatch, for the session: a test's `monkeypatch` keeps its usual teardown order."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get("SPARKFLEET_INVENTORY"):
+            mp.setenv("SPARKFLEET_INVENTORY", "lab")
+        yield
 
 
 @pytest.fixture

@@ -220,7 +220,7 @@ def test_low_mem_available_fails_and_says_caches_were_not_dropped(repo_spec: Spe
     f = only(check(profile, inv, plan, facts), "memory", "asusi")
     assert f.status == "fail"
     assert "80.0 GiB is below 100.0 GiB" in f.message and "not dropped" in f.message
-    assert f.expected == ">= 100.0 GiB (per rank, gb10 class; CATALOG HLT-03)"
+    assert f.expected == ">= 100.0 GiB (per rank, gb10 class; HLT-03)"
     assert "caches not dropped" in (f.observed or "") and "--drop-caches" in f.remedy
     dropped = check(profile, inv, plan, facts, caches_dropped={n: True for n in facts})
     f = only(dropped, "memory", "asusi")
@@ -680,7 +680,7 @@ def good_copy(rank: int) -> dict:
     """dcp2's rank `rank` node-local Engram copy as engram_copy.py leaves a complete, verified one."""
     from sparkfleet.fleet.nodeside.engram_copy import MANIFEST_SCHEMA
 
-    q = 96_000_000  # a quarter of a 384M-row table (CATALOG ENG-01/03)
+    q = 96_000_000  # a quarter of a 384M-row table (ENG-01/03)
     return {"schema": MANIFEST_SCHEMA, "complete": True, "verified": True, "mode": "rows", "format": "fp8",
             "source": {"revision": "df42c109f1defefcbfcedbe7d905718a12266e40"}, "tp": {"size": 4, "rank": rank},
             "layers": {k: {"start": rank * q, "end": (rank + 1) * q} for k in ("1", "14")},

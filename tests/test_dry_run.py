@@ -23,8 +23,10 @@ def recording_inventory(ops: Path, log: Path, *, answer: bool) -> None:
     bin_dir.mkdir()
     (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")  # `docker ps -q` on a node with no container
     (bin_dir / "docker").chmod(0o755)
-    rec.write_text("#!/bin/bash\nnode=$1; shift\nprintf '%s\\t%s\\n' \"$node\" \"${*: -1}\" | tr -d '\\000' >> "
-                   f"{log}\n" + (f'export PATH={bin_dir}:/usr/bin:/bin\nexec "$@"\n' if answer else "exit 255\n"))
+    # nodes run in parallel: each command is appended whole, under a lock on the log
+    rec.write_text("#!/bin/bash\nnode=$1; shift\n"
+                   f"exec 9>>{log}; flock 9; printf '%s\\t%s\\n' \"$node\" \"${{*: -1}}\" >&9; exec 9>&-\n"
+                   + (f'export PATH={bin_dir}:/usr/bin:/bin\nexec "$@"\n' if answer else "exit 255\n"))
     rec.chmod(0o755)
     data = yaml.safe_load((ops / "inventories" / "lab.yaml").read_text())
     data["name"], data["example"] = "rec", False
@@ -146,3 +148,17 @@ def test_dry_run_facts_sends_only_reads(ops_root: Path, tmp_path: Path, monkeypa
     assert not (tmp_path / "home" / ".cache").exists()  # and nothing was shipped
     facts = [e for e in seen if e["event"] == "step" and e["step"] == "facts" and e["status"] != "start"]
     assert facts and "node(s) answered" in facts[0]["summary"]
+
+
+def test_verbose_shows_each_command_as_it_runs(rec, capsys) -> None:
+    """-v: a `command` event per node for every command the executor runs (none without -v)."""
+    ops, log = rec
+    main(["up", "--profile", "dcp2", "--root", str(ops), "-i", "rec", "--json"])
+    assert [e for e in events(capsys) if e["event"] == "command"] == []
+    before = log.read_text().count("\n")
+    main(["up", "--profile", "dcp2", "--root", str(ops), "-i", "rec", "-v", "--json"])
+    ran = [e for e in events(capsys) if e["event"] == "command"]
+    received = [line.split("\t", 1) for line in log.read_text().splitlines()[before:] if "\t" in line]
+    # every command a node received was shown, node by node, first line for first line
+    assert sorted((n, c) for n, c in received) == sorted((e["node"], e["command"].split("\n")[0]) for e in ran)
+    assert {e["node"] for e in ran if e["what"] == "take the fleet lock"} == {"reddie", "asusi", "bluey", "spark4"}

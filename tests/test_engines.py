@@ -154,3 +154,22 @@ def test_a_tensorfold_lane_without_image_or_recipe_dir_names_the_field(ops_root,
     assert main(["up", "--profile", "tfx", "--inventory", "lab", "--root", str(ops_root), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"sparkfleet: {message}"), err
+
+
+@pytest.mark.parametrize(("version", "refused"), [("0.11.0", True), ("0.10.2", True), ("0.11.1", False),
+                                                  ("0.13.0+cu129", False)])
+def test_a_multi_node_lane_refuses_an_image_of_vllm_before_0_11_1(ops_root, capsys, version, refused) -> None:
+    """`plan` of a two-node lane whose image declares vLLM 0.11.0 exits 2 naming file, line and field:
+    --nnodes/--node-rank/--master-addr came in 0.11.1 (engine/arg_utils.py:757-759 there, none in 0.11.0)."""
+    from sparkfleet.cli.main import main
+
+    (ops_root / "profiles" / "old.yaml").write_text(
+        f"extends: dcp2\nimage:\n  ref: local/vllm:old\n  engine_version: '{version}'\n")
+    code = main(["plan", "--profile", "old", "--root", str(ops_root)])
+    err = " ".join(capsys.readouterr().err.split())
+    if refused:
+        assert code == 2
+        assert (f"FAIL vllm-version (profiles/old.yaml:4): the image declares vLLM {version}; a lane over several "
+                "nodes needs 0.11.1 or newer") in err
+    else:
+        assert code == 0 and "vllm-version" not in err

@@ -118,7 +118,7 @@ def test_fleet_copies_every_rank_on_its_node_and_checks_the_manifests(lab: dict,
     assert main(cli(lab, "--json")) == 0
     again = last_json(capsys)
     assert all(c["result"]["already_complete"] for c in again["copies"])
-    # a lane that reads NVFP4 tables finds fp8 copies (CATALOG FM-24): both ranks fall back to NFS
+    # a lane that reads NVFP4 tables finds fp8 copies (docs/failure-modes.md FM-24): both ranks fall back to NFS
     assert main(cli(lab, profile="lane-nvfp4")) == 1
     text = capsys.readouterr().out
     assert "the copy holds fp8 Engram tables, the lane reads nvfp4" in text

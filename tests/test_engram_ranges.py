@@ -12,7 +12,7 @@ from sparkfleet.engram import ranges as rng
 from sparkfleet.engram.manifest import check_rank, falls_back
 from sparkfleet.schema.errors import UserError
 
-Q = 96_000_000  # a quarter of a 384M-row table (CATALOG ENG-01/03)
+Q = 96_000_000  # a quarter of a 384M-row table (ENG-01/03)
 
 
 def lines(rank: int | None, layers: dict[int, tuple[int, int]]) -> str:
@@ -174,7 +174,7 @@ def test_a_matching_copy_is_node_local() -> None:
     (None, {}, "no engram-manifest.json: the copy is missing or incomplete"),
     (manifest(source={"revision": "df42c109f1defefcbfcedbe7d905718a12266e40"}), {},
      "the copy is of checkpoint df42c109f1defefcbfcedbe7d905718a12266e40, the lane runs 1bae0e10"),
-    (manifest(format="nvfp4"), {}, "the copy holds nvfp4 Engram tables, the lane reads fp8 (CATALOG FM-24)"),
+    (manifest(format="nvfp4"), {}, "the copy holds nvfp4 Engram tables, the lane reads fp8 (docs/failure-modes.md FM-24)"),
     (manifest(), {"ranges": good(2)}, "layer 1: the copy holds rows [96000000, 192000000), the rank reads "
                                       "[192000000, 288000000)"),
     (manifest(layers={"1": {"start": Q, "end": 2 * Q}}), {}, "layer 14 is not in the copy"),
@@ -222,4 +222,4 @@ def test_judge_rank_holds_the_copy_against_the_lane(repo_spec) -> None:
     assert why(manifest(tp=made), harvest=harvest) == [
         "rank 1 (asusi): layer 1: the copy holds rows [96000000, 192000000), the rank reads [96000000, 192000005)"]
     assert why(manifest(tp=made, format="nvfp4")) == [
-        "rank 1 (asusi): the copy holds nvfp4 Engram tables, the lane reads fp8 (CATALOG FM-24)"]
+        "rank 1 (asusi): the copy holds nvfp4 Engram tables, the lane reads fp8 (docs/failure-modes.md FM-24)"]

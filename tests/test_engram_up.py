@@ -27,7 +27,7 @@ RANK_NODE = {0: "reddie", 1: "asusi", 2: "bluey", 3: "spark4"}
 Q = values.ENGRAM_STANDIN_ROWS // 4  # the lab checkpoint's tables: rank r of TP4 reads rows [r Q, (r + 1) Q)
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe", "--json"]
 UP = ["up", "--profile", "dcp2", "--inventory", "sim", *FAST]
-NFS = ": falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)"
+NFS = ": falls back to reading the model directory over NFS (6-8 ms a step against 3, ENG-16)"
 REMEDY = ("make the copies: boot once reading NFS on purpose (sparkfleet up --profile dcp2 "
           "-o expect.engram_node_local=false), then sparkfleet engram-local harvest --profile dcp2 and "
           "sparkfleet engram-local --profile dcp2 --tensors PATTERN; or keep serving from NFS with that -o")
@@ -98,7 +98,7 @@ def fails_before_launch(evs: list[dict], node: str, rank: int, why: str) -> None
 
 @pytest.mark.parametrize("bad, why", [
     ({"source": {"revision": "1bae0e1088993b9b82de08f59de5be5a34e42170", "shards": []}},
-     f"the copy is of checkpoint 1bae0e1088993b9b82de08f59de5be5a34e42170, the lane runs {REV} (CATALOG FM-62)"),
+     f"the copy is of checkpoint 1bae0e1088993b9b82de08f59de5be5a34e42170, the lane runs {REV} (docs/failure-modes.md FM-62)"),
     ({"verified": False}, "the copy was never verified (made with --no-verify, or its read-back failed)"),
     ({"layers": {"1": {"start": 2 * Q, "end": 3 * Q, "rows": 4 * Q}}}, "layer 14 is not in the copy"),
     ({"tp": {"size": 4, "rank": 1}}, "the copy holds the rows of rank 1 of TP4, this is rank 2 of TP4"),

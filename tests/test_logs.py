@@ -87,7 +87,10 @@ def test_a_prefixed_coloured_traceback_is_fatal_and_names_its_exception() -> Non
            f"{w}    worker = WorkerProc(*args, **kwargs)\n"
            f"{w}ImportError: cannot import name 'EngramDiskReader'\n")
     f = parse(log, signatures(), VLLM)
-    assert f.fatal == "Traceback (most recent call last):"
+    assert f.fatal == "ERROR 12-01 10:00:00 [multiproc_executor.py:597] WorkerProc failed to start."
+    assert f.fatal_detail == "ImportError: cannot import name 'EngramDiskReader'"
+    f = parse("".join(x for x in log.splitlines(keepends=True) if "WorkerProc" not in x), signatures(), VLLM)
+    assert f.fatal == "Traceback (most recent call last):"  # the profile's signature, behind the prefix
     assert f.fatal_detail == "ImportError: cannot import name 'EngramDiskReader'"
 
 

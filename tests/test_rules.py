@@ -29,7 +29,7 @@ def write(root: Path, name: str, text: str) -> None:
 
 
 def test_required_capture_sizes_rule() -> None:
-    # k=5, max_num_seqs=8: multiples of 5 and 6 up to 48; the shipped list omits 45 (CATALOG OQ-02)
+    # k=5, max_num_seqs=8: multiples of 5 and 6 up to 48; the shipped list omits 45 (OQ-02)
     assert required_capture_sizes(5, 8) == [5, 6, 10, 12, 15, 18, 20, 24, 25, 30, 35, 36, 40, 42, 45, 48]
 
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import zipfile
 from fractions import Fraction
 from pathlib import Path
 
@@ -181,13 +182,16 @@ def test_up_builds_one_node_per_inventory_node_with_the_contract_layout(ro_sim, 
     assert {p.name for p in (asusi / shim.STATE).iterdir()} == {
         "node.json", "gpu.json", "docker.json", "faults.json", "engine.json", "logs", "stash", ".lock", "node",
         "init.ready"}
-    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name not in (f"{build.SHIM_MODULE}.py", "__pycache__")]
+    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name != build.SHIM_ZIP]
     assert sorted(tools) == sorted(build.SHIM_NAMES)
     for name in tools:
         s = asusi.parent / "bin" / name
         assert os.access(s, os.X_OK) and s.read_text() == build.SHIM_STUB
-    assert (asusi.parent / "bin" / f"{build.SHIM_MODULE}.py").read_bytes() == Path(shim.__file__).read_bytes()
-    assert [p.suffix for p in (asusi.parent / "bin" / "__pycache__").iterdir()] == [".pyc"]
+    with zipfile.ZipFile(asusi.parent / "bin" / build.SHIM_ZIP) as z:  # the package, each module with its bytecode
+        names = z.namelist()
+        assert {n for n in names if n.endswith(".py")} == {f"{build.SHIM_MODULE}/{m}" for m in build.shim_sources()}
+        assert {n[:-1] for n in names if n.endswith(".pyc")} == {n for n in names if n.endswith(".py")}
+        assert all(z.read(f"{build.SHIM_MODULE}/{m}") == data for m, data in build.shim_sources().items())
     # inside, it is a machine of its own: its hostname, its files at the inventory's paths, shims on PATH
     assert tool(asusi, "hostname").stdout == "asusi\n" and cat(asusi, "/etc/hostname") == "asusi\n"
     assert tool(asusi, "bash", "-c", "command -v nvidia-smi docker").stdout == "/usr/local/bin/nvidia-smi\n" \

@@ -18,7 +18,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparkfleet.engines.logs import parse, split_lines, text
+from sparkfleet.engines.vllm import LOG as VLLM  # the sim engine prints vLLM's lines
 from sparkfleet.simengine import tokens
+from sparkfleet.simengine.main import GRAPH_SIZES, SHARDS
+from sparkfleet.simengine.server import PRINTED_ROUTES
 from tests.test_simengine_util import (
     BLUE,
     GREEN,
@@ -59,13 +63,13 @@ def lane(tmp_path_factory):
     ln.start(0)
     ln.start(1)
     ln.start(2)
-    before: list[int | None] = []
+    before: list[str] = []
     deadline = time.monotonic() + 20
-    while ln.health() is None and time.monotonic() < deadline:  # the head's API port is bound early
+    while "waiting for 3 worker(s)" not in ln.log() and time.monotonic() < deadline:  # the head is up
         time.sleep(0.02)
     deadline = time.monotonic() + 1.0  # twice the boot time: a lane not waiting for rank 3 would be up by now
     while time.monotonic() < deadline:
-        before.append(ln.health())
+        before.append(connect(ln.port))
         time.sleep(0.05)
     ln.rank3_started = time.monotonic()
     ln.start(3)
@@ -74,6 +78,20 @@ def lane(tmp_path_factory):
     ln.before = before
     yield ln
     ln.stop()
+
+
+DIED = "Worker proc VllmWorker-0 died unexpectedly, shutting down executor."  # multiproc_executor.py:232
+
+
+def connect(port: int) -> str:
+    """What a TCP connect to the head's API port gets: 'refused' (nothing listens), 'accepted' or the error."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return "accepted"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as exc:
+        return type(exc).__name__
 
 
 def post(lane: Lane, path: str, body: dict, **kw) -> httpx.Response:
@@ -181,9 +199,10 @@ def test_startup_lines_come_in_order_with_the_configured_numbers(lane):
     assert lane.stdout("r1") == lane.log("r1")
 
 
-def test_health_is_503_until_every_worker_has_joined(lane):
-    assert lane.before and set(lane.before) == {503}
-    assert 503 in lane.after and lane.after[-1] == 200
+def test_connection_refused_until_every_worker_has_joined_and_the_engine_serves(lane):
+    # vLLM binds its API socket early and listens once uvicorn starts (openai/api_server.py:1809, 0.11.0)
+    assert lane.before and set(lane.before) == {"refused"}
+    assert 503 not in lane.after and lane.after[-1] == 200
     assert lane.healthy_at > lane.rank3_started
     head = lane.log("r0")
     assert head.index("rank 3 joined the rendezvous") < head.index("Starting to load model")
@@ -472,10 +491,11 @@ def test_worker_crash_kills_the_boot(boot_lanes):
     assert "Traceback (most recent call last):" in log and "OSError: [Errno 5] Input/output error" in log
     assert "Model loading took" not in log
     assert ln.wait_exit("r0") == 1
-    assert "NCCL error" in ln.log("r0") and "EngineCore failed: rank 1" in ln.log("r0")
+    # the head's own worker fails its next collective; the executor and the API server follow (vLLM's lines)
+    assert "NCCL error" in ln.log("r0") and DIED in ln.log("r0")
     assert "Application startup complete" not in ln.log("r0") and 200 not in ln.statuses
     # The head notices at its next collective (--peer-timeout 2 s later), so the crashed rank's line comes first.
-    noticed = re.search(r"went away; noticed ([\d.]+) s later", ln.log("r0"))
+    noticed = re.search(r"went away ([\d.]+) s ago", ln.log("r0"))
     assert noticed and float(noticed.group(1)) >= 2.0
 
 
@@ -484,7 +504,8 @@ def test_missing_patch_is_an_import_error(boot_lanes):
     assert ln.wait_exit("r1") == 1
     log = ln.log("r1")
     assert "Traceback (most recent call last):" in log
-    assert re.search(r"^ImportError: cannot import name 'EngramDiskReader'", log, re.M)
+    f = parse(log, [r"Traceback \(most recent call last\)"], VLLM)  # as the controller reads it: prefixed, headed
+    assert f.fatal_detail and f.fatal_detail.startswith("ImportError: cannot import name 'EngramDiskReader'")
     assert "Starting to load model" not in log
     assert ln.wait_exit("r0") == 1 and 200 not in ln.statuses
 
@@ -493,8 +514,12 @@ def test_engine_fatal_prints_a_cuda_error_and_exits(boot_lanes):
     ln = boot_lanes["engine-fatal"]
     assert ln.wait_exit("r0") == 1
     log = ln.log()
-    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in log
-    assert "Traceback" not in log and "Application startup complete" not in log and 200 not in ln.statuses
+    # logger.exception("EngineCore encountered a fatal error.") (v1/engine/core.py:868): the record carries the
+    # traceback, and the reader names the exception that ends it
+    f = parse(log, [], VLLM)
+    assert f.fatal and f.fatal.endswith("[core.py:868] EngineCore encountered a fatal error.")
+    assert f.fatal_detail == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert "Application startup complete" not in log and 200 not in ln.statuses
 
 
 def test_kv_low_on_one_rank_lowers_the_lane_kv(boot_lanes):
@@ -631,7 +656,7 @@ def test_relaunch_race_a_new_worker_joins_the_old_head(tmp_path):
         assert ln.health() == 200 and new_head.returncode == 1
         ln.procs["r0"].send_signal(signal.SIGTERM)
         assert [ln.wait_exit(t) for t in ("r0", "r1", "r1-new")] == [0, 0, 0]
-        assert "Worker shutting down (the head asked)." in ln.log("r1-new")
+        assert "WorkerProc shutting down." in ln.log("r1-new") and "SIMULATION: the head asked" in ln.log("r1-new")
     finally:
         ln.stop()
 
@@ -654,7 +679,7 @@ def test_a_worker_dying_while_serving_kills_the_engine(tmp_path):
         ln.wait_health()
         ln.procs["r1"].kill()
         assert ln.wait_exit("r0") == 1
-        assert "EngineCore failed: rank 1" in ln.log() and "NCCL error" in ln.log()
+        assert DIED in ln.log() and "NCCL error" in ln.log()
     finally:
         ln.stop()
 
@@ -664,7 +689,7 @@ def test_keep_alive_on_engine_death_answers_models_but_not_health(tmp_path):
     try:
         ln.wait_health()
         ln.procs["r1"].kill()
-        ln.wait_line("EngineCore failed: rank 1")
+        ln.wait_line(DIED)
         deadline = time.monotonic() + 5
         while ln.health() != 503 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -740,3 +765,65 @@ def test_a_budget_with_no_room_for_kv_names_it_and_exits(tmp_path):
         assert "GPU KV cache size" not in log and "Application startup complete" not in log
     finally:
         ln.stop()
+
+
+# -------------------------------------------------------------------------- vLLM's own lines (issue 24)
+
+def boot_one(tmp_path, name: str, extra: list[str], env: dict[str, str] | None = None) -> tuple[Lane, list[str]]:
+    """A one-GPU head of the given options, booted and asked for its models once; its log as `tail` counts lines."""
+    ln = Lane(tmp_path, world=1, boot=0.3, name=name, extra=extra, env=env)
+    ln.start_all()
+    try:
+        assert ln.wait_health()[-1] == 200
+        assert ln.http.get(ln.url + "/v1/models").status_code == 200
+        deadline = time.monotonic() + 10
+        while "GET /v1/models" not in ln.log() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return ln, split_lines(ln.log_path("r0").read_bytes().decode())
+    finally:
+        ln.stop()
+
+
+def test_a_0_11_head_prints_vllm_0_11s_lines(tmp_path):
+    ln, lines = boot_one(tmp_path, "v011", ["--vllm-version", "0.11.0", "--moe-backend", "MARLIN",
+                                            "--kv-cache-memory-bytes", str(6 * 2**30), "--gpu-memory-bytes",
+                                            str(128 * 2**30)], env={"NO_COLOR": "1"})
+    # 0.11 colours the prefix whatever NO_COLOR says (vllm/utils/__init__.py:3463); one GPU: the engine core's
+    pid = re.match(r"\x1b\[1;36m\(APIServer pid=(\d+)\)\x1b\[0;0m ", lines[0])
+    assert pid, lines[0]
+    prefixes = {f"\x1b[1;36m({p} pid={pid.group(1)})\x1b[0;0m " for p in ("APIServer", "EngineCore_DP0")}
+    assert all(any(x.startswith(p) for p in prefixes) for x in lines), [x for x in lines
+                                                                         if not any(x.startswith(p) for p in prefixes)]
+    # tqdm's bars: refreshes behind \r (the weights' format ends each refresh with \n, the graphs' do not)
+    weights = [x for x in lines if "Loading safetensors checkpoint shards" in x]
+    graphs = [x for x in lines if "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)" in x]
+    assert len(weights) == SHARDS + 2 and all("\r" in x for x in weights)
+    assert len(graphs) == 1 and graphs[0].count("\r") == GRAPH_SIZES + 2
+    assert text(graphs[0]).startswith("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|")
+    said = [text(x) for x in lines]
+    assert re.match(r"INFO \d\d-\d\d \d\d:\d\d:\d\d \[simengine\] SIMULATION: ", said[0])  # vllm/logger.py:25
+    assert any(x.endswith("] Using Marlin backend") for x in said)  # quantization/mxfp4.py:161 (0.13.0)
+    assert not any("Available KV cache memory" in x for x in said)  # gpu_worker.py returns before it
+    assert any("reserved 6.00 GiB memory for KV Cache as specified by kv_cache_memory_bytes" in x for x in said)
+    routes = [x.split("] ", 1)[1] for x in said if "] Route: " in x]
+    assert routes == [f"Route: {p}, Methods: {m}" for p, m in PRINTED_ROUTES]
+    assert any(re.fullmatch(r'INFO:     127\.0\.0\.1:\d+ - "GET /v1/models HTTP/1\.1" 200 OK', x) for x in said)
+    f = parse("\n".join(lines) + "\n", [], VLLM)
+    assert (f.moe_backend, f.kv_tokens, f.api_up, f.fatal) == ("Marlin", 1_888_800, True, None)
+
+
+def test_a_0_13_head_under_no_color_prints_plain_prefixes(tmp_path):
+    _, lines = boot_one(tmp_path, "v013", ["--moe-backend", "B12X_MXFP4_MXFP8"], env={"NO_COLOR": "1"})
+    assert not any("\x1b[" in x for x in lines)  # utils/system_utils.py:178 (0.13.0)
+    assert all(re.match(r"\((APIServer|EngineCore_DP0) pid=\d+\) ", x) for x in lines)
+    said = [text(x) for x in lines]
+    assert any(x.endswith("] Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend.") for x in said)
+    assert any(x.endswith("] Available KV cache memory: 6.00 GiB") for x in said)
+
+
+def test_a_0_20_head_names_its_engine_core_and_prints_plain_in_a_container(tmp_path):
+    _, lines = boot_one(tmp_path, "v020", ["--vllm-version", "0.20.0"])
+    assert not any("\x1b[" in x for x in lines)  # no tty (utils/system_utils.py:203-207, 0.20.0)
+    assert any(x.startswith("(EngineCore pid=") for x in lines)
+    said = [text(x) for x in lines]
+    assert any(re.search(r"\] Starting vLLM server on http://127\.0\.0\.1:\d+$", x) for x in said)

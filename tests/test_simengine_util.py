@@ -93,8 +93,9 @@ class Lane:
                  faults: dict[int, list[str]] | None = None, extra: list[str] | None = None,
                  rank_extra: dict[int, list[str]] | None = None, master_port: int | None = None,
                  port: int | None = None, kv: int = 1_888_800, name: str = "lane",
-                 served: tuple[str, ...] = ("dsv41", "glm-5.3-flash")) -> None:
+                 served: tuple[str, ...] = ("dsv41", "glm-5.3-flash"), env: dict[str, str] | None = None) -> None:
         self.tmp, self.world, self.boot, self.key = tmp, world, boot, key
+        self.env = env or {}
         self.faults = faults or {}
         self.extra = extra or []
         self.rank_extra = rank_extra or {}
@@ -123,7 +124,7 @@ class Lane:
 
     def start(self, rank: int, tag: str | None = None) -> subprocess.Popen:
         tag = tag or f"r{rank}"
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = dict(os.environ, PYTHONPATH=str(REPO), **self.env)
         if self.key is not None:
             env["SF_SIM_TEST_KEY"] = self.key
         out = open(self.tmp / f"{self.name}-{tag}.out", "w")  # noqa: SIM115 - owned by the child

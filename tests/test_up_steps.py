@@ -63,19 +63,19 @@ def test_the_engram_step_judges_each_copy_with_the_one_rule(repo_spec: Spec, tmp
     assert ctx.record.data["engram"] == {0: "node-local", 1: "nfs", 2: "nfs", 3: "nfs"}
     # dcp2 expects node-local rows (expect.engram_node_local): a copy there that does not qualify stops the run
     assert (result.status, result.summary) == ("fail", "expect.engram_node_local: rank 1 (asusi): the copy is of "
-                                               f"checkpoint 0123456789abcdef, the lane runs {REV} (CATALOG FM-62): "
+                                               f"checkpoint 0123456789abcdef, the lane runs {REV} (docs/failure-modes.md FM-62): "
                                                "falls back to reading the model directory over NFS (6-8 ms a step "
-                                               "against 3, CATALOG ENG-16) (and 2 more)")
+                                               "against 3, ENG-16) (and 2 more)")
     got = [(f.node, f.status, f.message) for f in result.findings]
     assert ("asusi", "fail", "rank 1 (asusi): the copy is of checkpoint 0123456789abcdef, the lane runs "
-            f"{REV} (CATALOG FM-62): falls back to reading the model directory over NFS (6-8 ms a step "
-            "against 3, CATALOG ENG-16)") in got
+            f"{REV} (docs/failure-modes.md FM-62): falls back to reading the model directory over NFS (6-8 ms a step "
+            "against 3, ENG-16)") in got
     assert ("bluey", "fail", "rank 2 (bluey): the copy was never verified (made with --no-verify, or its read-back "
-            "failed): falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG "
+            "failed): falls back to reading the model directory over NFS (6-8 ms a step against 3, "
             "ENG-16)") in got
     # no copy at all fails too, with the operator's way out
     assert ("spark4", "fail", "rank 3 (spark4): no engram-manifest.json: the copy is missing or incomplete: falls "
-            "back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)") in got
+            "back to reading the model directory over NFS (6-8 ms a step against 3, ENG-16)") in got
     [spark4] = [f for f in result.findings if f.node == "spark4"]
     assert spark4.remedy == ("make the copies: boot once reading NFS on purpose (sparkfleet up --profile dcp2 "
                              "-o expect.engram_node_local=false), then sparkfleet engram-local harvest --profile dcp2 "

@@ -1,4 +1,4 @@
-"""The seeds' measuring method as code: `sparkfleet bench` and `sparkfleet bracket` (CATALOG §6).
+"""The seeds' measuring method as code: `sparkfleet bench` and `sparkfleet bracket`.
 
 - `promptsets`: prompt set v1 (prompts/v1.yaml, 8 categories plus a counting ceiling) or a user's
   YAML file; every result carries the file's sha256.

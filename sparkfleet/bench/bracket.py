@@ -1,4 +1,4 @@
-"""Same-window CTL → CAND → CTL brackets with pre-registered bars (CATALOG §6.3, GATE-01..12).
+"""Same-window CTL → CAND → CTL brackets with pre-registered bars (GATE-01..12).
 
 `up` the control and bench it, `up` the candidate and bench it, `up` the control again and bench it;
 then read every barred cell of the candidate against the mean of its two controls. The bars file is

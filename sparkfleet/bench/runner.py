@@ -1,4 +1,4 @@
-"""The standard bench (CATALOG §6.1): prompt set v1 at concurrency C1..C16, cold prefill, DSpark acceptance.
+"""The standard bench: prompt set v1 at concurrency C1..C16, cold prefill, DSpark acceptance.
 
 Method, as the seeds ran it:
 - streaming, temperature 0, thinking off, after a warm-up batch that is not recorded (BEN-02);

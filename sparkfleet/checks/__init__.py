@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sparkfleet.findings import Finding
+from sparkfleet.fleet.facts import NodeFacts
 
 if TYPE_CHECKING:
     from sparkfleet.fleet.facts import NodeFacts
@@ -46,7 +47,6 @@ def run_checks(plan: Plan, inventory: Inventory, facts: dict[str, NodeFacts | Re
     (`check --probe`); `caches_dropped` says per node whether the page cache was dropped before the
     facts were gathered (True) or why dropping failed (a message).
     """
-    from sparkfleet.fleet.facts import NodeFacts
 
     from .context import CheckContext
 

@@ -21,7 +21,7 @@ from .seeds import LATCH_REMEDY
 CHECK = "clock"
 SLOW = "slow-state"
 SLOW_REMEDY = ("warm the lane up before benchmarking and annotate results taken after idle; the seeds saw "
-               "94 vs 63 ms/step after ~13 min idle (CATALOG FM-10, HLT-08, BEN-10)")
+               "94 vs 63 ms/step after ~13 min idle (docs/failure-modes.md FM-10; HLT-08, BEN-10)")
 
 
 def judged(hw: HardwareClass) -> bool:

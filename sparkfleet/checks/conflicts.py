@@ -1,7 +1,7 @@
 """Conflicts: whatever holds the lane's port, master port or GPU, found by port and GPU, never by name.
 
 The seeds' safety check matched only `dsfv-*` container names and a GLM lane on :30001 stayed live
-during a launch (CATALOG FM-48, HLT-02). Here a container without sparkfleet labels is foreign: it is
+during a launch (docs/failure-modes.md FM-48; HLT-02). Here a container without sparkfleet labels is foreign: it is
 named and never touched. A container of this lane is stale (an earlier launch; `up` stops it first,
 FM-01). A container of another sparkfleet lane holding the port or GPU refuses the lane (DESIGN OQ-01).
 """
@@ -17,7 +17,8 @@ from .context import CheckContext
 CHECK = "conflicts"
 LIVE = ("running", "restarting", "paused")  # states that keep their ports and GPU
 OWN = f"{LABEL_PREFIX}."
-FOREIGN_REMEDY = "sparkfleet never stops what it did not start: stop it yourself or pick another lane (CATALOG FM-48)"
+FOREIGN_REMEDY = ("sparkfleet never stops what it did not start: stop it yourself or pick another lane "
+                  "(docs/failure-modes.md FM-48)")
 
 
 def describe(c: Container) -> str:
@@ -57,7 +58,7 @@ def check(ctx: CheckContext) -> list[Finding]:
             holds = f"; holds {', '.join(held)}" if held else ""
             if lane == p.name:
                 mine.append(Finding(CHECK, "warn", f"container {c.name} is from an earlier launch of this lane{holds}",
-                                    f"`sparkfleet up` stops it first (relaunch race, CATALOG FM-01); or "
+                                    f"`sparkfleet up` stops it first (relaunch race, docs/failure-modes.md FM-01); or "
                                     f"`sparkfleet down --profile {p.name}`", node=node, observed=describe(c),
                                     expected=expected))
             elif not held:
@@ -87,7 +88,8 @@ def check(ctx: CheckContext) -> list[Finding]:
             if stale:
                 mine.append(Finding(CHECK, "warn", f":{port} ({what}) is held by {who}, most likely this lane's "
                                     f"running container {', '.join(stale)}",
-                                    "`sparkfleet up` stops it first and checks again (CATALOG FM-01)", node=node,
+                                    "`sparkfleet up` stops it first and checks again (docs/failure-modes.md FM-01)",
+                                    node=node,
                                     observed=f"listening: {who}", expected=expected))
                 continue
             suspects = [describe(c) for c in hostnet]

@@ -16,7 +16,7 @@ from .context import CheckContext, gb, gib, role_value
 from .seeds import EARLYOOM_MARGIN_BYTES, GB, GiB
 
 CHECK = "earlyoom"
-FM15 = "10 GiB of KV left the head at 2 GB and was refused; 8 GiB left 9 GB (CATALOG FM-15, HLT-24)"
+FM15 = "10 GiB of KV left the head at 2 GB and was refused; 8 GiB left 9 GB (docs/failure-modes.md FM-15; HLT-24)"
 
 
 def kv_bytes(ctx: CheckContext) -> int | None:
@@ -70,7 +70,7 @@ def check(ctx: CheckContext) -> list[Finding]:
             out.append(Finding(
                 CHECK, "fail", "earlyoom is not running: when memory runs out, the watchdogs reset the node",
                 f"start it on {node}: EARLYOOM_ARGS=\"{want_pct}\" in /etc/default/earlyoom, then "
-                "`systemctl enable --now earlyoom` (CATALOG INV-13, INV-14)",
+                "`systemctl enable --now earlyoom` (INV-13, INV-14)",
                 node=node, observed="not running", expected="earlyoom running"))
             continue
         total = f.meminfo.mem_total_bytes if f.meminfo else None

@@ -1,6 +1,6 @@
 """The fabric links of a lane's ranks: up, RDMA port ACTIVE, one MTU everywhere, the class's speed.
 
-Each TP decode step is about eighty all-reduces over RoCE (CATALOG INV-28): one link down, at a
+Each TP decode step is about eighty all-reduces over RoCE (INV-28): one link down, at a
 smaller MTU or negotiated below its rate slows (or stops) every token. NVIDIA's multi-Spark playbooks
 validate link speed (200G), MTU and an NCCL test before serving; these are the first two, from the
 facts (the probe and `check --nccl` measure). An inventory interface the node does not have fails

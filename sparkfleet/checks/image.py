@@ -69,7 +69,7 @@ def check(ctx: CheckContext) -> list[Finding]:
                                    + (", ".join(have) if have else "no repo digest (built or loaded locally)")
                                    + f", the profile pins {want.digest}",
                                    f"`docker pull {want.pinned}` on {node}, or update image.digest if the new "
-                                   "image is the one you mean (CATALOG HLT-12, FM-13)", node=node,
+                                   "image is the one you mean (docs/failure-modes.md FM-13; HLT-12)", node=node,
                                    observed=", ".join(f"{i.ref} {i.id[:19]} digests {digests_of(i) or 'none'}"
                                                       for i in by_ref), expected=expected))
             else:
@@ -83,7 +83,8 @@ def check(ctx: CheckContext) -> list[Finding]:
             out.append(Finding(CHECK, "warn", f"image {want.ref} has no digest pin: a re-pushed tag would change "
                                + ("every rank's" if ranks > 1 else "the") + " engine unnoticed",
                                "add image.digest (sha256:... from `docker images --digests` on the node you "
-                               "trust) so a re-pushed tag cannot change the lane (CATALOG HLT-12, FM-13)", node=node,
+                               "trust) so a re-pushed tag cannot change the lane (docs/failure-modes.md FM-13; "
+                               "HLT-12)", node=node,
                                field="image.digest", observed=f"{by_ref[0].ref} {by_ref[0].id[:19]}"
                                + (f" digests {digests_of(by_ref[0])}" if digests_of(by_ref[0]) else ""),
                                expected=f"{want.ref}@sha256:..."))

@@ -12,7 +12,7 @@ CHECK = "memory"
 
 
 def pin_hot(ctx: CheckContext) -> bool:
-    """The lane runs the pin-hot hook (CATALOG LCH-G4: PIN_MODE in the env)."""
+    """The lane runs the pin-hot hook (LCH-G4: PIN_MODE in the env)."""
     return "PIN_MODE" in ctx.profile.env
 
 
@@ -31,14 +31,14 @@ def check(ctx: CheckContext) -> list[Finding]:
         floors: list[tuple[int, str, str]] = []  # (bytes, what, catalog id)
         if hw.min_mem_available_gib is not None:
             floors.append((int(hw.min_mem_available_gib * GiB), f"per rank, {r.node.hardware} class",
-                           "CATALOG HLT-03"))
+                           "HLT-03"))
         if pin_hot(ctx):
             host = ctx.profile.expect.mem_available_floor_gb.get("host")
             if host is not None:
-                floors.append((int(host * GB), "host floor, expect.mem_available_floor_gb.host", "CATALOG HLT-13"))
+                floors.append((int(host * GB), "host floor, expect.mem_available_floor_gb.host", "HLT-13"))
             elif hw.host_floor_gib is not None:
                 floors.append((int(hw.host_floor_gib * GiB), f"host floor of the pin-hot hook, {r.node.hardware} "
-                               "class", "CATALOG HLT-13, FM-43"))
+                               "class", "docs/failure-modes.md FM-43; HLT-13"))
         if not floors:
             out.append(Finding(CHECK, "ok", f"MemAvailable {gib(avail)}; no launch floor for class "
                                f"{r.node.hardware}" + ("" if pin_hot(ctx) else " without the pin-hot hook"),

@@ -1,7 +1,7 @@
 """Bind mounts: every `-v SRC:DST` source of a rank's rendered launch must exist on that node.
 
 Docker binds a missing source as a new empty directory, the container starts, and the import that
-needed the file fails minutes later (CATALOG FM-12, HLT-05).
+needed the file fails minutes later (docs/failure-modes.md FM-12; HLT-05).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def check(ctx: CheckContext) -> list[Finding]:
                                    "empty directory in its place (a missing patch file failed the import minutes "
                                    "later)",
                                    f"create or copy {s} on {node} (or fix the profile/inventory path); "
-                                   "CATALOG FM-12, HLT-05", node=node, observed=f"{s}: missing",
+                                   "docs/failure-modes.md FM-12; HLT-05", node=node, observed=f"{s}: missing",
                                    expected=f"{s} exists"))
             if unasked:
                 out.append(Finding(CHECK, "warn", f"{len(unasked)} bind-mount source(s) not reported by the node: "

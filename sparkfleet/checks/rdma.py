@@ -64,7 +64,7 @@ def check(ctx: CheckContext) -> list[Finding]:
                              for p in f.rdma)
             out.append(Finding(CHECK, "fail", f"no RoCE v2 IPv4 GID entry on {iface}",
                                f"give {iface} its fabric address ({node.fabric_ip or 'fabric_ip'}) and check the "
-                               "port is up (`ibdev2netdev`, `show_gids`) (CATALOG INV-23)", node=node.name,
+                               "port is up (`ibdev2netdev`, `show_gids`) (INV-23)", node=node.name,
                                observed=seen, expected=expected))
             continue
         entry = describe(node, f, right)
@@ -78,7 +78,7 @@ def check(ctx: CheckContext) -> list[Finding]:
             out.append(Finding(CHECK, "fail", f"gid_index {configured} is not this node's RoCE v2 IPv4 entry; "
                                f"the right index is {right}",
                                f"set nodes.{node.name}.rdma.gid_index: {right} (or auto) in the inventory "
-                               "(CATALOG INV-23: not always 3)", node=node.name,
+                               "(INV-23: not always 3)", node=node.name,
                                observed=f"configured {configured}; {entry}", expected=expected))
         out.extend(launch_gids(ctx, r.rank, node, right, entry))
     return out
@@ -101,6 +101,6 @@ def launch_gids(ctx: CheckContext, rank: int, node: Node, right: int, entry: str
         out.append(Finding(CHECK, "fail", f"rank {rank}: {var}={given} on HCA {hcas} is not this node's RoCE v2 "
                            f"IPv4 entry for {node.fabric_ip or node.rdma.fabric_iface}; the right index is {right}",
                            f"set {var} to {right} for {node.name}, or leave it to sparkfleet (the index differs "
-                           "per node: CATALOG INV-23, not always 3); nothing was started", node=node.name,
+                           "per node: INV-23, not always 3); nothing was started", node=node.name,
                            observed=f"{var}={given}; {entry}", expected=f"{var}={right}"))
     return out

@@ -45,12 +45,13 @@ def model(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
         return [Finding(CHECK, "fail", f"model dir {path} is on {info.mount.fstype}: pinned copies page-fault from "
                         "it and DSpark reads it twice; over SMB neither converges (35 min to load)",
                         f"copy the checkpoint to local NVMe on {node.name} and point model_root there "
-                        "(CATALOG FM-44, LCH-G1, HLT-15)", node=node.name, observed=_on(info), expected=expected)]
+                        "(docs/failure-modes.md FM-44; LCH-G1, HLT-15)", node=node.name, observed=_on(info),
+                        expected=expected)]
     if not info.exists:
         if wants_nfs and nfs and not on_nfs:
             return [Finding(CHECK, "fail", f"model dir {path} is missing: the NFS mount {nfs.path} is not mounted",
                             f"mount it on {node.name}: `mount {nfs.path}` (fstab: {nfs.source} {nfs.path} nfs "
-                            f"{nfs.options}; nofail lets a node boot without it, CATALOG INV-32)",
+                            f"{nfs.options}; nofail lets a node boot without it, INV-32)",
                             node=node.name, observed=f"missing; {nfs.path} {_on(info)}", expected=expected)]
         return [Finding(CHECK, "fail", f"model dir {path} is missing",
                         f"put the checkpoint at {path} on {node.name}, or fix model_root / the profile's "
@@ -78,7 +79,7 @@ def engram(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
     if info is None:
         return [_unasked(node, copy, "Engram copy dir")]
     need = engram_copy_bytes(e.format, ctx.profile.tp)
-    expected = (f"room for {gib(need)} (a {e.format} rank copy at TP{ctx.profile.tp}, CATALOG INV-36)" if need
+    expected = (f"room for {gib(need)} (a {e.format} rank copy at TP{ctx.profile.tp}, INV-36)" if need
                 else "room for the rank's copy")
     if info.exists:
         return [Finding(CHECK, "ok", f"Engram copy dir {copy} present (`sparkfleet engram-local` verifies it)",
@@ -97,11 +98,12 @@ def engram(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
         status = "fail" if ctx.profile.expect.engram_node_local else "warn"
         return [Finding(CHECK, status, f"no room for the rank's Engram copy at {copy}: {gib(info.free_bytes)} free, "
                         f"{gib(need)} needed", f"free space on {node}'s engram_local_dir disk, or list the rank in "
-                        "engram.nfs_ranks (reads over NFS cost 6-8 ms a step, CATALOG FM-11)", node=node,
+                        "engram.nfs_ranks (reads over NFS cost 6-8 ms a step, docs/failure-modes.md FM-11)", node=node,
                         observed=f"missing, {gib(info.free_bytes)} free", expected=expected)]
     return [Finding(CHECK, "warn", f"the rank's Engram copy {copy} is not made yet (there is room for it)",
                     "`sparkfleet engram-local` makes it (from the ranges `sparkfleet engram-local harvest` reads "
-                    "off a boot); without it the rank reads rows over NFS, 6-8 ms a step (CATALOG FM-11, HLT-22)",
+                    "off a boot); without it the rank reads rows over NFS, 6-8 ms a step "
+                    "(docs/failure-modes.md FM-11; HLT-22)",
                     node=node,
                     observed=f"missing, {gib(info.free_bytes)} free", expected=expected)]
 
@@ -120,7 +122,8 @@ def cache(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
     observed = f"{gib(info.free_bytes)} free ({_on(info)})"
     if info.free_bytes == 0:
         return [Finding(CHECK, "warn", f"the disk holding cache dir {path} is full: JIT kernels and autotune "
-                        "results cannot be kept (CATALOG FM-29, FM-40)", f"free space on {node}", node=node,
+                        "results cannot be kept (docs/failure-modes.md FM-29, FM-40)", f"free space on {node}",
+                        node=node,
                         observed=observed, expected="free space")]
     return [Finding(CHECK, "ok", f"cache dir {path} present", node=node, observed=observed,
                     expected="free space")]

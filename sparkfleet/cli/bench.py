@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench", help="benchmark a lane: prompt set v1 at C1..C16, cold prefill, DSpark acceptance",
         formatter_class=fmt,
-        description="The seeds' bench (CATALOG §6.1): at each concurrency C, C streams of one category's prompt "
+        description="The seeds' bench: at each concurrency C, C streams of one category's prompt "
         "released together (one batch per cell), streaming, temperature 0, thinking off, after a warm-up; token "
         "counts from usage blocks only. Writes results.json (every request), report.md (tables per category and "
         "the mean of 8) and PNG plots (with the `plots` extra). Exit 0 when every cell measured, 1 when one errored.",

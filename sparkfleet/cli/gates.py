@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gates", help="answer gates against a lane's endpoint: models, count100, needle, image, tools, soak...",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Check that a lane answers correctly, not just that it emits tokens (CATALOG §5.3). "
+        description="Check that a lane answers correctly, not just that it emits tokens. "
         "Each gate prints pass/fail, what was sent, what came back and why. Exit 0 when every gate passes, "
         "1 when one fails, 2 on bad input.",
         epilog="gates: " + ", ".join(GATES) + "\n\nexamples:\n  sparkfleet gates --profile dcp2\n"

@@ -148,6 +148,7 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
     if getattr(args, "soak_minutes", None) is not None:
         gate_args["soak_minutes"] = args.soak_minutes
     return RunOptions(gate_args=gate_args, dry_run=bool(args.dry_run), dry_reads=dry_reads(args),
+                      verbose=bool(getattr(args, "verbose", False)),
                       save_as=getattr(args, "save_as", None),
                       keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", True),

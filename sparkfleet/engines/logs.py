@@ -1,7 +1,7 @@
 """Engine logs -> facts: KV tokens, MoE backend, Engram mode per layer, autotune, fatal lines. Pure.
 
-Each engine adapter names its lines in a LogVocabulary (vLLM's are REFERENCE.md §3 and the seeds'
-CATALOG.md §5.2; llama.cpp's are in engines/llamacpp.py); `feed` folds any engine's log with its own
+Each engine adapter names its lines in a LogVocabulary (vLLM's are REFERENCE.md §3 and the seeds';
+llama.cpp's are in engines/llamacpp.py); `feed` folds any engine's log with its own
 vocabulary. A WARNING line is never fatal: a fast-fail that matched WARNING killed a healthy boot in
 the seeds (FM-50).
 

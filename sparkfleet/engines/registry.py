@@ -11,6 +11,9 @@ from functools import cache
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.yamlsrc import locate
+
 if TYPE_CHECKING:
     from sparkfleet.engines.base import Engine
     from sparkfleet.schema.load import Loaded
@@ -34,8 +37,6 @@ def engine_for(name: str) -> Engine:
 
 def check_lane(loaded: Loaded) -> None:
     """A lane names a known engine and sets every field its adapter needs; else a SpecError at the field."""
-    from sparkfleet.schema.errors import SpecError
-    from sparkfleet.schema.yamlsrc import locate
 
     p = loaded.profile
 

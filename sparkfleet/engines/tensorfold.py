@@ -1,6 +1,6 @@
 """TensorFold: each rank a labelled container of the profile's image (host network, GPUs), the recipe
 dir mounted at its own path and the rank's rendered `config.env` mounted as <recipe_dir>/config.env,
-running the recipe's serve script in the foreground; ranks 3, 2, 1, then 0 (CATALOG LCH-T5)."""
+running the recipe's serve script in the foreground; ranks 3, 2, 1, then 0 (LCH-T5)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from sparkfleet.schema.profile import Profile
 RESERVED_ENV = ("HOST", "PORT", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RDMA_HCA", "GID_INDEX",
                 "MODEL_DIR", "SERVED_NAMES", "SERVE_ARGS")
 
-# The seeds show no TensorFold boot lines beyond the fatal ones the lanes list (CATALOG §5.2), so its
+# The seeds show no TensorFold boot lines beyond the fatal ones the lanes list, so its
 # vocabulary names only what a Python server prints on the way up.
 LOG = LogVocabulary(
     serving=re.compile(r"Application startup complete|Uvicorn running on"),
@@ -63,7 +63,7 @@ class TensorFold(Engine):
     log = LOG
     lane_rules = (flags_unused, reserved_rule)
     engram_source_needed = ("a TensorFold lane's Engram shards come from the base checkpoint, not its EXL3 pack "
-                            "(CATALOG ENG-29)")
+                            "(ENG-29)")
 
     def model_dir(self, profile: Profile, node: Node) -> str | None:
         """TensorFold names its own weights dir (the EXL3 pack), the same on every node."""
@@ -78,7 +78,7 @@ class TensorFold(Engine):
         return super().model_label(profile) or (profile.tensorfold.model_dir if profile.tensorfold else "")
 
     def launches(self, ctx: LaneContext) -> list[Launch]:
-        """One rank at a time from the highest rank down; rank 0 (the API) last (CATALOG LCH-T5)."""
+        """One rank at a time from the highest rank down; rank 0 (the API) last (LCH-T5)."""
         p = ctx.profile
         assert p.tensorfold is not None
         tf = p.tensorfold

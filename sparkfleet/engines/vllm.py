@@ -1,7 +1,7 @@
 """vLLM: one `docker run` per rank; several nodes use mp with workers headless, one node is plain.
 
-Its log lines are REFERENCE.md §3 and the seeds' (CATALOG.md §5.2); its metric names vLLM V1's
-(REFERENCE.md §1); its lane rules are the seeds' lessons (CATALOG ids in the remedies).
+Its log lines are REFERENCE.md §3 and the seeds'; its metric names vLLM V1's
+(REFERENCE.md §1); its lane rules are the seeds' lessons (docs/failure-modes.md ids in the remedies).
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ FATAL = (
     r"EngineCore failed to start",  # v1/engine/core.py:708 (0.11.0), :1136 (0.20.0), logger.exception
     r"EngineCore encountered a fatal error",  # v1/engine/core.py:710/1232 (0.11.0), :1138/2018 (0.20.0)
     r"RPC call to \S+ timed out",  # v1/executor/multiproc_executor.py:273 (0.11.0), TimeoutError
+    r"WorkerProc failed to start",  # v1/executor/multiproc_executor.py:597 (0.11.0), :751 (0.13.0), exception
+    r"WorkerProc hit an exception",  # v1/executor/multiproc_executor.py:824 (0.13.0), logger.exception
 )
 
 
@@ -146,7 +148,7 @@ def capture_sizes(p: Profile) -> tuple[list[int] | None, tuple[str, ...]]:
 
 
 def required_capture_sizes(k: int, max_num_seqs: int) -> list[int]:
-    """Every multiple of k and of k+1 up to max_num_seqs x (k+1) (CATALOG FM-14, DESIGN OQ-02)."""
+    """Every multiple of k and of k+1 up to max_num_seqs x (k+1) (docs/failure-modes.md FM-14, DESIGN OQ-02)."""
     top = max_num_seqs * (k + 1)
     return sorted({m for step in (k, k + 1) for m in range(step, top + 1, step)})
 
@@ -174,13 +176,13 @@ def eager(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> 
     p = loaded.profile
     if p.flags.get("--enforce-eager") not in (None, False):
         yield Finding("eager", "fail", "eager mode (--enforce-eager) is the throughput ceiling: ~200 ms a step",
-                      "remove --enforce-eager; lanes run with CUDA graphs (CATALOG LCH-04, FM-08)",
+                      "remove --enforce-eager; lanes run with CUDA graphs (docs/failure-modes.md FM-08; LCH-04)",
                       field="flags.--enforce-eager", where=at(loaded, "flags", "--enforce-eager"))
     cc = p.flags.get("--compilation-config")
     mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else None
     if isinstance(mode, str) and mode.upper() == "NONE":
         yield Finding("eager", "fail", "cudagraph_mode NONE runs eager",
-                      "use FULL_AND_PIECEWISE (CATALOG LCH-04)", field="flags.--compilation-config",
+                      "use FULL_AND_PIECEWISE (LCH-04)", field="flags.--compilation-config",
                       where=at(loaded, "flags", "--compilation-config", "cudagraph_mode"))
 
 
@@ -193,7 +195,8 @@ def block_size(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]
         yield Finding("block-size", "fail",
                       f"a vLLM lane on GB10 needs --block-size 128 (has {value if value is not None else 'none'})",
                       "set flags: {--block-size: 128}; 32 and 64 die at KV init with 'No common block size' "
-                      "(CATALOG FM-04)", field="flags.--block-size", where=at(loaded, "flags", "--block-size"))
+                      "(docs/failure-modes.md FM-04)", field="flags.--block-size",
+                      where=at(loaded, "flags", "--block-size"))
 
 
 # [003] LCH-10: "MAX_JOBS=2 FLASHINFER_NVCC_THREADS=1" (FM-02): the most each may be
@@ -208,7 +211,7 @@ def jit_guard(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank])
     if missing:
         yield Finding("jit-guard", "fail", f"no JIT-storm guard: {', '.join(missing)} not set",
                       "set env MAX_JOBS: 2 and FLASHINFER_NVCC_THREADS: 1; a 22-job runtime compile wedged "
-                      "all four nodes (CATALOG LCH-10, FM-02)", field="env", where=at(loaded, "env"))
+                      "all four nodes (docs/failure-modes.md FM-02; LCH-10)", field="env", where=at(loaded, "env"))
     for key in (k for k in JIT_SAFE if k in p.env):  # a guard set to 22 jobs is no guard
         value = p.env[key]
         if not (value.isdigit() and 1 <= int(value) <= JIT_SAFE[key]):
@@ -232,7 +235,7 @@ def capture_rule(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Ran
         yield Finding("capture-sizes", "warn",
                       "--max-num-seqs is not set, so the capture sizes cannot be checked against the rule",
                       "set --max-num-seqs; the rule is every multiple of k and k+1 up to max_num_seqs x (k+1) "
-                      "(CATALOG FM-14)", field="flags.--max-num-seqs", where=at(loaded, "flags"))
+                      "(docs/failure-modes.md FM-14)", field="flags.--max-num-seqs", where=at(loaded, "flags"))
         return
     want = required_capture_sizes(k, mns)
     if sizes is None:
@@ -241,8 +244,8 @@ def capture_rule(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Ran
     if missing:
         yield Finding("capture-sizes", "warn",
                       f"capture sizes miss {missing} required by the rule for k={k}, max_num_seqs={mns}",
-                      "padded DSpark batches can hang SM120 sparse MLA (CATALOG FM-14, OQ-02); add them or "
-                      "drop the list to have it generated", field=".".join(map(str, path[:2])),
+                      "padded DSpark batches can hang SM120 sparse MLA (docs/failure-modes.md FM-14; OQ-02); "
+                      "add them or drop the list to have it generated", field=".".join(map(str, path[:2])),
                       where=at(loaded, *path), observed=str(sizes), expected=str(want))
 
 
@@ -261,7 +264,8 @@ def k_schedule(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]
             yield Finding("k-schedule", "fail",
                           f"band {band} drafts k={band[2]} inside a num_speculative_tokens={k} schedule: it pays "
                           f"the full {k}-token verify for {band[2]}",
-                          f"use k={k} or k=1 in every band (CATALOG FM-58)", field="flags.--speculative-config",
+                          f"use k={k} or k=1 in every band (docs/failure-modes.md FM-58)",
+                          field="flags.--speculative-config",
                           where=at(loaded, "flags", "--speculative-config", "num_speculative_tokens_per_batch_size"))
 
 
@@ -269,9 +273,27 @@ def reasoning_medium(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list
     kwargs = loaded.profile.flags.get("--default-chat-template-kwargs")
     if isinstance(kwargs, dict) and kwargs.get("reasoning_effort") == "medium":
         yield Finding("reasoning-effort", "fail", "reasoning_effort 'medium': the V4.1 chat template returns 400",
-                      "use low, high, xhigh, max or an integer 1-100 (CATALOG LCH-G11, FM-56)",
+                      "use low, high, xhigh, max or an integer 1-100 (docs/failure-modes.md FM-56; LCH-G11)",
                       field="flags.--default-chat-template-kwargs",
                       where=at(loaded, "flags", "--default-chat-template-kwargs", "reasoning_effort"))
+
+
+# --nnodes/--node-rank/--master-addr: engine/arg_utils.py:757-759 in 0.11.1, none in 0.11.0
+MULTINODE_SINCE = (0, 11, 1)
+
+
+def multinode_version(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """The multi-node template passes --nnodes/--node-rank/--master-addr; an older vLLM refuses them."""
+    image = loaded.profile.image
+    version = version_of(image.engine_version if image else None)
+    if len({r.node.name for r in ranks}) > 1 and version is not None and version < MULTINODE_SINCE:
+        assert image is not None
+        yield Finding("vllm-version", "fail",
+                      f"the image declares vLLM {image.engine_version}; a lane over several nodes needs 0.11.1 or "
+                      "newer (--nnodes, --node-rank and --master-addr came in 0.11.1)",
+                      "use an image of vLLM 0.11.1 or newer, or place the lane on one node",
+                      field="image.engine_version", where=at(loaded, "image", "engine_version"),
+                      observed=image.engine_version, expected=">= 0.11.1")
 
 
 def head_ports(p: Profile, r: Rank, multi: bool) -> dict[int, str]:
@@ -295,7 +317,11 @@ class Vllm(Engine):
     chat_template_flag = "--chat-template"  # vllm/entrypoints/openai/cli_args.py
     autotune_hardware = frozenset({"gb300"})  # FlashInfer's autotune on the Station (LCH-G2, FM-40/41)
     guarded_by = frozenset({"kv-sizing", "graph-memory", "long-context"})
-    lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, reserved_rule)
+    # /health 200 is not proof enough: the head must also have logged uvicorn's "Application startup complete."
+    # (read as tail counts lines since issue 24, so the line is not lost behind a progress bar)
+    ready_from_log = True
+    lane_rules = (eager, block_size, jit_guard, capture_rule, k_schedule, reasoning_medium, multinode_version,
+                  reserved_rule)
 
     def engram_copy_dir(self, ctx: LaneContext, r: Rank) -> str | None:
         return engram_host_dir(ctx, r)

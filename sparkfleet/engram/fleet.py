@@ -16,14 +16,18 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sparkfleet.engines.base import LaneContext
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.engram.manifest import judge_rank
+from sparkfleet.engram import ranges
+from sparkfleet.engram.manifest import judge_lane, judge_rank
 from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
+from sparkfleet.fleet.commands import read_file_command
 from sparkfleet.fleet.nodeside.engram_copy import STATUS
 from sparkfleet.fleet.op import OpGen
 from sparkfleet.fleet.ship import helper_ops, run_helper
 from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.naming import engram_manifest_path
 from sparkfleet.placement import Rank
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Node
@@ -62,7 +66,7 @@ def source_dir(profile: Profile, node: Node) -> str:
 
 def copy_dir(profile: Profile, node: Node) -> str | None:
     """Where this node keeps the lane's copy: <engram_local_dir>/<revision or repo_dir> (engines/docker.py
-    mounts the same directory; copies are per checkpoint, CATALOG ENG-26)."""
+    mounts the same directory; copies are per checkpoint, ENG-26)."""
     root = node.storage.engram_local_dir
     name = profile.engram_copy_name()
     if root is None or name is None:
@@ -243,7 +247,6 @@ def check(profile: Profile, jobs: list[Job], answers: dict[int, tuple[Result, di
 def copy_dirs(profile: Profile, inventory, ranks: list[Rank], templates) -> dict[str, tuple[int, str]]:
     """node -> (rank, node-local Engram copy dir) for the ranks that read a node-local copy (the dir the
     engine adapter mounts): what `up`'s engram step and `check` read each manifest from."""
-    from sparkfleet.engines.base import LaneContext
 
     lane = LaneContext(profile, inventory, ranks, templates)
     engine = engine_for(profile.engine)
@@ -253,8 +256,6 @@ def copy_dirs(profile: Profile, inventory, ranks: list[Rank], templates) -> dict
 
 def manifest_reads(dirs: dict[str, tuple[int, str]]) -> dict[str, str]:
     """node -> the command that prints its rank's engram-manifest.json (what judge_lane judges)."""
-    from sparkfleet.fleet.commands import read_file_command
-    from sparkfleet.naming import engram_manifest_path
 
     return {n: read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}
 
@@ -263,8 +264,6 @@ def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list
                   timeout_s: float = 30.0) -> list[Finding]:
     """`check`'s Engram findings: each rank's manifest read on its node, judged by the one rule
     (manifest.judge_lane, as `up`'s engram step judges it). Empty for a lane without node-local rows."""
-    from sparkfleet.engram import ranges
-    from sparkfleet.engram.manifest import judge_lane
     e = profile.engram
     if e is None or not e.node_local:
         return []

@@ -2,7 +2,7 @@
 
 The engine uses a node-local copy only when its manifest matches the lane's checkpoint and format
 and covers the rank's rows; otherwise it silently falls back to the model directory over NFS
-(CATALOG ENG-25, FM-24, FM-62). sparkfleet says so before launch. The manifest schema (OQ-20) is in
+(docs/failure-modes.md FM-24, FM-62; ENG-25). sparkfleet says so before launch. The manifest schema (OQ-20) is in
 docs/engram-local.md; the copy that writes it is sparkfleet/fleet/nodeside/engram_copy.py.
 """
 
@@ -55,7 +55,7 @@ def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revisi
     own record is held against `tp` and `layers`: made for this rank of this TP size, every layer in it);
     `source_changed` the shards whose header differs from the one copied."""
     who = f"rank {rank} ({node})"
-    nfs = "falls back to reading the model directory over NFS (6-8 ms a step against 3, CATALOG ENG-16)"
+    nfs = "falls back to reading the model directory over NFS (6-8 ms a step against 3, ENG-16)"
 
     def fail(msg: str, remedy: str, observed: str | None = None, expected: str | None = None) -> Finding:
         return Finding(CHECK, "fail", f"{who}: {msg}: {nfs}", remedy, node=node, where=dest,
@@ -70,7 +70,8 @@ def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revisi
     out: list[Finding] = []
     have_rev = (manifest.get("source") or {}).get("revision")
     if revision and have_rev != revision:
-        out.append(fail(f"the copy is of checkpoint {have_rev or 'unknown'}, the lane runs {revision} (CATALOG FM-62)",
+        out.append(fail(f"the copy is of checkpoint {have_rev or 'unknown'}, the lane runs {revision} "
+                        "(docs/failure-modes.md FM-62)",
                         f"copies are per checkpoint: {redo}", have_rev, revision))
     elif not revision:
         out.append(Finding(CHECK, "warn", f"{who}: the lane has no model.revision, so the copy's checkpoint "
@@ -81,7 +82,7 @@ def check_rank(manifest: dict | None, *, rank: int, node: str, dest: str, revisi
                         f"copy again: {redo}"))
     if fmt and manifest.get("format") != fmt:
         out.append(fail(f"the copy holds {manifest.get('format') or 'an unknown'} Engram tables, the lane reads {fmt} "
-                        "(CATALOG FM-24)", f"copies are per format: {redo}", manifest.get("format"), fmt))
+                        "(docs/failure-modes.md FM-24)", f"copies are per format: {redo}", manifest.get("format"), fmt))
     mode = manifest.get("mode")
     if whole_shards:
         if mode != "whole-shards":

@@ -1,6 +1,6 @@
 """Each rank's Engram rows: parsed from `Engram DISK mode: layer L rows [start, end)` lines, checked, stored.
 
-A rank's ranges come from its boot log (CATALOG ENG-13). Ranges that overlap between ranks, a rank
+A rank's ranges come from its boot log (ENG-13). Ranges that overlap between ranks, a rank
 or layer with no range, rows no rank holds, and ranges identical across ranks (the seeds' rank-offset
 bug, where every rank read rank 0's rows, FM-03/ENG-12) are reported as findings. Harvested ranges
 are stored per checkpoint and TP size under the state dir, where fleet mode finds them.
@@ -183,8 +183,8 @@ def report(ranks: dict[int, Ranges], *, tp: int | None = None, layers: list[int]
             same = _fmt(next(iter(have.values())))
             findings.append(Finding(
                 "engram-rank-offset", "fail", f"layer {layer}: every rank ({', '.join(map(str, have))}) has the same "
-                f"rows {same}", "the disk reader ignored the rank's row offset (CATALOG FM-03, ENG-12): fix the "
-                "engine, boot again and harvest again", observed=same))
+                f"rows {same}", "the disk reader ignored the rank's row offset (docs/failure-modes.md FM-03; "
+                "ENG-12): fix the engine, boot again and harvest again", observed=same))
             continue
         items = sorted(have.items(), key=lambda kv: kv[1])
         bad = False
@@ -196,7 +196,7 @@ def report(ranks: dict[int, Ranges], *, tp: int | None = None, layers: list[int]
                 if a == b:
                     findings.append(Finding("engram-rank-offset", "fail",
                                             f"layer {layer}: ranks {ra} and {rb} have the same rows {_fmt(a)}",
-                                            "one of them ignored its row offset (CATALOG FM-03)"))
+                                            "one of them ignored its row offset (docs/failure-modes.md FM-03)"))
                 else:
                     findings.append(Finding("engram-ranges", "fail",
                                             f"layer {layer}: ranks {ra} {_fmt(a)} and {rb} {_fmt(b)} overlap "
@@ -251,7 +251,7 @@ def load_for(profile: Profile, explicit: Path | None = None) -> tuple[Harvest, P
                         "(`sparkfleet engram-local harvest`), not one rank's lines")
     if got.tp is not None and got.tp != profile.tp:
         raise UserError(f"{path}: ranges harvested at TP{got.tp}, the lane runs TP{profile.tp} "
-                        "(TP3 needs its own ranges, CATALOG ENG-20)")
+                        "(TP3 needs its own ranges, ENG-20)")
     return got, path
 
 

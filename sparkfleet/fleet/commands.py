@@ -40,7 +40,7 @@ from sparkfleet.naming import PROFILE_LABEL, RUN_LABEL
 from sparkfleet.schema.inventory import Node
 
 # `sysctl -w` rather than a redirect into /proc: it is an ordinary command, so the simulated lab's shim
-# can stand in for it, and it needs root exactly as the seeds' launcher had (CATALOG LCH-03).
+# can stand in for it, and it needs root exactly as the seeds' launcher had (LCH-03).
 DROP_CACHES = "sync && sysctl -q -w vm.drop_caches=3"
 DROP_TIMEOUT_S = 120.0  # sync flushes dirty pages first, which can take a while on a busy node
 
@@ -202,7 +202,7 @@ def stop_command(ids: list[str], remove: bool = True) -> str:
 # -- rail-2 aliases ---------------------------------------------------------------------------------
 
 def rail2_alias_command(alias: str, iface: str, add: bool) -> str:
-    """Runtime only: `ip addr` never writes persistent network config (CATALOG LCH-T4)."""
+    """Runtime only: `ip addr` never writes persistent network config (LCH-T4)."""
     a, d = shlex.quote(alias), shlex.quote(iface)
     return (f"ip addr del {a} dev {d} 2>/dev/null; ip addr add {a} dev {d}" if add
             else f"ip addr del {a} dev {d} 2>/dev/null || true")

@@ -10,6 +10,7 @@ from pathlib import Path
 from sparkfleet.fleet.local import LocalTransport
 from sparkfleet.fleet.ssh import SshTransport
 from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.placement import endpoint, loopback_bound
 from sparkfleet.schema.inventory import Node
 
 
@@ -79,7 +80,6 @@ def api_base(head: Node, port: int, host: str | None, transport: Transport | Non
     head's pinned connection (closed when the block ends; `transport` is used when given, else one of its
     own); else http://HEAD:PORT (sparkfleet.placement.endpoint). `on_tunnel(url)` is told of a tunnel.
     The one rule `up`'s readiness and gates, `gates`, `bench` and `status` use; --endpoint overrides it."""
-    from sparkfleet.placement import endpoint, loopback_bound
 
     if not (loopback_bound(host) and head.transport == "ssh"):
         yield endpoint(head, port)

@@ -22,7 +22,7 @@ from sparkfleet.schema.inventory import Node
 
 HELPER = "fabric_probe.py"
 PORT = 29570  # the probe's TCP port on each fabric IP (not one of the lanes' 8410/29551 ...)
-RTT_SIZES = (48 * 1024, 400 * 1024)  # a TP decode step's all-reduces are 48-400 KB (CATALOG INV-28)
+RTT_SIZES = (48 * 1024, 400 * 1024)  # a TP decode step's all-reduces are 48-400 KB (INV-28)
 BULK_BYTES = 64 * 1024 * 1024
 RTT_COUNT = 20
 CONNECT_WAIT_S = 5.0

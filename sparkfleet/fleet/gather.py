@@ -17,12 +17,16 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.op import OpGen, run_ops
 from sparkfleet.fleet.ship import helper_ops
 from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.patches import manifest as pm
+from sparkfleet.plan import make_plan
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.schema.playbook import Playbook, Step
 
 if TYPE_CHECKING:  # the plan (and the engines it renders with) is loaded only for a lane's facts
     from sparkfleet.plan import Plan
@@ -51,15 +55,12 @@ def storage_paths(node: Node) -> list[str]:
 
 def model_dir(profile: Profile, node: Node) -> str | None:
     """Where the lane's weights are on this node (the engine adapter says)."""
-    from sparkfleet.engines.registry import engine_for
 
     return engine_for(profile.engine).model_dir(profile, node)
 
 
 def plan_for(loaded: Loaded, inventory: Inventory, root: Path) -> Plan:
     """The lane's plan, rendered only for its launches (a one-step playbook: no playbook file read)."""
-    from sparkfleet.plan import make_plan
-    from sparkfleet.schema.playbook import Playbook, Step
 
     return make_plan(loaded, inventory, Playbook(name="facts", steps=[Step(step="facts")]), root)
 
@@ -75,7 +76,6 @@ def patch_paths(root: Path | None, profile: Profile | None, node: Node) -> list[
     """Where the lane's patch files are on this node (hashed by the helper for the drift check)."""
     if root is None or profile is None or not profile.patches:
         return []
-    from sparkfleet.patches import manifest as pm
 
     if not (pm.set_dir(root, profile.patches) / pm.MANIFEST).is_file():
         return []  # plan and the patches step say so

@@ -21,7 +21,7 @@ from sparkfleet.schema.profile import Profile
 HELPER = "nccl_allreduce.py"
 IN_CONTAINER = "/opt/sparkfleet/nccl_allreduce.py"
 PORT = 29571  # the test's rendezvous (not the lane's master port, which a stale head may still hold)
-SIZES = (48 * 1024, 400 * 1024)  # CATALOG INV-28
+SIZES = (48 * 1024, 400 * 1024)  # INV-28
 # container options of the lane's that make no sense for a one-shot test container
 DROP = {"--restart", "--memory", "--memory-swap", "--oom-score-adj", "--name", "-d", "--detach", "--rm",
         "--label", "-p", "--publish"}

@@ -108,6 +108,7 @@ class Executor:
     dry_run: bool = False
     reads: bool = False  # --dry-run=facts: read-only commands run under dry-run
     show: Callable[[NodeCommands], None] | None = None  # how a command that is not run is shown
+    on_run: Callable[[NodeCommands], None] | None = None  # told each command as it runs (-v shows them)
 
     def skips(self, op: NodeCommands) -> bool:
         return self.dry_run and (op.changes or not self.reads)
@@ -119,6 +120,8 @@ class Executor:
             if self.show is not None:
                 self.show(op)
             return None
+        if self.on_run is not None:
+            self.on_run(op)
         results: dict[str, Result] = {}
         for node, files in op.files.items():
             for path, content in files.items():

@@ -21,6 +21,7 @@ from typing import Any
 from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.inventory import Hop, Inventory, Ssh
 from sparkfleet.schema.yamlsrc import Marks, locate
+from sparkfleet.userconfig import setting
 
 MAX_HOPS = 8
 HOP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")
@@ -30,7 +31,6 @@ def config_path(inventory: Inventory) -> tuple[Path | None, str]:
     """The SSH config file for this inventory and where that choice came from (None: no file)."""
     if inventory.ssh_config:
         return Path(inventory.ssh_config).expanduser(), "inventory ssh_config"
-    from sparkfleet.userconfig import setting
 
     s = setting("ssh_config")
     path = Path(s.value).expanduser() if s.value else None

@@ -1,4 +1,4 @@
-"""Answer gates: check that a lane answers correctly before it is called serving (CATALOG §5.3).
+"""Answer gates: check that a lane answers correctly before it is called serving.
 
 Every gate speaks only HTTP to an OpenAI-compatible endpoint (vLLM, TensorFold, SGLang or the sim
 engine) and returns a GateResult: pass/fail/skip, its checks (each with what was sent, what came

@@ -42,7 +42,7 @@ class GateOptions:
 
     def __post_init__(self) -> None:
         if isinstance(self.reasoning_effort, str) and self.reasoning_effort.lower() == "medium":
-            # The DeepSeek-V4.1 chat template rejects it (CATALOG LCH-G11); the gate would test nothing.
+            # The DeepSeek-V4.1 chat template rejects it (LCH-G11); the gate would test nothing.
             raise ValueError("reasoning_effort 'medium' is rejected by the V4.1 template; use low, high, max "
                              "or a number")
         if not 0.0 <= self.needle_depth <= 1.0:

@@ -7,7 +7,7 @@ Requests, errors, TTFT and decode tok/s percentiles are reported (tokens from us
 
 MemAvailable on every node of the lane is sampled during the soak through an injectable sampler;
 a node under its floor, or within a margin of earlyoom's SIGTERM line, fails the gate and stops the
-load at once (earlyoom would otherwise kill the engine, CATALOG HLT-23/24, FM-15).
+load at once (earlyoom would otherwise kill the engine, docs/failure-modes.md FM-15; HLT-23/24).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
         sha256: 9f2c...                       # of the file's bytes
         target: /usr/local/lib/python3.12/dist-packages/vllm/models/engram.py   # absolute, in the container
 
-A rank that lacks a file or has a different hash aborts the whole launch (CATALOG LCH-07, FM-12):
+A rank that lacks a file or has a different hash aborts the whole launch (docs/failure-modes.md FM-12; LCH-07):
 Docker binds an empty directory over a missing source and the import fails minutes later.
 """
 

@@ -1,4 +1,4 @@
-"""The Station's FlashInfer autotune cache (CATALOG LCH-G2, FM-40/41).
+"""The Station's FlashInfer autotune cache (docs/failure-modes.md FM-40/41; LCH-G2).
 
 A launch-flag change makes vLLM tune into a new hash directory under the persistent cache, and a copy
 that lands after the tuner reads it is too late (74-90 minutes lost). While a Station lane boots, `up`

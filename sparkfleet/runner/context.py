@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkfleet.engines.logs import LogFacts
+from sparkfleet.engram.fleet import copy_dirs
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.op import Executor, shown_as
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.result import GateResult
 from sparkfleet.opsdir import Spec
+from sparkfleet.patches import manifest as pm
+from sparkfleet.placement import endpoint
 from sparkfleet.plan import Plan
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.record import LaunchRecord, Record
@@ -24,6 +27,7 @@ from sparkfleet.schema.playbook import Playbook
 class RunOptions:
     dry_run: bool = False
     dry_reads: bool = False  # --dry-run=facts: read-only commands (facts, the lane's containers) run
+    verbose: bool = False  # -v: a `command` event for every command as it runs
     save_as: str | None = None  # write a restore point after a successful up
     keep: bool = False  # down --keep: stop containers but keep them (the Station's candidate lanes)
     stop_on_gate_failure: bool = True  # False: up --keep-on-gate-failure (the lane stays up, said loudly)
@@ -79,7 +83,9 @@ class RunContext:
 
     def __post_init__(self) -> None:
         self.executor = Executor(self.transport, self.inventory.nodes, dry_run=self.options.dry_run,
-                                 reads=self.options.dry_reads, show=shown_as(self.events.emit))
+                                 reads=self.options.dry_reads, show=shown_as(self.events.emit),
+                                 on_run=shown_as(lambda _would, **line: self.events.emit("command", **line))
+                                 if self.options.verbose else None)
 
     @property
     def profile(self):
@@ -104,7 +110,6 @@ class RunContext:
         if self.options.endpoint:
             return self.options.endpoint.rstrip("/")
         from sparkfleet.fleet.connect import api_base
-        from sparkfleet.placement import endpoint
 
         if self.tunnel is None and self.profile.port is not None and not self.options.dry_run:
             self.tunnel = self.closers.enter_context(api_base(
@@ -120,7 +125,6 @@ class RunContext:
 
     def engram_dirs(self) -> dict[str, tuple[int, str]]:
         """node -> (rank, node-local Engram copy dir) for the ranks that read a node-local copy."""
-        from sparkfleet.engram.fleet import copy_dirs
 
         return copy_dirs(self.profile, self.inventory, self.plan.ranks, self.spec.root / "templates")
 
@@ -128,7 +132,6 @@ class RunContext:
         """sha256 of the lane's patch-set manifest file (a restore pin), None without one."""
         import hashlib
 
-        from sparkfleet.patches import manifest as pm
 
         name = self.profile.patches
         path = pm.set_dir(self.spec.root, name) / pm.MANIFEST if name else None

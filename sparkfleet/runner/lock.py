@@ -10,6 +10,17 @@ import socket
 import time
 from pathlib import Path
 
+from sparkfleet.findings import Finding
+from sparkfleet.fleet.commands import (
+    LockAnswer,
+    LockStuck,
+    classify,
+    lock_release_command,
+    lock_take_command,
+    parse_lock_take,
+)
+from sparkfleet.naming import node_lock_path
+from sparkfleet.runner.ops import NodeCommands, run_now
 from sparkfleet.schema.errors import Busy, UserError
 
 
@@ -164,7 +175,6 @@ class NodeLock:
     locked (the run's own steps then report them). Under --dry-run it only shows what it would run."""
 
     def __init__(self, ctx):
-        from sparkfleet.naming import node_lock_path
 
         self.ctx = ctx
         self.path = node_lock_path()
@@ -180,9 +190,6 @@ class NodeLock:
             raise
 
     def _take(self) -> None:
-        from sparkfleet.findings import Finding
-        from sparkfleet.fleet.commands import LockAnswer, LockStuck, lock_take_command, parse_lock_take
-        from sparkfleet.runner.ops import NodeCommands, run_now
 
         ctx = self.ctx
         reply = run_now(ctx, NodeCommands("take the fleet lock", {n: lock_take_command(self.path, self.text)
@@ -238,9 +245,6 @@ class NodeLock:
 
     def release(self) -> None:
         """Give the lock back wherever it may be this run's (also after a failure or Ctrl-C)."""
-        from sparkfleet.findings import Finding
-        from sparkfleet.fleet.commands import classify, lock_release_command
-        from sparkfleet.runner.ops import NodeCommands, run_now
 
         if not self.held:
             return

@@ -18,10 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError
 
+from sparkfleet.diff import diff_launches
+from sparkfleet.engines.base import Launch
+from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.findings import Finding
+from sparkfleet.fleet.commands import read_file_command
 from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.gather import resolve_gid_indexes
 from sparkfleet.fleet.op import OpGen, query
 from sparkfleet.naming import RUN_LABEL, engram_manifest_path
+from sparkfleet.patches.manifest import PatchManifest
+from sparkfleet.patches.sync import inspect_ops
+from sparkfleet.placement import Rank
+from sparkfleet.plan import make_plan
 from sparkfleet.runner.record import (
     SCHEMA_VERSION,
     LaunchRecord,
@@ -32,6 +41,7 @@ from sparkfleet.runner.record import (
     write_json,
 )
 from sparkfleet.runner.served import image_id_of, template_hashes
+from sparkfleet.schema.overrides import as_mapping
 
 if TYPE_CHECKING:
     from sparkfleet.engines.base import Launch
@@ -79,7 +89,6 @@ def save_point(ctx: RunContext, name: str) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.json"
     record = read_record(ctx.record.as_dict(), f"run {ctx.record.run_id}")
-    from sparkfleet.schema.overrides import as_mapping
 
     point = RestorePoint(name=name, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), record=record,
                          overrides=as_mapping(ctx.loaded.overrides))
@@ -139,7 +148,6 @@ def list_points(state: Path) -> list[dict]:
 # -- restoring ----------------------------------------------------------------------------------------
 
 def spec_from_dict(d: dict, run_id: str) -> Any:
-    from sparkfleet.engines.container import Bind, ContainerSpec
 
     labels = {k: (run_id if k == RUN_LABEL else v) for k, v in (d.get("labels") or {}).items()}
     return ContainerSpec(d["name"], d["image"], list(d["command"]), d["command_text"], labels,
@@ -150,7 +158,6 @@ def spec_from_dict(d: dict, run_id: str) -> Any:
 
 def relabel(launch: LaunchRecord, run_id: str) -> Launch:
     """The recorded launch with this run's id in its `sparkfleet.run` label; nothing else changes."""
-    from sparkfleet.engines.base import Launch
 
     old = next((t.split("=", 1)[1] for t in launch.argv if t.startswith(f"{RUN_LABEL}=")), None)
     argv = [f"{RUN_LABEL}={run_id}" if t == f"{RUN_LABEL}={old}" else t for t in launch.argv]
@@ -166,7 +173,6 @@ def relabel(launch: LaunchRecord, run_id: str) -> Launch:
 
 def adopt(ctx: RunContext, point: RestorePoint) -> None:
     """Make the run launch the recorded lane: its ranks on their recorded nodes, its launches verbatim."""
-    from sparkfleet.placement import Rank
 
     ctx.plan.ranks = [Rank(x.rank, ctx.inventory.nodes[x.node]) for x in sorted(point.launches, key=lambda x: x.rank)]
     ctx.plan.launches = [relabel(x, ctx.record.run_id) for x in point.launches]
@@ -184,9 +190,6 @@ def adopt(ctx: RunContext, point: RestorePoint) -> None:
 
 def today_changes(ctx: RunContext, point: RestorePoint) -> list[Finding]:
     """What today's profile, inventory and templates would render differently, per rank (launch unchanged)."""
-    from sparkfleet.diff import diff_launches
-    from sparkfleet.fleet.gather import resolve_gid_indexes
-    from sparkfleet.plan import make_plan
 
     gid = resolve_gid_indexes([ctx.inventory.nodes[x.node] for x in point.launches], ctx.facts)
     for x in point.launches:  # a node that did not answer cannot resolve `auto`: that is its own finding
@@ -219,10 +222,6 @@ def _short(v: object) -> str:
 def pin_drift(ctx: RunContext, point: RestorePoint) -> OpGen[list[Finding] | None]:
     """Per node, every pin the fleet no longer matches (facts gathered by the caller); None under --dry-run
     (nothing read, nothing judged)."""
-    from sparkfleet.fleet.commands import read_file_command
-    from sparkfleet.fleet.gather import resolve_gid_indexes
-    from sparkfleet.patches.manifest import PatchManifest
-    from sparkfleet.patches.sync import inspect_ops
 
     out: list[Finding] = []
 

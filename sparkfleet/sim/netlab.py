@@ -102,3 +102,11 @@ def remove() -> bool:
 def exec_argv(node: str) -> list[str]:
     """Run a command in the node's namespace from this machine (tc, ip for faults)."""
     return ["ip", "netns", "exec", netns_name(node)]
+
+
+def rx_bytes(node: str) -> dict[str, int]:
+    """Bytes each of the node's interfaces has received, from the kernel's counters in its namespace."""
+    import json
+
+    links = json.loads(_ip("-n", netns_name(node), "-s", "-j", "link", "show").stdout)
+    return {link["ifname"]: int(link["stats64"]["rx"]["bytes"]) for link in links}

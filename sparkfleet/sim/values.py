@@ -1,6 +1,6 @@
 """Simulation inputs: every number and name the simulated lab shows that the seeds do not give.
 
-THESE ARE SIMULATION INPUTS, NOT MEASUREMENTS. The seeds (CATALOG.md) give GB10's 121 GiB of unified
+THESE ARE SIMULATION INPUTS, NOT MEASUREMENTS. The seeds give GB10's 121 GiB of unified
 memory, GB300's 494 GiB of Grace RAM and 250.7 GiB of HBM, earlyoom at 2 % on GB10, the 630-950 MHz
 clock latch, the 100 GiB MemAvailable floor, GID index 3 and the Station's XFS /models; those come
 from the inventory's hardware classes or are quoted where used. Everything in this module (idle
@@ -113,13 +113,13 @@ FOREIGN_PID = 48250
 # -- the sim engine that `docker run` starts for a sparkfleet lane (simulation inputs, not measurements) --
 ENGINE_BOOT_S = 0.5  # the seeds' Spark boot takes ~11 min (LCH-14); the sim compresses it to half a second
 # The weights a rank loads (the engine's "Model loading took" line, and what a memory-utilisation budget loses to
-# them): the seeds' one published per-rank figure, boot 10's TP4 rank incl. draft + vision (CATALOG §2.4, PRF-S
+# them): the seeds' one published per-rank figure, boot 10's TP4 rank incl. draft + vision (PRF-S
 # "Expected memory: weights per rank incl. draft + vision 81.58 GiB"). The sim has no other checkpoint size.
 ENGINE_MODEL_GIB = (8158, 100)  # as a fraction: 81.58 GiB
-# The MoE layers the GB300 pin-hot hook re-homes (its "rehome done layers=N" line, HLT-27): CATALOG INV-74,
+# The MoE layers the GB300 pin-hot hook re-homes (its "rehome done layers=N" line, HLT-27): INV-74,
 # "40 MoE layers x 384 MXFP4 experts".
 MOE_LAYERS = 40
-# The hook is on when the launch carries it (CATALOG LCH-G4): its sitecustomize.py bound over the image's
+# The hook is on when the launch carries it (LCH-G4): its sitecustomize.py bound over the image's
 # Python site file and PIN_HOOK naming the hook module.
 PIN_HOOK_ENV = "PIN_HOOK"
 PIN_HOOK_SITE = "sitecustomize.py"
@@ -143,13 +143,13 @@ ENGRAM_STANDIN_WIDTH = 64  # values per row (fp8: 64 bytes + 2 scale bytes a row
 ENGINE_STOP_WAIT_S = 10.0  # `docker stop`'s default grace before SIGKILL
 
 # `--moe-backend NAME` -> the kernel vLLM names in its MoE line, for the lab's MXFP4 checkpoint: b12x prints
-# "Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend." (CATALOG HLT-21, [003]). A backend not listed here gets
+# "Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend." (HLT-21, [003]). A backend not listed here gets
 # its own name upper-cased: the sim cannot know what another image prints.
 MOE_KERNELS = {"b12x": "B12X_MXFP4_MXFP8"}
 
 # KV cache size from the launch's --kv-cache-memory-bytes B and DCP size D: tokens = floor((B - KV_RESERVED_BYTES)
 # * D / KV_BYTES_PER_TOKEN). Both constants are calibrated once, exactly, from the seeds' two published pairs
-# (CATALOG HLT-20, OQ-05): 8 GiB at DCP1 gives 1,263,118 tokens and 6 GiB at DCP2 gives 1,888,800. Two GiB
+# (HLT-20, OQ-05): 8 GiB at DCP1 gives 1,263,118 tokens and 6 GiB at DCP2 gives 1,888,800. Two GiB
 # more at DCP1 buy 1,263,118 - 1,888,800/2 = 318,718 tokens, so a token costs 2 GiB / 318,718 bytes, and
 # what the budget keeps back is 8 GiB - 1,263,118 tokens' worth (about 75 MiB).
 KV_BYTES_PER_TOKEN = (2 * 2**30, 318_718)  # as a fraction (numerator, denominator): 6,737.88 bytes
@@ -158,7 +158,7 @@ KV_RESERVED_BYTES = (8 * 2**30 * 318_718 - 1_263_118 * 2 * 2**30, 318_718)  # fr
 # unified memory that is the node's MemTotal, INV-10; else nvidia-smi's memory.total) and gives KV what the
 # weights and the rest (activations, CUDA graphs, non-torch allocations) leave. "The rest" is calibrated once,
 # exactly, from the seeds' one gmu-sized pair with known weights: boot 10 at gmu 0.80 on a 121 GiB Spark with
-# 81.58 GiB of weights per rank logged 1,070,168 tokens (CATALOG §2.4, HLT-20, INV-10, PRF-S boot 10), i.e.
+# 81.58 GiB of weights per rank logged 1,070,168 tokens (HLT-20, INV-10, PRF-S boot 10), i.e.
 # 0.80 x 121 GiB - 81.58 GiB - (KV_RESERVED_BYTES + 1,070,168 tokens' worth) = about 8.43 GiB.
 # As a fraction (numerator, denominator) over the common denominator 100 x 318,718:
 GMU_OTHER_BYTES = (80 * 121 * 2**30 * 318_718 - 8158 * 2**30 * 318_718

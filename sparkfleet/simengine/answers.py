@@ -520,7 +520,7 @@ def chat(body: dict, opts: Options, limit: int) -> Answer:
         raise ApiError(400, "messages must be a non-empty list of objects", param="messages")
     effort = body.get("reasoning_effort")
     if isinstance(effort, str) and effort.lower() == "medium":
-        # The DeepSeek-V4.1 chat template raises on 'medium' and vLLM answers 400 (CATALOG LCH-G11).
+        # The DeepSeek-V4.1 chat template raises on 'medium' and vLLM answers 400 (LCH-G11).
         raise ApiError(400, "reasoning_effort 'medium' is not supported by the DeepSeek-V4.1 chat template "
                        "(use 'low', 'high', 'max' or a number)", param="reasoning_effort")
     kwargs = body.get("chat_template_kwargs") or {}

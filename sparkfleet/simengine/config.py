@@ -41,6 +41,11 @@ class Config:
     served_names: list[str] = field(default_factory=lambda: ["sim-model"])
     kv_tokens: int = DEFAULT_KV_TOKENS  # 0 on the command line means this default; below 0: no room for KV
     kv_memory_bytes: int | None = None  # the KV budget "Available KV cache memory" names (None: no such line)
+    # --kv-cache-memory-bytes as the launch gave it: vLLM then skips profiling and prints no "Available KV
+    # cache memory" line (v1/worker/gpu_worker.py:311-329 returns before :376, 0.13.0)
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_bytes: int | None = None  # the GPU memory vLLM sees; its "Initial free memory" before loading
+    vllm_version: str = "0.13.0"  # whose lines the rank prints (prefix colour, process names, MoE line)
     max_model_len: int = 262_144
     model: str = "/models/DeepSeek-V4.1-Flash"
     model_gib: float = 81.58
@@ -107,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     a("--served-name", dest="served_names", action="append", help="repeat for aliases; the first is the model")
     a("--kv-tokens", type=int)
     a("--kv-memory-bytes", type=int, help="the KV budget in bytes, printed as 'Available KV cache memory'")
+    a("--kv-cache-memory-bytes", type=int, help="the launch's own --kv-cache-memory-bytes (no profiling line)")
+    a("--gpu-memory-bytes", type=int, help="the GPU's memory, free before the weights load")
+    a("--vllm-version", help="the vLLM version whose lines are printed (0.11.0 .. 0.20.0; default 0.13.0)")
     a("--max-model-len", type=int)
     a("--model", help="model path printed in the load lines")
     a("--model-gib", type=float, help="GiB reported by 'Model loading took'")

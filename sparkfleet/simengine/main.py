@@ -1,4 +1,7 @@
-"""One sim engine rank: boot in phases with vLLM's startup lines, rendezvous, then serve (head) or follow (worker)."""
+"""One sim engine rank: boot in phases with vLLM's startup lines, rendezvous, then serve (head) or follow (worker).
+
+Every vLLM line below is vLLM's own format string, cited `file:line` in the version named (0.13.0 unless said;
+tests/fixtures/vllm/ has them per version); lines vLLM has no counterpart for say `simengine` or SIMULATION."""
 
 from __future__ import annotations
 
@@ -11,9 +14,9 @@ from collections.abc import Callable
 
 from sparkfleet.simengine import config as cfgmod
 from sparkfleet.simengine.config import KV_LOW_FACTOR, Config
-from sparkfleet.simengine.log import Log
+from sparkfleet.simengine.log import Log, version_tuple
 from sparkfleet.simengine.rendezvous import Head, Member, Worker
-from sparkfleet.simengine.server import ROUTES, SIM_VERSION, App, make_server
+from sparkfleet.simengine.server import PRINTED_ROUTES, SIM_VERSION, App, Server, make_server
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
 NCCL_LOST = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
@@ -21,6 +24,14 @@ NCCL_LOST = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/
 NCCL_DETAIL = ("ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
                "prematurely.")
 SHARDS = 48
+# the weight loader's tqdm format (model_loader/weight_utils.py:507 in 0.11.0): a `\n` after every refresh
+WEIGHTS_BAR = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]\n"
+GRAPH_SIZES = 15  # the sim's capture list length (no GPU: the bar's count only)
+# 0.11-0.13's MoE sentences (quantization/mxfp4.py:125/161/164 in 0.13.0) for a stock backend name; any other
+# name (B12X_MXFP4_MXFP8, the seeds' b12x images) and 0.20 print "Using '%s' Mxfp4 MoE backend."
+# (fused_moe/oracle/mxfp4.py:281 in 0.20.0)
+MOE_0_13 = {"MARLIN": "Using Marlin backend", "TRITON": "Using Triton backend",
+            "FLASHINFER_CUTLASS_MXFP4_MXFP8": "Using FlashInfer MXFP4 MXFP8 CUTLASS backend for SM100"}
 
 
 class Stop(Exception):
@@ -31,9 +42,13 @@ class Fatal(Exception):
     """This rank dies (its fatal lines are already printed)."""
 
 
-def moe_line(value: str) -> str:
+def moe_line(value: str, version: str = "0.13.0") -> str:
     """`--moe-backend` is a backend name or the whole line a profile expects."""
-    return value if " " in value else f"Using '{value}' Mxfp4 MoE backend."
+    if " " in value:
+        return value
+    if version_tuple(version) < (0, 14) and value in MOE_0_13:
+        return MOE_0_13[value]
+    return f"Using '{value}' Mxfp4 MoE backend."
 
 
 class Rank:
@@ -46,7 +61,12 @@ class Rank:
         self.stop = threading.Event()
         self.started = time.monotonic()
         self.scale = cfg.boot_seconds * (cfg.slow_boot_factor if cfg.has("slow-boot") else 1.0)
-        self.worker_proc = f"Worker_TP{cfg.rank}"
+        # the engine core: EngineCore_DP0 (v1/engine/core.py:848, 0.13.0), EngineCore from 0.20 (core.py:1076)
+        self.engine_proc = "EngineCore" if version_tuple(cfg.vllm_version) >= (0, 20) else "EngineCore_DP0"
+        # multiproc_executor.py:852-862 (0.13.0): "Worker" + "_TP<rank>" with tensor parallelism over the nodes;
+        # one GPU runs the model inside the engine core (uniproc executor), under its prefix
+        self.worker_proc = f"Worker_TP{cfg.rank}" if cfg.world_size > 1 else self.engine_proc
+        self.vllm_020 = version_tuple(cfg.vllm_version) >= (0, 20)
         self.hang = threading.Event()  # rank-hang, from --fault or SIGUSR1 on a running rank
         if cfg.has("rank-hang"):
             self.hang.set()
@@ -95,12 +115,14 @@ class Rank:
         if c.faults:
             self.log.info(proc, "simengine", f"SIMULATION: injected faults: {', '.join(c.faults)}")
 
-    def traceback(self, frames: list[tuple[str, int, str, str]], last: str) -> None:
-        self.log.raw("Traceback (most recent call last):")
+    def exception(self, proc: str, where: str, message: str, frames: list[tuple[str, int, str, str]],
+                  last: str) -> None:
+        """logger.exception(message): one ERROR record with the traceback in it, so every line of it carries
+        the header (logging_utils/formatter.py:76) and the process prefix."""
+        tb = ["Traceback (most recent call last):"]
         for path, line, func, code in frames:
-            self.log.raw(f'  File "{path}", line {line}, in {func}')
-            self.log.raw(f"    {code}")
-        self.log.raw(last)
+            tb += [f'  File "{path}", line {line}, in {func}', f"    {code}"]
+        self.log.error(proc, where, "\n".join([message, *tb, last]))
 
     # ------------------------------------------------------------------------------------ phases
 
@@ -110,31 +132,33 @@ class Rank:
         if c.tensorfold:
             self.tensorfold_phases(report_kv)
             return
-        log.info(p, "parallel_state.py:1165", f"world_size={c.world_size} rank={c.rank} local_rank=0 "
+        # distributed/parallel_state.py:1162
+        log.info(p, "parallel_state.py:1162", f"world_size={c.world_size} rank={c.rank} local_rank=0 "
                  f"distributed_init_method=tcp://{c.master_addr}:{c.master_port} backend=nccl")
         if c.has("engine-warning"):
-            # Looks fatal to a grep for "CUDA error", but it is a WARNING and the boot carries on.
+            # Looks fatal to a grep for "CUDA error", but it is a WARNING and the boot carries on. The sim's
+            # own wording (vLLM's custom all-reduce warnings differ by version).
             log.warning(p, "custom_all_reduce.py:137", "Custom allreduce is disabled because the P2P access probe "
                         "returned a CUDA error between ranks (expected on GB10 unified memory); falling back to "
                         "NCCL all-reduce, which may be slower. To silence this warning, specify "
                         "disable_custom_all_reduce=True explicitly.")
         self.pause(0.04)
         if c.has("missing-patch"):
-            log.error(p, "multiproc_executor.py:597", "WorkerProc failed to start.")
-            self.traceback([
-                (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 571, "worker_main",
+            # multiproc_executor.py:751 logger.exception("WorkerProc failed to start.")
+            self.exception(p, "multiproc_executor.py:751", "WorkerProc failed to start.", [
+                (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 722, "worker_main",
                  "worker = WorkerProc(*args, **kwargs)"),
-                (f"{SITE}/vllm/model_executor/models/registry.py", 1049, "_try_load_model_cls",
+                (f"{SITE}/vllm/model_executor/models/registry.py", 727, "_try_load_model_cls",
                  "return model.load_model_cls()"),
                 (f"{SITE}/vllm/models/deepseek_v4_1/model.py", 41, "<module>",
                  "from vllm.models.deepseek_v4_1.common.engram import EngramDiskReader"),
             ], "ImportError: cannot import name 'EngramDiskReader' from 'vllm.models.deepseek_v4_1.common.engram' "
                f"({SITE}/vllm/models/deepseek_v4_1/common/engram.py)")
             raise Fatal
-        log.info(p, "gpu_model_runner.py:2338", f"Starting to load model {c.model}...")
+        log.info(p, "gpu_model_runner.py:3563", f"Starting to load model {c.model}...")  # v1/worker/
         if c.moe_backend:
-            log.info(p, "mxfp4.py:352", moe_line(c.moe_backend))
-        for layer, start, end in c.engram_ranges:
+            log.info(p, "mxfp4.py:125", moe_line(c.moe_backend, c.vllm_version))
+        for layer, start, end in c.engram_ranges:  # the DeepSeek V4.1 patch's lines (the seeds, CATALOG §5.2)
             log.info(p, "engram.py:212", f"Engram DISK mode: layer {layer} rows [{start}, {end})")
         for layer, start, end in c.engram_ranges:
             local = c.engram_node_local and not (c.has("engram-layer-nfs") and layer == c.engram_ranges[-1][0])
@@ -144,57 +168,89 @@ class Rank:
         if c.engram_node_local and not c.engram_ranges:
             log.info(p, "engram.py:248", f"Engram rows read from node-local {c.engram_dir}")
         loaded = time.monotonic()
-        for done in range(0, SHARDS + 1, SHARDS // 4):
-            pct = 100 * done // SHARDS
-            log.raw(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {done}/{SHARDS} "
-                    f"[{self._clock(time.monotonic() - loaded)}]")
-            if done == SHARDS // 2 and c.has("worker-crash"):
-                log.error(p, "multiproc_executor.py:597", "WorkerProc hit an exception.")
-                self.traceback([
-                    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 571, "worker_main",
-                     "worker = WorkerProc(*args, **kwargs)"),
-                    (f"{SITE}/vllm/model_executor/model_loader/weight_utils.py", 512, "safetensors_weights_iterator",
-                     "for name, param in f.items():"),
-                ], f"OSError: [Errno 5] Input/output error: '{c.model}/model-{done:05d}-of-{SHARDS:05d}"
-                   ".safetensors'")
+
+        def shard(n: int) -> None:
+            if n == SHARDS // 2 and c.has("worker-crash"):
                 raise Fatal
-            if done < SHARDS:
-                self.pause(0.5 / 4)
-        log.info(p, "gpu_model_runner.py:2370", f"Model loading took {c.model_gib:.4f} GiB memory and "
+            self.pause(0.5 / SHARDS)
+
+        try:
+            if c.rank == 0:  # only global rank 0 shows the bar (weight_utils.py enable_tqdm)
+                log.bar(p, "Loading safetensors checkpoint shards", SHARDS, shard, WEIGHTS_BAR)
+            else:
+                for n in range(1, SHARDS + 1):
+                    shard(n)
+        except Fatal:
+            self.exception(p, "multiproc_executor.py:824", "WorkerProc hit an exception.", [
+                (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 819, "worker_busy_loop",
+                 "output = func(*args, **kwargs)"),
+                (f"{SITE}/vllm/model_executor/model_loader/weight_utils.py", 687, "safetensors_weights_iterator",
+                 "param = f.get_tensor(name)"),
+            ], f"OSError: [Errno 5] Input/output error: '{c.model}/model-{SHARDS // 2:05d}-of-{SHARDS:05d}"
+               ".safetensors'")
+            raise
+        # model_loader/default_loader.py:309, v1/worker/gpu_model_runner.py:3660
+        log.info(p, "default_loader.py:309", f"Loading weights took {time.monotonic() - loaded:.2f} seconds")
+        log.info(p, "gpu_model_runner.py:3660", f"Model loading took {c.model_gib:.4f} GiB memory and "
                  f"{time.monotonic() - loaded:.6f} seconds")
         self.pause(0.1)
         kv = int(c.kv_tokens * (KV_LOW_FACTOR if c.has("kv-low") else 1.0))
-        budget = None if c.kv_memory_bytes is None else c.kv_memory_bytes * (KV_LOW_FACTOR if c.has("kv-low") else 1)
-        kv_line = None if budget is None else f"Available KV cache memory: {budget / 2**30:.2f} GiB"
+        low = KV_LOW_FACTOR if c.has("kv-low") else 1
+        if c.kv_cache_memory_bytes is not None:
+            # v1/worker/gpu_worker.py:311-329: the budget as given, no profiling, no "Available KV cache memory"
+            free = f"{c.gpu_memory_bytes / 2**30:.2f}" if c.gpu_memory_bytes else "(unknown to the sim)"
+            log.info(p, "gpu_worker.py:328", f"Initial free memory {free} GiB, reserved "
+                     f"{c.kv_cache_memory_bytes / 2**30:.2f} GiB memory for KV Cache as specified by "
+                     "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
+                     "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual "
+                     "control of KV cache memory size. If OOM'ed, check the difference of initial free memory "
+                     "between the current run and the previous run where kv_cache_memory_bytes is suggested and "
+                     "update it correspondingly.")
+            kv_line = None
+        else:
+            budget = None if c.kv_memory_bytes is None else c.kv_memory_bytes * low
+            # v1/worker/gpu_worker.py:376
+            kv_line = None if budget is None else f"Available KV cache memory: {budget / 2**30:.2f} GiB"
         if kv < 0 and not c.tensorfold:  # the budget left nothing for KV: vLLM's profiling refuses (FM-45)
             if kv_line:
-                log.info(p, "gpu_worker.py:298", kv_line)
-            log.error(p, "core.py:708", "EngineCore failed to start.")
-            log.raw("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-                    "when initializing the engine.")
+                log.info(p, "gpu_worker.py:376", kv_line)
+            # v1/engine/core.py:866 logger.exception; the ValueError from v1/core/kv_cache_utils.py
+            self.exception(self.engine_proc, "core.py:866", "EngineCore failed to start.", [
+                (f"{SITE}/vllm/v1/engine/core.py", 857, "run_engine_core",
+                 "engine_core = EngineCoreProc(*args, **kwargs)"),
+                (f"{SITE}/vllm/v1/core/kv_cache_utils.py", 687, "check_enough_kv_cache_memory",
+                 "raise ValueError("),
+            ], "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+               "when initializing the engine.")
             raise Fatal
         if kv_line and not c.tensorfold:  # vLLM's KV line (from the budget the launch gave); TensorFold prints none
-            log.info(p, "gpu_worker.py:298", kv_line)
+            log.info(p, "gpu_worker.py:376", kv_line)
         report_kv(kv)
-        if c.autotune_configs is not None:
+        if c.autotune_configs is not None:  # the Station's FlashInfer autotune hook (the seeds, LCH-G3)
             log.info(p, "autotuner.py:283", f"Loaded {c.autotune_configs} configs from the FlashInfer autotune cache")
         captured = time.monotonic()
-        self.pause(0.2)
-        log.raw("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 15/15")
+        if c.rank == 0:  # "Only rank 0 should print progress bar during capture" (gpu_model_runner.py:4606)
+            for mode in (("mixed prefill-decode", "PIECEWISE"), ("decode", "FULL")):
+                log.bar(p, "Capturing CUDA graphs ({}, {})".format(*mode), GRAPH_SIZES,  # gpu_model_runner.py:4611
+                        lambda n: self.pause(0.1 / GRAPH_SIZES))
+        else:
+            self.pause(0.2)
         if c.has("engine-fatal"):
-            log.error(p, "core.py:708", "EngineCore encountered a fatal error.")
-            log.raw("RuntimeError: CUDA error: an illegal memory access was encountered")
-            log.raw("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
-                    "below might be incorrect.")
+            # v1/engine/core.py:868 logger.exception("EngineCore encountered a fatal error.")
+            self.exception(self.engine_proc, "core.py:868", "EngineCore encountered a fatal error.", [
+                (f"{SITE}/vllm/v1/engine/core.py", 859, "run_engine_core", "engine_core.run_busy_loop()"),
+            ], "RuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+               "asynchronously reported at some other API call, so the stacktrace below might be incorrect.")
             raise Fatal
-        log.info(p, "gpu_model_runner.py:3480", f"Graph capturing finished in {time.monotonic() - captured:.0f} "
+        # v1/worker/gpu_model_runner.py:4588
+        log.info(p, "gpu_model_runner.py:4588", f"Graph capturing finished in {time.monotonic() - captured:.0f} "
                  "secs, took 1.99 GiB")
-        if c.rehome_layers is not None:
+        if c.rehome_layers is not None:  # the Station's pin-hot hook (the seeds)
             log.info(p, "pin_hot_experts_hook.py:412", f"rehome done layers={c.rehome_layers}")
         self.pause(0.05)
 
     def tensorfold_phases(self, report_kv: Callable[[int], None]) -> None:
-        """A TensorFold rank's load. The seeds print no TensorFold boot line (CATALOG §5.2), so every line
+        """A TensorFold rank's load. The seeds print no TensorFold boot line, so every line
         here is THE SIM'S OWN INVENTION, tagged `sim TensorFold:`; none is shaped like vLLM's."""
         c, log, p = self.cfg, self.log, f"TensorFold_R{self.cfg.rank}"
         log.info(p, "simengine", f"sim TensorFold: rank {c.rank} of {c.world_size} loading {c.model} "
@@ -221,6 +277,8 @@ class HeadRank(Rank):
         self.app = App(cfg, log)
         self.rdv: Head | None = None
         self.lane_kv = cfg.kv_tokens
+        self.httpd: Server | None = None
+        self.listening = False
 
     def lost(self) -> list[Member]:
         """Workers gone for longer than --peer-timeout: the head notices at its next collective, not at once."""
@@ -234,21 +292,44 @@ class HeadRank(Rank):
             raise Fatal
 
     def report_lost(self, m: Member) -> None:
+        """A remote worker died: this node's worker fails its next collective, exits, and the engine core and
+        the API server follow (vLLM prints no line naming the remote rank)."""
         ago = time.monotonic() - (m.lost_at or time.monotonic())
-        self.log.error("EngineCore_DP0", "core.py:718", f"EngineCore failed: rank {m.rank} (pid {m.pid} on "
-                       f"{m.link.peer}) went away; noticed {ago:.1f} s later, at the next collective")
-        self.log.raw(NCCL_LOST)
-        self.log.raw(NCCL_DETAIL)
+        self.log.info(self.engine_proc, "simengine", f"SIMULATION: rank {m.rank} (pid {m.pid} on {m.link.peer}) "
+                      f"went away {ago:.1f} s ago; this rank notices at its next collective")
+        self.exception(self.worker_proc, "multiproc_executor.py:824", "WorkerProc hit an exception.", [
+            (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 819, "worker_busy_loop",
+             "output = func(*args, **kwargs)"),
+        ], f"{NCCL_LOST}\n{NCCL_DETAIL}")
+        self.death_lines()
+
+    def death_lines(self) -> None:
+        """The engine's own workers gone: multiproc_executor.py:232 (the executor's monitor) and, in the API
+        server, core_client.py:607 (0.13.0); 0.20's client says nothing more (no such line in core_client.py)."""
+        self.log.error(self.engine_proc, "multiproc_executor.py:232",
+                       "Worker proc VllmWorker-0 died unexpectedly, shutting down executor.")
+        if not self.vllm_020:
+            self.log.error("APIServer", "core_client.py:607",
+                           f"Engine core proc {self.engine_proc} died unexpectedly, shutting down client.")
 
     def _joined(self, m: Member, extra: bool) -> None:
-        self.log.info("EngineCore_DP0", "simengine", f"rank {m.rank} joined the rendezvous from {m.link.peer} "
+        self.log.info(self.engine_proc, "simengine", f"rank {m.rank} joined the rendezvous from {m.link.peer} "
                       f"(pid {m.pid}){' after the world was complete' if extra else ''}")
 
     def run(self) -> int:
         c, log = self.cfg, self.log
         self.banner("APIServer")
         if not c.tensorfold:
-            log.info("APIServer", "api_server.py:1880", f"vLLM API server version {SIM_VERSION}")
+            # entrypoints/utils.py:253, then openai/api_server.py:1351 (0.13.0); 0.20 prints its logo instead
+            # (entrypoints/utils.py:277-300) with "version" and "model" in it
+            log.info("APIServer", "utils.py:253", f"non-default args: {{'model': '{c.model}', 'host': '{c.host}', "
+                     f"'port': {c.port}}}")
+            if self.vllm_020:
+                log.info("APIServer", "utils.py:300", "\n       █     █     █▄   ▄█\n"
+                         f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {SIM_VERSION}\n"
+                         f"  █▄█▀ █     █     █     █  model   {c.model}\n   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n")
+            else:
+                log.info("APIServer", "api_server.py:1351", f"vLLM API server version {SIM_VERSION}")
         if c.tensorfold:
             pass
         elif c.api_key_env and self.app.key:
@@ -260,21 +341,23 @@ class HeadRank(Rank):
             self.rdv = Head(c.master_addr, c.master_port, c.world_size, self._joined)
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, "UNKNOWN")
-            log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start.")
-            self.traceback([(f"{SITE}/torch/distributed/rendezvous.py", 189, "_create_c10d_store",
+            self.exception(self.engine_proc, "core.py:866", "EngineCore failed to start.",
+                           [(f"{SITE}/torch/distributed/rendezvous.py", 189, "_create_c10d_store",
                              "return TCPStore(")],
                            "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
                            f"network address. port: {c.master_port}, useIpv6: false, code: -{exc.errno}, name: "
                            f"{code}, message: {exc.strerror}")
             return 1
         try:
+            # vLLM binds its socket first and listens only once uvicorn starts (create_server_socket,
+            # openai/api_server.py:1809 in 0.11.0, binds without listen): connection refused while booting
             httpd = make_server(self.app, c.host, c.port)
         except OSError as exc:
-            log.raw(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
-                    f"('{c.host}', {c.port}): {exc.strerror}")
+            log.line("APIServer", f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+                     f"('{c.host}', {c.port}): {exc.strerror}")
             self.rdv.shutdown()
             return 1
-        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        self.httpd = httpd
         code = 0
         try:
             code = self._boot_and_serve()
@@ -286,7 +369,8 @@ class HeadRank(Rank):
         finally:
             self.app.released.set()
             self.rdv.shutdown()
-            httpd.shutdown()
+            if self.listening:
+                httpd.shutdown()
             httpd.server_close()
         return code
 
@@ -300,39 +384,52 @@ class HeadRank(Rank):
                     break
             log.info("TensorFold_R0", "simengine", "sim TensorFold: rank 0 (this rank) joins last")
         elif c.world_size > 1:
-            log.info("EngineCore_DP0", "simengine", f"waiting for {c.world_size - 1} worker(s) on the rendezvous "
+            log.info(self.engine_proc, "simengine", f"waiting for {c.world_size - 1} worker(s) on the rendezvous "
                      f"{c.master_addr}:{c.master_port}")
         if not rdv.wait(lambda world: True, c.rendezvous_timeout, self._aborting):
             self.check()
-            log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start.")
-            log.raw(f"torch.distributed.DistStoreError: Timed out after {c.rendezvous_timeout:.0f} seconds waiting "
-                    f"for clients. {rdv.joined()}/{c.world_size} clients joined.")
+            self.exception(self.engine_proc, "core.py:866", "EngineCore failed to start.",
+                           [(f"{SITE}/torch/distributed/rendezvous.py", 189, "_create_c10d_store",
+                             "return TCPStore(")],
+                           f"torch.distributed.DistStoreError: Timed out after {c.rendezvous_timeout:.0f} seconds "
+                           f"waiting for clients. {rdv.joined()}/{c.world_size} clients joined.")
             raise Fatal
         rdv.send_go()
         self.model_phases(self._sync_kv)
         if not rdv.wait(lambda world: all(m.ready for m in world), c.rendezvous_timeout, self._aborting):
             self.check()
-            log.error("EngineCore_DP0", "core.py:708", "EngineCore failed to start: workers did not get ready")
+            log.error(self.engine_proc, "simengine", "SIMULATION: the workers did not get ready")
+            log.error(self.engine_proc, "core.py:866", "EngineCore failed to start.")
             raise Fatal
         api = "APIServer"
         if c.tensorfold:
             log.info("TensorFold_R0", "simengine", f"sim TensorFold: serving {', '.join(c.served_names)} on "
                      f"http://{c.host}:{c.port} after {time.monotonic() - self.started:.2f} s")
         else:
-            log.info("EngineCore_DP0", "core.py:210", "init engine (profile, create kv cache, warmup model) took "
-                     f"{time.monotonic() - self.started:.2f} seconds")
+            # v1/engine/core.py:260 (0.13.0; 0.20 ends "took %.2f s", core.py:307)
+            took = time.monotonic() - self.started
+            log.info(self.engine_proc, "core.py:260", "init engine (profile, create kv cache, warmup model) took "
+                     + (f"{took:.2f} s" if self.vllm_020 else f"{took:.2f} seconds"))
             self.pause(0.05)
-            log.info(api, "api_server.py:1971", f"Starting vLLM API server 0 on http://{c.host}:{c.port}")
-            log.info(api, "launcher.py:37", "Available routes are:")
-            for path, method in ROUTES:
-                log.info(api, "launcher.py:45", f"Route: {path}, Methods: {method}")
+            if self.vllm_020:  # entrypoints/openai/api_server.py:602 (0.20.0)
+                log.info(api, "api_server.py:602", f"Starting vLLM server on http://{c.host}:{c.port}")
+            else:  # entrypoints/openai/api_server.py:1426 (0.13.0)
+                log.info(api, "api_server.py:1426", f"Starting vLLM API server 0 on http://{c.host}:{c.port}")
+            log.info(api, "launcher.py:38", "Available routes are:")  # entrypoints/launcher.py:38-46
+            for path, methods in PRINTED_ROUTES:
+                log.info(api, "launcher.py:46", f"Route: {path}, Methods: {methods}")
         # uvicorn's lines (the ASGI server either engine's OpenAI server runs on; the TensorFold adapter's
-        # readiness line, engines/tensorfold.py), bare in TensorFold mode, under vLLM's process prefix otherwise
-        uv = "" if c.tensorfold else f"({api} pid={log.pid}) "
-        log.raw(f"{uv}INFO:     Started server process [{log.pid}]")
-        log.raw(f"{uv}INFO:     Waiting for application startup.")
+        # readiness line, engines/tensorfold.py), bare in TensorFold mode, under vLLM's process prefix otherwise:
+        # uvicorn/server.py:101, lifespan/on.py:48 and :62 (uvicorn 0.54.0)
+        uv = None if c.tensorfold else api
+        log.line(uv, f"INFO:     Started server process [{log.pid}]")
+        log.line(uv, "INFO:     Waiting for application startup.")
         self.app.start_serving(self.lane_kv)
-        log.raw(f"{uv}INFO:     Application startup complete.")
+        log.line(uv, "INFO:     Application startup complete.")
+        assert self.httpd is not None
+        self.httpd.server_activate()  # uvicorn listens after the lifespan startup (server.py startup)
+        self.listening = True
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
         threading.Thread(target=self._stats, daemon=True).start()
         self.serving_since = time.monotonic()
         reported = 0
@@ -340,7 +437,8 @@ class HeadRank(Rank):
             if self.hang.is_set() or (self.rdv and self.rdv.any_hung()):
                 self.app.hung.set()
             if self.crash_due():
-                self.crash_line("EngineCore_DP0")
+                self.crash_line(self.engine_proc)
+                self.death_lines()
                 self.app.engine_died()
                 return 1
             lost = self.lost()
@@ -352,8 +450,8 @@ class HeadRank(Rank):
                     return 1
         if not c.tensorfold:
             log.info(api, "launcher.py:80", "Shutting down FastAPI HTTP server.")
-        log.raw(f"{uv}INFO:     Shutting down")
-        log.raw(f"{uv}INFO:     Finished server process [{log.pid}]")
+        log.line(uv, "INFO:     Shutting down")  # uvicorn/server.py
+        log.line(uv, f"INFO:     Finished server process [{log.pid}]")
         return 1 if self.app.state == "dead" else 0
 
     def _aborting(self) -> bool:
@@ -370,10 +468,11 @@ class HeadRank(Rank):
             kvs = [m.kv for m in rdv.state.members.values() if m.rank < c.world_size and m.kv is not None]
         self.lane_kv = min([own, *kvs])
         if c.tensorfold:  # TensorFold prints no vLLM KV line
-            self.log.info("EngineCore_DP0", "simengine", f"sim TensorFold: {c.world_size} rank(s) loaded")
+            self.log.info(self.engine_proc, "simengine", f"sim TensorFold: {c.world_size} rank(s) loaded")
             return
-        self.log.info("EngineCore_DP0", "kv_cache_utils.py:1087", f"GPU KV cache size: {self.lane_kv:,} tokens")
-        self.log.info("EngineCore_DP0", "kv_cache_utils.py:1091", f"Maximum concurrency for {c.max_model_len:,} "
+        # v1/core/kv_cache_utils.py:1291 and :1297 (0.13.0)
+        self.log.info(self.engine_proc, "kv_cache_utils.py:1291", f"GPU KV cache size: {self.lane_kv:,} tokens")
+        self.log.info(self.engine_proc, "kv_cache_utils.py:1297", f"Maximum concurrency for {c.max_model_len:,} "
                       f"tokens per request: {self.lane_kv / c.max_model_len:.2f}x")
 
     def _stats(self) -> None:
@@ -410,9 +509,12 @@ class WorkerRank(Rank):
         if self.link.shutdown.is_set():
             raise Stop
         if self.link.head_lost.is_set() and time.monotonic() - self.link.lost_at >= self.cfg.peer_timeout:
-            self.log.error(self.worker_proc, "multiproc_executor.py:612", "the head went away")
-            self.log.raw(NCCL_LOST)
-            self.log.raw(NCCL_DETAIL)
+            self.log.info(self.worker_proc, "simengine", "SIMULATION: the head went away; this rank notices at its "
+                          "next collective")
+            self.exception(self.worker_proc, "multiproc_executor.py:824", "WorkerProc hit an exception.", [
+                (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 819, "worker_busy_loop",
+                 "output = func(*args, **kwargs)"),
+            ], f"{NCCL_LOST}\n{NCCL_DETAIL}")
             raise Fatal
 
     def run(self) -> int:
@@ -425,24 +527,24 @@ class WorkerRank(Rank):
         if self.link is None:
             if self.stop.is_set():
                 return 0
-            log.error(p, "multiproc_executor.py:612", "could not reach the head")
-            log.raw(f"torch.distributed.DistNetworkError: The client socket has timed out after "
-                    f"{c.rendezvous_timeout:.0f}s while trying to connect to ({c.master_addr}, {c.master_port}).")
+            log.error(p, "simengine", "SIMULATION: could not reach the head")
+            log.line(p, f"torch.distributed.DistNetworkError: The client socket has timed out after "
+                     f"{c.rendezvous_timeout:.0f}s while trying to connect to ({c.master_addr}, {c.master_port}).")
             return 1
         try:
             self.link.send({"op": "join", "rank": c.rank, "world_size": c.world_size, "pid": os.getpid()})
             if not self.link.welcome.wait(10):
                 self.check()
-                log.error(p, "multiproc_executor.py:612", "the rendezvous did not answer")
-                log.raw(NCCL_LOST)
+                log.error(p, "simengine", "SIMULATION: the rendezvous did not answer")
+                log.line(p, NCCL_LOST)
                 return 1
             log.info(p, "simengine", f"joined the rendezvous at {c.master_addr}:{c.master_port}")
             waited = time.monotonic()
             while not self.link.go.wait(0.05):
                 self.check()
                 if time.monotonic() - waited > c.rendezvous_timeout:
-                    log.raw(f"torch.distributed.DistStoreError: Timed out after {c.rendezvous_timeout:.0f} seconds "
-                            "waiting for the other ranks.")
+                    log.line(p, f"torch.distributed.DistStoreError: Timed out after {c.rendezvous_timeout:.0f} "
+                             "seconds waiting for the other ranks.")
                     return 1
             self.model_phases(lambda kv: self.link.send({"op": "kv", "tokens": kv}) if self.link else None)
             self.link.send({"op": "ready"})
@@ -462,7 +564,8 @@ class WorkerRank(Rank):
             if c.tensorfold:
                 log.info(p, "simengine", f"sim TensorFold: rank {c.rank} shutting down ({why})")
             else:
-                log.info(p, "multiproc_executor.py:540", f"Worker shutting down ({why}).")
+                log.info(p, "multiproc_executor.py:753", "WorkerProc shutting down.")  # multiproc_executor.py:753
+                log.info(p, "simengine", f"SIMULATION: {why}")
             return 0
         except Fatal:
             return 1
@@ -472,7 +575,7 @@ class WorkerRank(Rank):
 
 def main(argv: list[str] | None = None) -> int:
     cfg = cfgmod.parse(argv)
-    log = Log(cfg.log, tensorfold=cfg.tensorfold)
+    log = Log(cfg.log, tensorfold=cfg.tensorfold, version=cfg.vllm_version)
     rank: Rank = HeadRank(cfg, log) if cfg.rank == 0 else WorkerRank(cfg, log)
 
     def on_signal(signum: int, _frame: object) -> None:

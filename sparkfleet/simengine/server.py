@@ -34,6 +34,19 @@ SIM_HEADER = "x-sparkfleet-sim"
 MAX_BODY = 256 * 1024 * 1024  # a 500K-token needle prompt is a few MB; leave room
 ROUTES = (("/health", "GET"), ("/metrics", "GET"), ("/version", "GET"), ("/tokenize", "POST"), ("/v1/models", "GET"),
           ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"))
+# What launcher.py:38-46 prints at startup (0.13.0): FastAPI's docs routes (GET and HEAD: a set, printed in
+# set order), then the OpenAI server's routers in the order build_app includes them (openai/api_server.py,
+# pooling/*/api_router.py, serve/*/api_router.py; routes behind flags left out). /metrics is a mount: unlisted.
+PRINTED_ROUTES = (
+    ("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/docs/oauth2-redirect", "GET, HEAD"),
+    ("/redoc", "GET, HEAD"), ("/load", "GET"), ("/v1/models", "GET"), ("/version", "GET"),
+    ("/v1/responses", "POST"), ("/v1/responses/{response_id}", "GET"), ("/v1/responses/{response_id}/cancel", "POST"),
+    ("/v1/messages", "POST"), ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
+    ("/v1/audio/transcriptions", "POST"), ("/v1/audio/translations", "POST"), ("/classify", "POST"),
+    ("/v1/embeddings", "POST"), ("/pooling", "POST"), ("/score", "POST"), ("/v1/score", "POST"), ("/rerank", "POST"),
+    ("/v1/rerank", "POST"), ("/v2/rerank", "POST"), ("/inference/v1/generate", "POST"), ("/scale_elastic_ep", "POST"),
+    ("/is_scaling_elastic_ep", "POST"), ("/health", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST"),
+)
 IMAGE_PATCH = 28  # one prompt token per 28x28 patch of an image
 
 
@@ -156,8 +169,10 @@ class Handler(BaseHTTPRequestHandler):
     def _access(self, status: int) -> None:
         phrase = self.responses.get(status, ("",))[0]
         host, port = self.client_address[:2]
-        self.app.log.raw(f'({self.app.proc} pid={self.app.log.pid}) INFO:     {host}:{port} - '
-                         f'"{self.command} {self.path} HTTP/1.1" {status} {phrase}')
+        # uvicorn's access line: '%(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s'
+        # (uvicorn/config.py:94, status and phrase logging.py:87, uvicorn 0.54.0), through the APIServer's stream
+        self.app.log.line(self.app.proc, f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" '
+                          f"{status} {phrase}")
 
     def _send(self, status: int, body: bytes, ctype: str) -> None:
         self.responded = True
@@ -479,8 +494,13 @@ class Server(ThreadingHTTPServer):
 
 
 def make_server(app: App, host: str, port: int) -> Server:
-    """Bind the API port (raises OSError when it is taken)."""
+    """Bind the API port (raises OSError when it is taken); it listens from server_activate() on."""
     handler = type("SimHandler", (Handler,), {"app": app})
-    server = Server((host, port), handler)
+    server = Server((host, port), handler, bind_and_activate=False)
     server.app = app
+    try:
+        server.server_bind()  # bound, not listening: the caller's server_activate() starts listening
+    except OSError:
+        server.server_close()
+        raise
     return server

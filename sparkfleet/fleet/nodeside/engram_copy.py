@@ -346,7 +346,7 @@ def plan_rows(shards: list[Shard], pattern: str, ranges: dict[int, tuple[int, in
 
 def plan_whole(shards: list[Shard], pattern: str | None, layers: list[int] | None = None,
                chunk_bytes: int = DEFAULT_CHUNK) -> Plan:
-    """Whole shards (TensorFold lanes, CATALOG ENG-29): every byte, chunked and verified the same way."""
+    """Whole shards (TensorFold lanes, ENG-29): every byte, chunked and verified the same way."""
     spans = [Span(s.name, 0, s.size, "file") for s in shards]
     tensors = []
     fmt = None
@@ -468,7 +468,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _fadvise_dontneed(fd: int, offset: int, length: int) -> None:
-    # Keep the page cache out of it: the node needs its memory for the engine (CATALOG ENG-23).
+    # Keep the page cache out of it: the node needs its memory for the engine (ENG-23).
     # Whole pages: the kernel keeps a partly covered page, and chunks start at odd offsets, so a
     # read-back would find the edges of each chunk in the cache instead of on the disk.
     if hasattr(os, "posix_fadvise"):
@@ -718,7 +718,7 @@ class Copier:
         seen = snapshot_revision(req.source)
         if revision and seen and revision != seen:
             raise EngramError(f"{req.source} is snapshot {seen} but the copy was asked for revision {revision} "
-                              "(CATALOG FM-62: a copy must come from the lane's checkpoint)")
+                              "(docs/failure-modes.md FM-62: a copy must come from the lane's checkpoint)")
         revision = revision or seen
         plan = build_plan(req, self.source)
         # A fresh copy removes the files it will write: never let that be the checkpoint itself.

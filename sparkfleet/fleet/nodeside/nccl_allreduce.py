@@ -10,7 +10,7 @@ machine with a GPU and torch:
 
 One line of stdout is a JSON document, {"sparkfleet_nccl": {rank, world_size, versions, device,
 latency_us per message size}} (NCCL may still log after it). Sizes are bytes of bf16 data; the
-decode step's all-reduces are 48-400 KB (CATALOG INV-28). Exit 0 on success, 1 when torch, NCCL
+decode step's all-reduces are 48-400 KB (INV-28). Exit 0 on success, 1 when torch, NCCL
 or CUDA failed, 2 for bad arguments.
 """
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from sparkfleet.findings import failed
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.runner.context import RunContext
+from sparkfleet.runner.expect import assert_expectations
+from sparkfleet.runner.gates_step import gates_step
 from sparkfleet.runner.ops import StepGen, StepResult
 from sparkfleet.runner.ranks import stop_launch_commands
 from sparkfleet.runner.steps.preflight import gather_facts
@@ -12,7 +14,6 @@ from sparkfleet.schema.playbook import Step
 
 
 def expect(ctx: RunContext, st: Step) -> StepGen:
-    from sparkfleet.runner.expect import assert_expectations
 
     after = yield from gather_facts(ctx)
     ctx.facts_after_load = after
@@ -28,7 +29,6 @@ def expect(ctx: RunContext, st: Step) -> StepGen:
 
 
 def gates(ctx: RunContext, st: Step) -> StepResult:
-    from sparkfleet.runner.gates_step import gates_step
 
     if ctx.options.gate_args:
         st = st.model_copy(update={"args": {**st.args, **ctx.options.gate_args}})

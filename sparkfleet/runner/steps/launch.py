@@ -73,6 +73,17 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
                                   f"{res.message or res.stderr.strip()[-300:]}", bad)
             cid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else x.container
             ctx.started.append(Started(x.node, x.rank, x.container, cid))
+        checks = {x.node: x.ready_check for x in batch if x.ready_check}
+        if checks:  # the wave is up only when each such rank says so (Launch.ready_check)
+            ready = yield NodeCommands(f"wait until rank(s) {', '.join(str(x.rank) for x in batch if x.ready_check)} "
+                                       "accept", checks, timeout_s=120)
+            for x in batch:
+                res = (ready or {}).get(x.node)
+                if x.ready_check and res is not None and not res.ok:
+                    yield stop_launch_commands(ctx)  # the head would fail on the missing rank: stop them all
+                    return StepResult("fail", f"rank {x.rank} on {x.node} did not come up: "
+                                      f"{res.message or res.stderr.strip()[-300:]}; every rank of this launch "
+                                      "was stopped", nodeops.failures({x.node: res}))
     if dry:
         return StepResult("ok", "would start " + ", ".join(f"rank {x.rank} on {x.node}" for x in chosen),
                           data={"launches": [x.as_dict() for x in chosen]})

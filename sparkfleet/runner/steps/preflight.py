@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from sparkfleet.checks import clock, run_checks
+from sparkfleet.checks import nccl as judge
+from sparkfleet.checks import probe as clock_probe
+from sparkfleet.checks.fabric_probe import suspects, verdict
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import commands as nodeops
+from sparkfleet.fleet import fabric_probe as fp
+from sparkfleet.fleet import nccl as allreduce
 from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.gather import facts_requests, gather_ops, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import NodeCommands, Reply, StepGen, StepResult
@@ -16,14 +23,12 @@ from sparkfleet.schema.playbook import Step
 
 def gather_facts(ctx: RunContext, with_lane: bool = True) -> Generator[NodeCommands, Reply, dict]:
     """The lane's facts, one helper run per node; {} under --dry-run (unless --dry-run=facts)."""
-    from sparkfleet.fleet.gather import facts_requests, gather_ops
 
     requests = facts_requests(ctx.inventory, ctx.plan, ctx.profile, root=ctx.spec.root) if with_lane else {}
     return (yield from gather_ops(ctx.nodes, requests))
 
 
 def facts(ctx: RunContext, st: Step) -> StepGen:
-    from sparkfleet.fleet.gather import resolve_gid_indexes
 
     ctx.facts = yield from gather_facts(ctx)
     if not ctx.facts:  # --dry-run: the helper was not run
@@ -41,7 +46,6 @@ def facts(ctx: RunContext, st: Step) -> StepGen:
 
 
 def check(ctx: RunContext, st: Step) -> StepResult:
-    from sparkfleet.checks import run_checks
 
     if ctx.options.dry_run and not ctx.facts:
         return StepResult("ok", "would run the preflight checks on the facts (not gathered under --dry-run; "
@@ -61,8 +65,6 @@ def probe(ctx: RunContext, st: Step) -> StepGen:
     state from the samples under load; a latched rank stops the run before anything starts (FM-09).
 
     The clock findings replace the check step's idle snapshot in the record ("unknown": not judged)."""
-    from sparkfleet.checks import clock
-    from sparkfleet.checks import probe as clock_probe
 
     judged = [r.node for r in ctx.plan.ranks if clock.judged(ctx.inventory.hardware(r.node))]
     if not judged:
@@ -109,7 +111,6 @@ def _facts_of(ctx: RunContext, node: str) -> NodeFacts | None:
 
 def _replace_clock_findings(ctx: RunContext, findings: list[Finding]) -> None:
     """The probe's verdicts stand for the clock checks in the record (what the exporter publishes)."""
-    from sparkfleet.checks import clock
 
     nodes = {f.node for f in findings}
     kept = [f for f in ctx.record.data.get("findings", [])
@@ -125,8 +126,6 @@ def probe_ratio(ctx: RunContext):
 
 def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
     """Measure every pair of the lane's ranks over their fabric IPs; a link far off the others fails."""
-    from sparkfleet.checks.fabric_probe import suspects, verdict
-    from sparkfleet.fleet import fabric_probe as fp
 
     ranks = ctx.plan.ranks
     if len(ranks) < 2:
@@ -163,8 +162,6 @@ def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
 
 def nccl(ctx: RunContext, st: Step) -> StepResult:
     """Optional (add `- nccl` after `check`): the NCCL all-reduce in the lane's image; sockets on an RDMA lane fail."""
-    from sparkfleet.checks import nccl as judge
-    from sparkfleet.fleet import nccl as allreduce
 
     ranks = ctx.plan.ranks
     if ctx.profile.image is None:

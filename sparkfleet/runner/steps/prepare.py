@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from sparkfleet.engram import ranges as engram_ranges
+from sparkfleet.engram.fleet import manifest_reads
 from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import commands as nodeops
+from sparkfleet.patches import manifest as pm
+from sparkfleet.patches import sync
+from sparkfleet.runner import restore as rp
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
 from sparkfleet.runner.steps.preflight import gather_facts
@@ -16,24 +21,17 @@ from sparkfleet.schema.playbook import Step
 
 
 def patches(ctx: RunContext, st: Step) -> StepGen:
-    from sparkfleet.patches import manifest as pm
-    from sparkfleet.patches import sync
 
     name = ctx.profile.patches
     if not name:
         return StepResult("skip", "the lane uses no patch set")
-    if not (pm.set_dir(ctx.spec.root, name) / pm.MANIFEST).is_file():
-        return StepResult("fail", f"patch set {name!r} has no manifest", [Finding(
-            "patches", "fail", f"patches/{name}/{pm.MANIFEST} does not exist",
-            f"sparkfleet patches build DIR --name {name}")])
+    refused = pm.refusals(ctx.spec.root, name)  # the same judgement `profiles` shows as servable: no
+    if refused:
+        why = refused[0].observed if refused[0].observed in (
+            "has no manifest", "is not known in full (the seeds do not list its files or checksums)") \
+            else "differs from its manifest here"
+        return StepResult("fail", f"patch set {name!r} {why}: nothing was started", refused)
     manifest = pm.load(ctx.spec.root, name)
-    if not manifest.complete:
-        return StepResult("fail", f"patch set {name!r} is not known in full: nothing was started", [Finding(
-            "patches", "fail", f"patches/{name}/{pm.MANIFEST}: {manifest.seed_gap}",
-            f"sparkfleet patches build DIR --name {name} --mounts mounts.txt")])
-    local = pm.verify_local(ctx.spec.root, manifest)
-    if local:
-        return StepResult("fail", f"patch set {name!r} differs from its manifest here", local)
     states = yield from sync.inspect_ops(ctx.nodes, manifest)
     if states is None:
         return StepResult("ok", f"would verify patch set {name!r} ({len(manifest.files)} file(s)) on every rank")
@@ -66,8 +64,6 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
     launch: a warning, or, with `expect.engram_node_local: true`, a failure for every rank outside
     engram.nfs_ranks without a qualifying copy (none at all, wrong revision or format, missing rows,
     unverified, another rank's): nothing starts."""
-    from sparkfleet.engram import ranges as engram_ranges
-    from sparkfleet.engram.fleet import manifest_reads
 
     e = ctx.profile.engram
     if e is None or not e.node_local:
@@ -140,7 +136,6 @@ def rail2_down(ctx: RunContext, st: Step) -> StepGen:
 
 def pins(ctx: RunContext, st: Step) -> StepGen:
     """restore: adopt the recorded launches, say what today would render differently, refuse on drifted pins."""
-    from sparkfleet.runner import restore as rp
 
     view = ctx.options.restore_point
     if view is None:

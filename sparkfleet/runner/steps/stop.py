@@ -50,7 +50,7 @@ def stop(ctx: RunContext, st: Step) -> StepGen:
     naming each node that could not be asked (and the rank that may still run there).
 
     Only containers carrying this lane's label are touched: another lane's or a foreign container is
-    reported by `check` and never stopped here (CATALOG FM-48). Removing them (not just stopping) means
+    reported by `check` and never stopped here (docs/failure-modes.md FM-48). Removing them (not just stopping) means
     no old head's rendezvous is left on the master port for a new worker to join (FM-01). A node that does
     not answer does not keep the survivors up: they are stopped all the same (one dead node must not leave
     three ranks holding GPU memory and the port)."""
