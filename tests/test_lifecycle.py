@@ -154,7 +154,9 @@ def test_an_unreachable_node_stops_the_run_before_launch(sim, capsys) -> None:
     sim.fault("bluey", "unreachable")
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 1
-    assert result(events)["reason"] == "stop: cannot list containers on every node"
+    assert result(events)["reason"] == ("stop: no container of this lane on reddie, asusi, spark4; bluey (reach) did "
+                                        "not answer: rank 2 may still be running there; once it answers, run "
+                                        "`sparkfleet down --profile dcp2 --limit bluey`")
     fs = next(e for e in events if e["event"] == "findings")["findings"]
     assert [(f["node"], f["check"], f["status"]) for f in fs] == [("bluey", "reach", "fail")]
 
@@ -339,10 +341,14 @@ def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> No
     sim.fault("spark4", "docker-down")
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 1
-    assert result(events)["reason"] == "stop: cannot list containers on every node"
+    assert result(events)["reason"] == ("stop: no container of this lane on reddie, asusi, bluey; spark4 (docker-down) "
+                                        "did not answer: rank 3 may still be running there; once it answers, run "
+                                        "`sparkfleet down --profile dcp2 --limit spark4`")
     fs = next(e for e in events if e["event"] == "findings")["findings"]
     assert [(f["node"], f["check"], f["status"], f["remedy"]) for f in fs] == [
-        ("spark4", "docker-down", "fail", "start docker on the node (sudo systemctl start docker), then run again")]
+        ("spark4", "docker-down", "fail", "start docker on the node (sudo systemctl start docker), then run again; "
+         "rank 3 of dcp2 may still run there (holding its GPU memory and port): once spark4 answers, run "
+         "`sparkfleet down --profile dcp2 --limit spark4`")]
     assert fs[0]["message"] == ("the docker daemon is not running: Cannot connect to the Docker daemon at "
                                 "unix:///var/run/docker.sock. Is the docker daemon running?")
     assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started

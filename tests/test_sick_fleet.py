@@ -84,11 +84,11 @@ def test_down_with_a_node_unreachable_stops_the_others_and_names_the_rank_that_m
     assert after["bluey"] == ["running"]  # what the controller could not reach is still there
     stop = step(events, "stop")
     assert stop["status"] == "fail"
-    assert stop["summary"] == ("removed 3 container(s) on reddie, asusi, spark4; could not reach bluey (rank 2 may "
-                               "still be running there); once they answer, run `sparkfleet down --profile dcp2 "
-                               "--limit bluey`")
+    assert stop["summary"] == ("removed 3 container(s) on reddie, asusi, spark4; bluey (reach) did not answer: "
+                               "rank 2 may still be running there; once it answers, run `sparkfleet down --profile "
+                               "dcp2 --limit bluey`")
     (f,) = [f for e in events if e["event"] == "findings" and e["step"] == "stop" for f in e["findings"]]
-    assert f["node"] == "bluey" and f["message"].startswith("bluey: could not stop rank 2, it may still be running (")
+    assert (f["node"], f["check"]) == ("bluey", "reach") and f["message"].startswith("bluey: ")
     assert f["remedy"].endswith("rank 2 of dcp2 may still run there (holding its GPU memory and port): once bluey "
                                 "answers, run `sparkfleet down --profile dcp2 --limit bluey`")
     rec = record_of_down(events)
@@ -143,3 +143,18 @@ def test_a_rank_that_reads_one_engram_layer_over_nfs_fails_expect_naming_rank_an
     assert fails == [("bluey", "rank 2 (bluey) read Engram layer(s) 14 over NFS, not from its node-local copy "
                                "(expect.engram_node_local; 6-8 ms a step against 3, ENG-16)")]
     assert states(sim) == {n: ["exited"] for n in LAB_NODES}
+
+
+def test_status_endpoint_probes_the_api_even_when_the_head_cannot_be_reached_over_ssh(sim, capsys) -> None:
+    from tests.cli_run import record_of
+
+    code, events = run(capsys, "up", *LANE, *FAST)
+    assert code == 0, result(events)
+    base = record_of(events)["data"]["gates"]["endpoint"]
+    sim.fault("reddie", "unreachable")  # SSH to the head fails; its API still answers
+    assert main(["status", *LANE, "--endpoint", base, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["node"], r.get("rank"), r["state"]) for r in doc["containers"] if "error" in r] == [
+        ("reddie", 0, "unreachable, may be running")]
+    lane_st = doc["lanes"]["dcp2"]
+    assert (lane_st["endpoint"], lane_st["health"], lane_st["models"]) == (base, 200, ["deepseek-v4.1-flash"])

@@ -67,9 +67,10 @@ EXIT_CODES: dict[str, str] = {
     "show": f"0 ok; {_BAD}; {_INT}",
     "plan": f"0 the lane plans (warnings included); {_REFUSED}; {_INT}",
     "diff": f"0 no difference; 1 they differ; {_BAD}; {_INT}",
-    "up": f"0 the lane serves; 1 a check, step or gate failed; {_REFUSED}; {_LOCK}; "
-          f"{_INT}: what it started is stopped",
-    "down": f"0 the lane is gone; 1 a step failed; {_REFUSED}; {_LOCK}; {_INT}",
+    "up": f"0 the lane serves; 1 a check, step or gate failed (a failed gate stops the lane unless "
+          f"--keep-on-gate-failure); {_REFUSED}; {_LOCK}; {_INT}, 143 SIGTERM: what it started is stopped",
+    "down": f"0 the lane is gone; 1 a step failed, or a node could not be reached (the others are stopped); "
+            f"{_REFUSED}; {_LOCK}; {_INT}",
     "play": f"0 every step passed; 1 a step failed; {_REFUSED}; {_LOCK}; {_INT}",
     "restore": f"0 the lane serves; 1 a pin drifted (nothing stopped), or a check, step or gate failed; "
                f"{_REFUSED}; {_LOCK}; {_INT}",

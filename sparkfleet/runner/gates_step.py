@@ -59,8 +59,11 @@ def gates_step(ctx: RunContext, st: Step) -> StepResult:
                 for r in failed]
     text = summary(results)
     if ctx.options.stop_on_gate_failure:
-        stop_launch(ctx)
+        lost = stop_launch(ctx)
         text += "; every rank of this launch was stopped"
+        if lost:
+            text += " but on " + ", ".join(f"{n} ({why})" for n, why in lost.items()) + \
+                ", which could not be asked: a rank of this run may still run there"
     else:
         left = ", ".join(f"rank {s.rank} on {s.node}" for s in ctx.started)
         warning = (f"WARNING: gate(s) {', '.join(r.name for r in failed)} failed and the lane is LEFT RUNNING at "

@@ -89,7 +89,7 @@ def stop_run(ctx: RunContext) -> StepGen:
     """Stop every container of this run on every node of the lane, found by the run's label (not only what
     ctx.started recorded: a Ctrl-C inside a launch wave comes back after each node's `docker run` ended, but
     before the wave's ranks were recorded). Returns the nodes that could not be asked, with why."""
-    cmd = nodeops.lane_containers_command(ctx.profile.name, running_only=True, run_id=ctx.record.run_id)
+    cmd = nodeops.lane_containers_command(ctx.profile.name, running_only=False, run_id=ctx.record.run_id)
     listed = yield query("list this run's containers", {n.name: cmd for n in ctx.nodes}, 30)
     found, lost = {}, {}
     for n, res in (listed or {}).items():

@@ -115,12 +115,26 @@ def _interrupted(ctx: RunContext, exc: KeyboardInterrupt) -> None:
     record.reason = "terminated (SIGTERM)" if sig == "SIGTERM" else "interrupted by the user"
     record.data["interrupted_by"] = sig
     if not ctx.options.dry_run:
+        _in_flight_done()
         lost = stop_launch(ctx)
         record.reason += "; every rank of this launch was stopped"
         if lost:
             record.reason += " but on " + ", ".join(f"{n} ({why})" for n, why in lost.items()) + \
                 ", which could not be asked: a rank of this run may still run there"
     ctx.events.step("interrupt", "fail", record.reason)
+
+
+IN_FLIGHT_BOUND_S = 330.0  # the longest node command a step runs (a launch wave: 300 s), and a margin
+
+
+def _in_flight_done(bound_s: float = IN_FLIGHT_BOUND_S) -> None:
+    """Wait (bounded) for node commands still in flight when the signal came. A pool joins its workers when
+    the interrupt unwinds it, except one the signal caught while it was being started (it is not yet in the
+    pool's set): that worker's `docker run` would start a rank after the cleanup looked for them."""
+    end = time.monotonic() + bound_s
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon and t.name.startswith("ThreadPoolExecutor"):
+            t.join(max(0.0, end - time.monotonic()))
 
 
 def _steps(ctx: RunContext) -> None:

@@ -39,8 +39,8 @@ def unreached(ctx: RunContext, bad: dict[str, nodeops.NodeError]) -> tuple[list[
         remedy = (f"{e.remedy or 'bring the node back'}; rank {rank} of {ctx.profile.name} may still run there "
                   f"(holding its GPU memory and port): once {node} answers, run `sparkfleet down --profile "
                   f"{ctx.profile.name} --limit {node}`")
-        findings.append(Finding("stop", "fail", f"{node}: could not stop rank {rank}, it may still be running "
-                                f"({e.message})", remedy, node=node))
+        # the check is what failed there (reach, docker-down, ...): the message is the node's own answer
+        findings.append(Finding(e.kind, "fail", e.message, remedy, node=node))
         doc[node] = {"rank": rank, "kind": e.kind, "why": e.message, "remedy": remedy}
     return findings, doc
 
@@ -84,13 +84,18 @@ def stop(ctx: RunContext, st: Step) -> StepGen:
                 return StepResult("fail", "containers still there after stopping: "
                                   + ", ".join(f"{x}: {len(v)}" for x, v in left.items()))
             time.sleep(0.3)
-    done = (f"{'stopped (kept)' if keep else 'removed'} {n} container(s) on " + ", ".join(order)) if found else \
-        "no container of this lane on " + (", ".join(reached) if bad else "its nodes")
+    if found:
+        done = f"{'stopped (kept)' if keep else 'removed'} {n} container(s) on " + ", ".join(order)
+    else:
+        done = "no container of this lane on " + (", ".join(reached) if bad else "its nodes") if reached else \
+            "no node answered"
     data = {"stopped": {k: found[k] for k in order}} if found else {}
     if not bad:
         return StepResult("ok", done, data=data)
     findings, doc = unreached(ctx, bad)
     ctx.record.data["unreachable"] = doc
-    return StepResult("fail", f"{done}; could not reach " + ", ".join(
-        f"{x} (rank {ranks.get(x)} may still be running there)" for x in bad) + "; once they answer, run "
-        f"`sparkfleet down --profile {ctx.profile.name} --limit {','.join(bad)}`", findings, data)
+    one = len(bad) == 1
+    return StepResult("fail", f"{done}; " + ", ".join(f"{x} ({e.kind})" for x, e in bad.items())
+                      + f" did not answer: rank {', '.join(str(ranks.get(x)) for x in bad)} may still be running "
+                      f"there; once {'it answers' if one else 'they answer'}, run `sparkfleet down --profile "
+                      f"{ctx.profile.name} --limit {','.join(bad)}`", findings, data)

@@ -1,0 +1,44 @@
+"""The pieces of issue 26 that need no lab: Engram per-layer log facts, --limit refusals (nothing dialled)."""
+
+from __future__ import annotations
+
+from sparkfleet.cli.main import main
+from sparkfleet.engines.logs import LogFacts, feed
+from sparkfleet.engines.vllm import LOG
+from sparkfleet.runner.expect import nfs_read
+
+LINES = [
+    "(EngineCore pid=1) INFO 12-01 10:00:00 [engram.py:212] Engram DISK mode: layer 1 rows [0, 1024)",
+    "(EngineCore pid=1) INFO 12-01 10:00:00 [engram.py:212] Engram DISK mode: layer 14 rows [0, 1024)",
+    "(EngineCore pid=1) INFO 12-01 10:00:00 [engram.py:248] Engram layer 1 rows [0, 1024) read from node-local "
+    "/engram-local",
+]
+NFS_14 = ("(EngineCore pid=1) INFO 12-01 10:00:00 [engram.py:248] Engram layer 14 rows [0, 1024) read from the "
+          "model directory (no node-local copy)")
+
+
+def test_one_layer_over_nfs_is_not_node_local_although_another_layer_said_so() -> None:
+    lf = feed(LogFacts(), [*LINES, NFS_14], [], LOG)
+    assert lf.engram_node_local  # the old rule: the first 'read from node-local' line
+    assert lf.engram_layer_local == {1: True, 14: False}
+    assert nfs_read(lf) == [14]
+    every = feed(LogFacts(), [*LINES, NFS_14.replace("the model directory (no node-local copy)",
+                                                     "node-local /engram-local")], [], LOG)
+    assert nfs_read(every) is None
+    assert nfs_read(LogFacts()) == []  # no Engram line at all: not node-local
+
+
+def test_limit_outside_the_lane_and_limit_on_up_are_refused_before_anything(capsys) -> None:
+    assert main(["down", "--profile", "dcp2", "--limit", "reddie,nowhere", "--dry-run", "--json"]) == 2
+    assert "--limit reddie,nowhere: nowhere is not a node of lane dcp2 (its nodes: reddie, asusi, bluey, " \
+           "spark4)" in capsys.readouterr().err
+    assert main(["up", "--profile", "dcp2", "--limit", "reddie", "--dry-run", "--json"]) == 2
+    assert "--limit is refused on up" in capsys.readouterr().err
+
+
+def test_down_limit_touches_only_the_named_nodes_under_dry_run(capsys) -> None:
+    import json
+
+    assert main(["down", "--profile", "dcp2", "--limit", "bluey", "--dry-run", "--json"]) == 0
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert {e["node"] for e in events if e["event"] == "would"} == {"bluey"}
