@@ -34,7 +34,8 @@ class Terminated(KeyboardInterrupt):
 def _signals(during_cleanup: bool = False) -> Iterator[None]:
     """While a run runs, SIGTERM raises Terminated (so `kill` cleans up as Ctrl-C does); while it cleans up,
     SIGINT and SIGTERM are held off, so a second Ctrl-C cannot leave a rank running or a lock behind (every
-    cleanup command has its own timeout). Only the main thread can set handlers (tests may run elsewhere)."""
+    cleanup command has its own timeout). A caller that handles SIGTERM itself (watch) keeps its handler. Only
+    the main thread can set handlers (tests may run elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -46,7 +47,8 @@ def _signals(during_cleanup: bool = False) -> Iterator[None]:
     if during_cleanup:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    else:
+    elif signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        # a caller with its own SIGTERM handling keeps it: watch finishes a group restart on the first SIGTERM
         signal.signal(signal.SIGTERM, terminate)
     try:
         yield
