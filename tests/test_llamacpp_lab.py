@@ -171,6 +171,27 @@ class TestRpcLane:
         code, events = run(capsys, "down", "--profile", RPC_LANE, "--inventory", "sim")
         assert code == 0 and lane_containers(sim, RPC_LANE) == {n: [] for n in LAB_NODES}
 
+    def test_a_slow_link_slows_the_load_and_check_names_its_links(self, rpc_healed, capsys) -> None:
+        sim = rpc_healed
+        params = sim.fault("bluey", "slow-link")  # tc tbf, both ways, on bluey's fabric link
+        rate = re.fullmatch(r"(\d+)mbit", params["rate"])
+        assert rate, params
+        code, events = run(capsys, "up", "--profile", RPC_LANE, "--inventory", "sim", "--no-fabric-probe", *FAST)
+        assert code == 0, result(events)
+        rec = record_of(events)
+        load_s = sum(x["elapsed_s"] for x in rec["steps"] if x["step"] in ("launch:head", "wait_ready"))
+        ip = sim.inventory().nodes["bluey"].fabric_ip
+        mib = sum(float(m) for dev, m in MODEL_BUFFER.findall(container_log(sim, "reddie", RPC_LANE))
+                  if f"{ip}:50052" in dev)
+        # bluey's layers could not cross its link faster than the shaped rate (less tbf's 128 KB burst)
+        assert load_s >= (mib * MIB - 128 * 1024) * 8 / (int(rate.group(1)) * 1e6), (load_s, mib)
+        code = main(["check", "--profile", RPC_LANE, "--inventory", "sim", "--json", "--fabric",
+                     "--fabric-bytes", str(4 * MIB)])
+        doc = json.loads(capsys.readouterr().out)
+        slow = sorted(f["message"].split(":")[0] for f in doc["findings"]
+                      if f["check"] == "fabric-probe" and f["status"] == "fail")
+        assert code == 1 and slow == ["asusi <-> bluey", "bluey <-> spark4", "reddie <-> bluey"]
+
     def test_a_worker_gone_at_boot_fails_up_naming_its_rank(self, rpc_healed, capsys) -> None:
         sim = rpc_healed
         sim.fault("bluey", "rank-vanish")  # bluey's rpc-server container is gone as soon as it starts
