@@ -71,10 +71,8 @@ MIB = 1024 * 1024
 MODEL_BUFFER = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
 
 
-def _rpc_requirements() -> str | None:
-    """Why the four-node lane cannot run here (None: it can); under CI a missing part fails instead."""
-    if os.geteuid() != 0:
-        return "the lab's own network namespaces need root"
+def _rpc_build_missing() -> str | None:
+    """Why llama.cpp's RPC binaries are not here (None: they are); CI builds them first (.ci/run)."""
     if llamabuild.bin_dir() is None:
         return f"llama.cpp's RPC binaries are not built ({llamabuild.cache_dir()}): run `make llama-rpc` once"
     return None
@@ -87,7 +85,9 @@ def container_log(sim, node: str, profile: str) -> str:
 
 @pytest.fixture(scope="class")
 def rpc_sim(tmp_path_factory):
-    why = _rpc_requirements()
+    if os.geteuid() != 0:  # as test_fabric_sim: the per-node networks are root's (a skip under CI too)
+        pytest.skip("the lab's own network namespaces need root")
+    why = _rpc_build_missing()
     if why:
         if os.environ.get("CI"):
             pytest.fail(why, pytrace=False)
@@ -297,3 +297,16 @@ def _cmdline_has(path: Path, text: str) -> bool:
         return text in path.read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def test_a_failed_build_names_its_step_and_leaves_nothing(tmp_path, monkeypatch, capsys) -> None:
+    """The build (never run by a test) refuses an sdist that is not the pinned one: step named, exit 1, no cache."""
+    monkeypatch.setenv("SPARKFLEET_LLAMA_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / llamabuild.SDIST
+    bad.write_bytes(b"not llama.cpp")
+    assert llamabuild.main(["--sdist", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"llama.cpp build failed: step verify: {bad} has sha256 ")
+    assert err.rstrip().endswith(f"expected {llamabuild.SDIST_SHA256}")
+    assert list((tmp_path / "cache").iterdir()) == []  # no half-built tree, no temp dir left
+    assert llamabuild.main(["--check"]) == 1 and llamabuild.bin_dir() is None
