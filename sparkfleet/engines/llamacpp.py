@@ -51,7 +51,9 @@ LOG = LogVocabulary(
     kv_tokens=re.compile(r"llama_kv_cache\S*: +size = +[\d.]+ MiB \(\s*(\d+) cells"),
     phases=((re.compile(r"loading model"), "loading weights"), (LOADED, "loaded"), (SERVING, "serving")),
     fatal=(r"failed to open GGUF file", r"error loading model", r"failed to load model",
-           r"exiting due to model loading error", r"couldn't bind HTTP server socket"),
+           r"exiting due to model loading error", r"couldn't bind HTTP server socket",
+           # ggml-rpc.cpp's abort when a worker's rpc-server went away mid-call (the head then dies too)
+           r"Remote RPC server crashed or returned malformed response"),
 )
 
 METRICS = MetricNames(

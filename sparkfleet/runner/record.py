@@ -94,6 +94,7 @@ class LaunchRecord(_Open):
     env: dict[str, str] = Field(default_factory=dict)  # secret values are redacted; their names stay
     script: str = ""
     files: dict[str, str] = Field(default_factory=dict)  # rendered files (TensorFold's config.env)
+    ready_check: str = ""  # the launch's ready check (engines.base.Launch), run again on restore
     container_options: list[str] = Field(default_factory=list)  # docker options before the image
     image_ref: str | None = None
     image_digest: str | None = None

@@ -168,7 +168,7 @@ def relabel(launch: LaunchRecord, run_id: str) -> Launch:
     raw = getattr(launch, "container_spec", None)
     spec = spec_from_dict(raw, run_id) if raw else None
     return Launch(launch.node, launch.rank, launch.role, launch.wave, launch.container, argv, dict(launch.env),
-                  script, dict(launch.files), spec)
+                  script, dict(launch.files), spec, launch.ready_check)
 
 
 def adopt(ctx: RunContext, point: RestorePoint) -> None:

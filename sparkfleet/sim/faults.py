@@ -50,7 +50,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "route, ssh mode stops the node's sshd (FM-25)"),
     Kind("docker-down", "the docker daemon is down: every docker command fails as the real CLI does"),
     Kind("slow-link", f"the node's fabric link is rate-limited to --rate (default {values.SLOW_LINK_RATE}) with tc "
-         "tbf, in the node's own network namespace (ssh mode as root)", ("rate",)),
+         "tbf both ways: on the node's fabric interface and on the bridge's end of its link (ssh mode as root)",
+         ("rate",)),
     Kind("mtu-mismatch", f"the node's fabric interface has MTU --mtu (default {values.MTU_MISMATCH}) against the "
          "lab's 9000", ("mtu",)),
     Kind("driver-drift", "nvidia-smi on this node reports another driver version (--driver)", ("driver",)),
@@ -331,7 +332,10 @@ def _slow_link(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     rate = str(params.get("rate", values.SLOW_LINK_RATE))
     if not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", rate):
         raise UserError(f"--rate {rate}: expected a tc rate such as 100mbit or 1gbit")
-    return {"rate": rate, "iface": _fabric_port(root)["netdev"]}
+    from sparkfleet.sim import netlab
+
+    iface = _fabric_port(root)["netdev"]
+    return {"rate": rate, "iface": iface, "peer": netlab.fabric_peer(shim.load(root, "node.json")["node"], iface)}
 
 
 def _mtu_mismatch(root: Path, params: dict[str, Any]) -> dict[str, Any]:
@@ -385,10 +389,25 @@ def _rank_act(t: Target, params: dict[str, Any], kind: str) -> None:
 def _tbf_on(t: Target, params: dict[str, Any]) -> None:
     _netns_run(t, "tc", "qdisc", "add", "dev", params["iface"], "root", "tbf", "rate", params["rate"],
                *values.SLOW_LINK_TBF)
+    if params.get("peer"):  # what the node receives leaves the bridge's end: a slow link is slow both ways
+        _fabric_run("tc", "qdisc", "add", "dev", params["peer"], "root", "tbf", "rate", params["rate"],
+                    *values.SLOW_LINK_TBF)
 
 
 def _tbf_off(t: Target, params: dict[str, Any]) -> None:
     _netns_run(t, "tc", "qdisc", "del", "dev", params["iface"], "root")
+    if params.get("peer"):
+        _fabric_run("tc", "qdisc", "del", "dev", params["peer"], "root")
+
+
+def _fabric_run(*argv: str) -> None:
+    """A command in the lab's fabric namespace (the bridge and the nodes' link ends)."""
+    from sparkfleet.sim import netlab
+
+    proc = subprocess.run(["ip", "netns", "exec", netlab.FABRIC_NS, *argv], capture_output=True, text=True,
+                          timeout=30)
+    if proc.returncode != 0:
+        raise UserError(f"{netlab.FABRIC_NS}: `{' '.join(argv)}` failed: {proc.stderr.strip()}")
 
 
 def _mtu_on(t: Target, params: dict[str, Any]) -> None:

@@ -110,3 +110,12 @@ def rx_bytes(node: str) -> dict[str, int]:
 
     links = json.loads(_ip("-n", netns_name(node), "-s", "-j", "link", "show").stdout)
     return {link["ifname"]: int(link["stats64"]["rx"]["bytes"]) for link in links}
+
+
+def fabric_peer(node: str, iface: str) -> str:
+    """The fabric bridge's end (in FABRIC_NS) of the node's fabric veth: its egress is what the node receives."""
+    import json
+
+    (me,) = json.loads(_ip("-n", netns_name(node), "-j", "link", "show", "dev", iface).stdout)
+    links = json.loads(_ip("-n", FABRIC_NS, "-j", "link", "show").stdout)
+    return next(link["ifname"] for link in links if link["ifindex"] == me["link_index"])
