@@ -168,7 +168,8 @@ def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_noth
         assert {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()} == {
             n: ["running"] for n in SPARKS}  # what this up started, before the Ctrl-C
         os.killpg(up.pid, signal.SIGINT)
-        assert up.wait(timeout=120) == 130, log.read_text()[-2000:]
+        code = up.wait(timeout=120)
+        assert code == 130, (code, log.read_text()[-2000:])  # the code too: a signal death reads negative
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
