@@ -99,19 +99,25 @@ def test_the_unit_names_the_inventory_wherever_it_came_from(how: str, tmp_path: 
     assert s["StartLimitBurst"] == ["3"] and s["StartLimitIntervalSec"] == ["1800"]
 
 
-def test_running_the_units_exec_start_watches_the_same_fleet(tmp_path: Path) -> None:
-    """ExecStart as systemd would start it (its cwd, its environment only, no config file of this shell)
-    resolves the same inventory, root and state: asked for its own unit, it prints the same one."""
-    argv, env, cwd = _cases(tmp_path)["config file"]
-    text = _unit([*argv, "--failures", "3"], env, cwd)
+def run_exec_start(text: str, tmp_path: Path, *more: str) -> subprocess.CompletedProcess:
+    """The unit's ExecStart (plus `more`) as systemd starts it: in its WorkingDirectory, with only its
+    Environment= over a service's bare PATH and HOME (and no config file of this shell)."""
     s = unit_settings(text)
     exec_start = systemd_words(s["ExecStart"][0].replace("$$", "$"))
     service_env = {"PATH": "/usr/bin:/bin", "HOME": ME.pw_dir, "SPARKFLEET_CONFIG": str(tmp_path / "none.yaml")}
     for e in s["Environment"]:
         key, value = systemd_words(e)[0].split("=", 1)
         service_env[key] = value
-    proc = subprocess.run([*exec_start, "--unit"], capture_output=True, text=True, env=service_env,
+    return subprocess.run([*exec_start, *more], capture_output=True, text=True, env=service_env,
                           cwd=s["WorkingDirectory"][0], timeout=120)
+
+
+def test_running_the_units_exec_start_watches_the_same_fleet(tmp_path: Path) -> None:
+    """ExecStart as systemd would start it (its cwd, its environment only, no config file of this shell)
+    resolves the same inventory, root and state: asked for its own unit, it prints the same one."""
+    argv, env, cwd = _cases(tmp_path)["config file"]
+    text = _unit([*argv, "--failures", "3"], env, cwd)
+    proc = run_exec_start(text, tmp_path, "--unit")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == text
 
@@ -138,15 +144,9 @@ def test_the_units_exec_start_watches_the_lab(sim, tmp_path: Path) -> None:
     env = _env(tmp_path, SPARKFLEET_STATE=os.environ["SPARKFLEET_STATE"])  # the lab's own state dir
     text = _unit(["--profile", "dcp2", "-i", str(inv), "--interval", "1", "--failures", "1", "--probe-timeout", "1",
                   "--dry-run"], env, tmp_path)
-    s = unit_settings(text)
-    exec_start = systemd_words(s["ExecStart"][0].replace("$$", "$"))
+    exec_start = systemd_words(unit_settings(text)["ExecStart"][0].replace("$$", "$"))
     assert exec_start[exec_start.index("--inventory") + 1] == str(inv)
-    service_env = {"PATH": "/usr/bin:/bin", "HOME": ME.pw_dir, "SPARKFLEET_CONFIG": str(tmp_path / "none.yaml")}
-    for e in s["Environment"]:
-        key, value = systemd_words(e)[0].split("=", 1)
-        service_env[key] = value
-    proc = subprocess.run([*exec_start, "--json"], capture_output=True, text=True, env=service_env,
-                          cwd=s["WorkingDirectory"][0], timeout=120)
+    proc = run_exec_start(text, tmp_path, "--json")
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
     last = json.loads(proc.stdout.splitlines()[-1])
     assert last["code"] == 0 and "the operator has the lane" in json.dumps(last), last
