@@ -76,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"default {LOAD_SECONDS:g})")
     p.add_argument("--poll", type=seconds, default=1.0, metavar="SECONDS",
                    help="poll interval while a restart waits (default 1)")
+    p.add_argument("--no-fabric-probe", dest="fabric_probe", action="store_false",
+                   help="restarts skip the measured fabric probe between the ranks (as up --no-fabric-probe)")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
     p.add_argument("--dry-run", action="store_true", help="probe, and report what it would do at each failure")
@@ -153,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     watcher = Watcher(sp, loaded, inventory, settings, events, state_dir(), playbook=playbook, restore_point=point,
                       gates=args.gates, dry_run=args.dry_run, api_key=key, endpoint_url=args.endpoint,
                       boot_budget_s=args.boot_budget, probe_seconds=clock_probe_s, poll_s=args.poll,
+                      fabric_probe=args.fabric_probe,
                       command=" ".join(["sparkfleet", "watch", *(sys.argv[2:] if sys.argv[1:2] == ["watch"] else
                                                                   ["--profile", profile])]))
     try:
