@@ -49,3 +49,8 @@ def lane_containers(sim, profile: str, nodes: tuple[str, ...] = LAB_NODES) -> di
         docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
         out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == profile]
     return out
+
+
+def lane_states(sim, profile: str = "dcp2") -> dict[str, list[str]]:
+    """Every node's container states of a lane (docker's State.Status), in the order docker holds them."""
+    return {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, profile).items()}

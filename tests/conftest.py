@@ -111,3 +111,14 @@ def sim_lab(tmp_path_factory):
 def sim(tmp_path_factory):
     """The repo's `lab` inventory as a simulated lab, one per test module (a module may define its own)."""
     yield from sim_lab(tmp_path_factory)
+
+
+@pytest.fixture
+def lane_cleaned(sim, capsys):
+    """After the test: faults healed and the dcp2 lane down on the sim lab."""
+    yield
+    sim.heal()
+    from sparkfleet.cli.main import main
+
+    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
+    capsys.readouterr()

@@ -13,22 +13,18 @@ import json
 import pytest
 
 from sparkfleet.cli.main import main
-from tests.cli_run import LAB_NODES, lane_containers, result, run, step
+from tests.cli_run import LAB_NODES, lane_states, result, run, step
 
 LANE = ["--profile", "dcp2", "--inventory", "sim"]
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
 
 
 @pytest.fixture(autouse=True)
-def clean(sim, capsys):
-    yield
-    sim.heal()
-    main(["down", *LANE, "--json"])
-    capsys.readouterr()
+def clean(lane_cleaned):
+    """Every test here leaves the lab healed and dcp2 down (tests/cli_run.py lane_cleaned)."""
 
 
-def states(sim) -> dict[str, list[str]]:
-    return {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()}
+states = lane_states
 
 
 # -- a wrong RoCE GID: refused before launch --------------------------------------------------------------

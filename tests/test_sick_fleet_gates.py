@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkfleet.cli.main import main
-from tests.cli_run import lane_containers, record_of, result, run, step
+from tests.cli_run import lane_states, record_of, result, run, step
 from tests.test_gates_sim import EVIDENCE, EXPECTED_FAILS
 
 LANE = ["--profile", "dcp2", "--inventory", "sim"]
@@ -23,15 +22,11 @@ ANSWER_FAULTS = ("garbage-tokens", "count-off-by-one", "needle-blind", "no-tool-
 
 
 @pytest.fixture(autouse=True)
-def clean(sim, capsys):
-    yield
-    sim.heal()
-    main(["down", *LANE, "--json"])
-    capsys.readouterr()
+def clean(lane_cleaned):
+    """Every test here leaves the lab healed and dcp2 down (tests/cli_run.py lane_cleaned)."""
 
 
-def states(sim) -> dict[str, list[str]]:
-    return {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()}
+states = lane_states
 
 
 @pytest.mark.parametrize("fault", ANSWER_FAULTS)
