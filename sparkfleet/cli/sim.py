@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="local: commands enter each node directly; ssh: a real sshd inside each node (as root: "
                     "in the node's own network namespace) (default: local)")
     up.add_argument("--force", action="store_true", help="tear down an existing simulated lab first")
+    up.add_argument("--docker", choices=lab.DOCKER_MODES, default="shim",
+                    help="daemon: a real Docker daemon inside each node (root; Debian docker.io); shim: the "
+                    "docker stand-in (default: shim)")
     up.set_defaults(func=run_up)
 
     down = ss.add_parser("down", help="stop every sshd the sim started and remove the sandboxes (idempotent)")
@@ -75,12 +78,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    sim = lab.up(args.inventory, transport=args.transport, ops_root=args.root, force=args.force)
+    sim = lab.up(args.inventory, transport=args.transport, ops_root=args.root, force=args.force,
+                 docker=args.docker)
     status = sim.status()
     if args.json:
         print_json(status)
         return EXIT_OK
-    say(f"SIMULATION of inventory {args.inventory!r} built in {status['dir']} (transport {sim.transport})")
+    say(f"SIMULATION of inventory {args.inventory!r} built in {status['dir']} (transport {sim.transport}, "
+        f"docker {sim.manifest.get('docker', 'shim')})")
     for name, node in status["nodes"].items():
         where = (f"  sshd {node['sshd']['address']}:{node['sshd']['port']} pid {node['sshd']['pid']}"
                  if "sshd" in node else "")

@@ -21,11 +21,12 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.profile import Profile
-from sparkfleet.sim import llama, shim, values
+from sparkfleet.sim import image, llama, shim, values
 from sparkfleet.sim.paths import inside
 
 SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init",
-              "sim-fault")
+              "sim-fault", "sim-nvidia-runtime", "nvidia-container-runtime-hook")
+DAEMON_TOOLS = ("sim-nvidia-runtime", "nvidia-container-runtime-hook")  # only beside a real dockerd
 KIB_PER_GIB = 1024 * 1024
 
 
@@ -192,6 +193,20 @@ def docker_state(profiles: list[Profile]) -> dict:
             "containers": []}
 
 
+def image_archive(inv: Inventory, lanes: Lanes) -> bytes:
+    """The lab's images as one `docker load` archive (sim/image.py): every image a profile on any node
+    names, a vLLM image with vLLM's entrypoint."""
+    import sparkfleet
+
+    refs: dict[str, list[str] | None] = {}
+    for n in inv.nodes.values():
+        for p in profiles_for(inv, n, lanes):
+            if p.image:
+                refs.setdefault(p.image.ref, image.ENTRYPOINTS.get(p.engine))
+    data, _ids = image.archive(refs, sys.executable, str(Path(sparkfleet.__file__).resolve().parent.parent))
+    return data
+
+
 def storage_paths(node: Node, profiles: list[Profile]) -> tuple[list[str], list[str]]:
     """(directories, files) the node holds: the lanes' repo dirs and snapshots, Engram/cache/patch roots,
     TensorFold's recipe and weights dirs, and every bind-mount source the lanes name."""
@@ -252,8 +267,10 @@ def engine_state() -> dict:
     (values.py) it derives the engine's observables from. Nothing here comes from a profile: the engine
     decides KV, MoE, Engram and hook lines from what each launch carries and the node it runs on."""
     import sparkfleet
+    from sparkfleet.sim.node import python_roots
 
     return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
+            "python_roots": python_roots(),
             "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
             "engram_layers": list(values.ENGRAM_LAYERS), "engram_tensor": values.ENGRAM_TENSOR,
             "stop_wait_s": values.ENGINE_STOP_WAIT_S,
@@ -312,13 +329,14 @@ def shim_zip() -> bytes:
     return _ZIP_CACHE[key]
 
 
-def install_shims(bin_dir: Path, *, netns: bool = False) -> None:
+def install_shims(bin_dir: Path, *, netns: bool = False, dockerd: bool = False) -> None:
     """The shims, under each tool's name: stubs importing the shim package from its zip (SHIM_ZIP). A node
-    with its own network namespace has real links: it gets the real `ip` (no shim)."""
+    with its own network namespace has real links: it gets the real `ip` (no shim); a node with its own
+    dockerd gets the real `docker` CLI, and the sim's runtime and hook beside the daemon."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / SHIM_ZIP).write_bytes(shim_zip())
     for name in SHIM_NAMES:
-        if netns and name == "ip":
+        if (netns and name == "ip") or (dockerd and name == "docker") or (not dockerd and name in DAEMON_TOOLS):
             continue
         target = bin_dir / name
         target.write_text(SHIM_STUB)
@@ -326,7 +344,8 @@ def install_shims(bin_dir: Path, *, netns: bool = False) -> None:
 
 
 def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lanes, *,
-               netns: bool = False, checkpoints: dict[tuple[str, str], Path] | None = None) -> None:
+               netns: bool = False, checkpoints: dict[tuple[str, str], Path] | None = None,
+               dockerd: str | None = None) -> None:
     """Create the node's directory (it must not exist yet): fs/ with the node's paths and state, bin/ with shims.
     `checkpoints`: the lab's stand-in checkpoints already written (place_checkpoints), shared across its nodes."""
     from sparkfleet.sim.node import home_dir
@@ -340,6 +359,11 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
     (root / shim.STATE / ".lock").touch()
     state = node_state(inv, node, ordinal)
     state["netns"] = netns
+    if dockerd:  # the node runs a real dockerd; its containers' cgroups go under this parent (sim down removes it)
+        state["dockerd"] = {"cgroup_parent": dockerd}
+        (root / "var").mkdir(exist_ok=True)
+        (root / "var" / "run").symlink_to("../run")  # as on Debian: the CLI's default socket is /var/run's
+        (root / "sys" / "fs" / "cgroup").mkdir(parents=True, exist_ok=True)  # the mount point of the cgroups
     shim.save(root, "node.json", state)
     shim.save(root, "gpu.json", gpu_state(node))
     shim.save(root, "docker.json", docker_state(profiles))
@@ -359,7 +383,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
             refs.write_text(p.model.revision)
     place_checkpoints(root, node, profiles, {} if checkpoints is None else checkpoints)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
-    install_shims(node_dir / "bin", netns=netns)
+    install_shims(node_dir / "bin", netns=netns, dockerd=bool(dockerd))
     shim.render(root)
 
 

@@ -1,6 +1,6 @@
 """The simulated lab as a whole: `up`, `down`, status, and faults per node (the API the CLI and tests use).
 
-    from sparkfleet.sim import shim, lab
+    from sparkfleet.sim import dockerd, shim, lab
     sim = lab.up("lab", transport="local")     # builds <state_dir>/sim/; refuses if one exists (force=True)
     sim.fault("asusi", "clock-latch")          # or sim.fault("reddie", "port-taken", port=8410)
     sim.heal("asusi")                          # every fault on asusi; sim.heal() heals all
@@ -23,7 +23,7 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.root import find_root
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
-from sparkfleet.sim import build, faults, netlab, node, paths, shim, sshd
+from sparkfleet.sim import build, dockerd, faults, netlab, node, paths, shim, sshd
 
 TransportKind = Literal["local", "ssh"]
 
@@ -163,7 +163,10 @@ def down() -> bool:
     had = d.exists()
     if paths.nodes_dir().is_dir():
         for nd in sorted(p for p in paths.nodes_dir().iterdir() if p.is_dir()):
+            dockerd.stop(nd)  # a node with its own daemon: its containers and daemons first, then the node
             node.stop(nd)
+            dockerd.remove_cgroups(dockerd.cgroup_parent(nd.name))
+            dockerd.remove_data(nd)
     had = netlab.remove() or had
     if not had:
         return False
@@ -240,11 +243,21 @@ def without_root(transport: TransportKind, root: bool) -> list[str]:
             "(up's drop_caches: sysctl: permission denied); the local transport has root on its nodes"]
 
 
+DOCKER_MODES = ("shim", "daemon")
+
+
 def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: str | Path | None = None,
-       force: bool = False) -> Sim:
-    """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file) and start its nodes."""
+       force: bool = False, docker: str = "shim") -> Sim:
+    """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file) and start its nodes.
+    `docker`: "daemon" gives every node its own real dockerd (root); "shim" the docker stand-in."""
     if transport not in ("local", "ssh"):
         raise UserError(f"unknown transport {transport!r} (local or ssh)")
+    if docker not in DOCKER_MODES:
+        raise UserError(f"unknown docker mode {docker!r} (shim or daemon)")
+    if docker == "daemon" and dockerd.missing():
+        raise UserError("a real Docker daemon per node needs " + "; ".join(dockerd.missing())
+                        + " (nothing was created)")
+    daemon = docker == "daemon"
     root = os.geteuid() == 0
     netns = transport == "ssh" and root  # as root each ssh node gets its own network
     missing = node.missing_privileges(netns=False)
@@ -270,7 +283,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         names = list(inv.nodes)
         checkpoints: dict = {}  # one stand-in checkpoint per lab, linked into every node that holds it
         for ordinal, n in enumerate(inv.nodes.values(), start=1):
-            build.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns, checkpoints=checkpoints)
+            build.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns, checkpoints=checkpoints,
+                             dockerd=dockerd.cgroup_parent(n.name) if daemon else None)
         ssh = _ssh_config(names, netns) if transport == "ssh" else {}
         if netns:
             netlab.create(inv, names)
@@ -283,7 +297,12 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
             info = ssh.get(n.name)
             sshd_argv = ([sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]]
                          if info else None)
-            node.start(nd, n.name, netns=ns, sshd=sshd_argv)
+            node.start(nd, n.name, netns=ns, sshd=sshd_argv, dockerd=daemon)
+        if daemon:
+            archive = build.image_archive(inv, lanes)
+            for n in inv.nodes.values():
+                dockerd.wait_ready(paths.node_dir(n.name), n.name)
+                dockerd.load_images(paths.node_dir(n.name), n.name, archive)
         for name, info in ssh.items():
             sshd.wait_banner(name, info["host"], info["port"])
         if ssh:
@@ -294,7 +313,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
             "simulation": True, "transport": transport, "source_inventory": str(spec.inventory_path(inventory)),
             "ops_root": str(spec.root), "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "known_hosts": str(paths.known_hosts_path()) if transport == "ssh" else None,
-            "netns": netns, "skipped_profiles": lanes.skipped, "without_root": without_root(transport, root),
+            "netns": netns, "docker": docker, "skipped_profiles": lanes.skipped,
+            "without_root": without_root(transport, root),
             "nodes": {n.name: {"hardware": n.hardware, **({"ssh": ssh[n.name]} if ssh else {})}
                       for n in inv.nodes.values()},
         }

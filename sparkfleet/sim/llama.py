@@ -129,7 +129,11 @@ def params_from_args(args: list[str], model_path: str | None = None, own_net: bo
 
 def serve(root: Path, cid: str) -> int:
     """Run the container's llama-server with the real llama.cpp server until stopped."""
-    c = _record(root, cid)
+    return serve_record(root, _record(root, cid))
+
+
+def serve_record(root: Path, c: dict) -> int:
+    """serve() for a container record `c` (the shim's, or one read from inside a real container)."""
     entry = (c["Config"].get("Entrypoint") or [""])[0]
     args = list(c["Config"].get("Cmd") or [])
     binds = c["HostConfig"].get("Binds") or []

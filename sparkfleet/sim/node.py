@@ -38,7 +38,7 @@ SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_TOP = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev"}
 SHIM_DIR = "/usr/local/bin"  # the shims, bound over the host's /usr/local/bin: first on the default PATH
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-OWN_ETC = {"hostname", "mtab", "default"}  # /etc entries the node has of its own (the rest: the host's, read-only)
+OWN_ETC = {"hostname", "mtab", "default", "docker"}  # /etc entries the node has of its own (the rest: the host's)
 NSENTER = "/usr/bin/nsenter"
 BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/usr/local/bin/bwrap")
 START_TIMEOUT_S = 10.0
@@ -112,9 +112,12 @@ def node_root_user(*, ssh: bool) -> bool:
     return os.geteuid() == 0 or not ssh
 
 
-def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool, root: bool = True) -> list[str]:
+def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool, root: bool = True,
+               dockerd: bool = False) -> list[str]:
     """The bubblewrap command line of the node's init (everything the node is, as mounts); `root`: the
-    node's user is uid 0 in its user namespace (with userns), else this user's own uid."""
+    node's user is uid 0 in its user namespace (with userns), else this user's own uid. `dockerd`: the
+    node runs its own Docker daemon, which needs this machine's cgroups at /sys/fs/cgroup (the rest of
+    the node's /sys stays its own) and the RDMA device nodes a lane hands its containers."""
     fs = node_dir / "fs"
     args = [bwrap_path() or "bwrap", "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--hostname", hostname]
     if userns:
@@ -140,6 +143,8 @@ def bwrap_args(node_dir: Path, hostname: str, *, userns: bool, caps: bool, root:
     for p in python_roots():
         args += ["--ro-bind", p, p]
     args += ["--ro-bind", str(node_dir / "bin"), SHIM_DIR, "--proc", "/proc", *dev_args(userns and not root)]
+    if dockerd:
+        args += ["--bind", CGROUPS, CGROUPS, *rdma_devices(fs)]
     for node_path in shim.BOUND_FILES:
         args += ["--ro-bind", str(shim.bound_source(fs, node_path)), node_path]
     args += ["--chdir", home_dir(), "--clearenv", "--setenv", "PATH", NODE_PATH, "--setenv", "HOME", home_dir()]
@@ -165,19 +170,39 @@ def dev_args(nests: bool) -> list[str]:
     return args + ["--perms", "1777", "--tmpfs", "/dev/shm"]
 
 
+CGROUPS = "/sys/fs/cgroup"
+
+
+def rdma_devices(fs: Path) -> list[str]:
+    """/dev/infiniband as a node with its HCAs has it (one uverbs per port, rdma_cm), for `--device
+    /dev/infiniband`: dockerd reads each device's type and numbers. Each is this machine's /dev/null (a
+    character device that does nothing), named as the RDMA stack names its devices."""
+    try:
+        ports = len(shim.load(fs, "node.json")["rdma"])
+    except (OSError, ValueError, KeyError, TypeError):
+        ports = 0
+    args = ["--dir", "/dev/infiniband", "--dev-bind", "/dev/null", "/dev/infiniband/rdma_cm"]
+    for i in range(ports):
+        args += ["--dev-bind", "/dev/null", f"/dev/infiniband/uverbs{i}"]
+    return args
+
+
 def init_path(node_dir: Path) -> Path:
     return node_dir / "init.json"
 
 
-def start(node_dir: Path, hostname: str, *, netns: str | None, sshd: list[str] | None) -> int:
+def start(node_dir: Path, hostname: str, *, netns: str | None, sshd: list[str] | None, dockerd: bool = False) -> int:
     """Start the node's init (returns its pid on this machine) and wait until it says it is up."""
     userns = os.geteuid() != 0
-    argv = bwrap_args(node_dir, hostname, userns=userns, caps=not userns, root=node_root_user(ssh=bool(sshd)))
+    argv = bwrap_args(node_dir, hostname, userns=userns, caps=not userns, root=node_root_user(ssh=bool(sshd)),
+                      dockerd=dockerd)
     info_r, info_w = os.pipe()
     argv[1:1] = ["--info-fd", str(info_w)]
     argv += ["--", "/usr/bin/python3", f"{SHIM_DIR}/sim-node-init", *(["--sshd", *sshd] if sshd else [])]
     if netns:
-        argv = ["ip", "netns", "exec", netns, *argv]
+        # nsenter, not `ip netns exec`: that also mounts a fresh /sys, without this machine's cgroups, which
+        # the node's dockerd needs (it stops with "Devices cgroup isn't mounted")
+        argv = [NSENTER, f"--net=/run/netns/{netns}", "--", *argv]
     ready = node_dir / "fs" / shim.STATE / "init.ready"
     ready.unlink(missing_ok=True)
     with open(node_dir / "node.log", "ab") as log:

@@ -66,6 +66,12 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     engine stand-in takes it (a container sparkfleet did not launch, or an incomplete rank)."""
     if (container["Config"]["Labels"] or {}).get(LABEL_PREFIX + "profile") is None:
         return None
+    return engine_standin_argv(root, container, cfg, faults)
+
+
+def engine_standin_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[str] | None:
+    """The stand-in command for a container's command line, whoever launched it (a real container runs
+    what its image holds: sim/container.py)."""
     for _engine, standin in STANDINS:
         argv = standin(root, container, cfg, faults)
         if argv is not None:

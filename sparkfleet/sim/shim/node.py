@@ -11,7 +11,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
 
 from .state import STATE, load, write_bytes
 
@@ -49,12 +52,44 @@ def earlyoom(argv: list[str], root: Path) -> int:
         signal.pause()
 
 
+DOCKERD_LOG = "/var/log/dockerd.log"
+DOCKERD_PID = "/run/docker.pid"
+
+
+def dockerd_argv(node: dict) -> list[str]:
+    """The node's own Docker daemon (Debian's dockerd): its own data-root, exec-root and socket in the node's
+    tree, vfs storage, no iptables, NAT or bridge (the node's network is its namespace; lanes use the host
+    network), its containers' cgroups under one parent `sim down` removes, and the sim's stand-in for
+    NVIDIA's runtime as the default runtime, as on a DGX (shim/runtime.py)."""
+    d = node["dockerd"]
+    return ["/usr/sbin/dockerd", "--data-root", "/var/lib/docker", "--exec-root", "/run/docker",
+            "-H", "unix:///run/docker.sock", "--pidfile", DOCKERD_PID, "--storage-driver", "vfs",
+            "--iptables=false", "--ip-masq=false", "--bridge=none", "--userland-proxy=false",
+            "--exec-opt", "native.cgroupdriver=cgroupfs", "--cgroup-parent", d["cgroup_parent"],
+            "--add-runtime", "nvidia=/usr/local/bin/sim-nvidia-runtime", "--default-runtime", "nvidia"]
+
+
+def start_dockerd(node: dict) -> subprocess.Popen:
+    """Start the node's dockerd (a stale pid file from a node that lost power is cleared first: dockerd
+    refuses to start over one whose pid is alive, and pids repeat in a fresh pid namespace)."""
+    import subprocess
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(DOCKERD_PID)
+    os.makedirs(os.path.dirname(DOCKERD_LOG), exist_ok=True)
+    with open(DOCKERD_LOG, "ab") as log:
+        return subprocess.Popen(dockerd_argv(node), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
 def sim_node_init(argv: list[str], root: Path) -> int:
-    """The node's init: earlyoom (unless the earlyoom-off fault is on), in ssh mode the node's sshd,
-    then it waits; SIGTERM ends the node (and the pid namespace with it)."""
+    """The node's init: earlyoom (unless the earlyoom-off fault is on), the node's own dockerd when it has
+    one, in ssh mode the node's sshd, then it waits; SIGTERM ends the node (and the pid namespace with it)."""
     import subprocess
 
     children: list[subprocess.Popen] = []
+    node = load(root, "node.json")
+    if node.get("dockerd") and "docker-down" not in load(root, "faults.json")["faults"]:
+        children.append(start_dockerd(node))
     faults = load(root, "faults.json")["faults"]
     if "earlyoom-off" not in faults:
         start_earlyoom(root)
@@ -68,6 +103,9 @@ def sim_node_init(argv: list[str], root: Path) -> int:
         for c in children:
             with contextlib.suppress(ProcessLookupError):
                 c.terminate()
+        for c in children:  # dockerd stops its containers and containerd before it exits
+            with contextlib.suppress(Exception):
+                c.wait(30)
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)

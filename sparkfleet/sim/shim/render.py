@@ -117,6 +117,7 @@ def port_mtu(port: dict, faults: dict) -> int:
 
 
 MANAGED_TREES = ("sys",)  # owned by render(): anything there that state does not call for goes
+KEPT_DIRS = ("sys/fs/cgroup",)  # mount points in a node with its own dockerd: render never looks inside
 
 
 def render(root: Path) -> None:
@@ -146,9 +147,14 @@ def render(root: Path) -> None:
         top = root / tree
         if not top.is_dir():
             continue
-        for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        walked = []
+        for dirpath, dirnames, filenames in os.walk(top):  # top-down, so a kept mount point is never entered
             d = Path(dirpath)
-            for name in filenames + [n for n in dirnames if (d / n).is_symlink()]:
+            links = [n for n in dirnames if (d / n).is_symlink()]
+            dirnames[:] = [n for n in dirnames if str((d / n).relative_to(root)) not in KEPT_DIRS]
+            walked.append((d, links, filenames))
+        for d, links, filenames in reversed(walked):  # then bottom-up, so emptied directories go too
+            for name in filenames + links:
                 rel = str((d / name).relative_to(root))
                 if rel not in wanted:
                     (d / name).unlink()

@@ -14,11 +14,13 @@ from .gpu import nvidia_smi, sim_gpu_load
 from .net import ip, sysctl
 from .node import earlyoom, sim_node_init
 from .rdma import ibdev2netdev
+from .runtime import nvidia_container_runtime_hook, sim_nvidia_runtime
 from .state import ShimError, sandbox_root
 
 TOOLS = {"nvidia-smi": nvidia_smi, "docker": docker, "ibdev2netdev": ibdev2netdev, "sim-gpu-load": sim_gpu_load,
          "ip": ip, "sysctl": sysctl, "earlyoom": earlyoom, "sim-node-init": sim_node_init,
-         "sim-fault": sim_fault}
+         "sim-fault": sim_fault, "sim-nvidia-runtime": sim_nvidia_runtime,
+         "nvidia-container-runtime-hook": nvidia_container_runtime_hook}
 
 
 def main(argv: list[str] | None = None) -> int:

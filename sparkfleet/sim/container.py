@@ -1,0 +1,94 @@
+"""Inside a lab image's container (a real container of the node's real dockerd): the programs the image
+holds stand in for the engine's, as the docker shim's containers do.
+
+THIS IS PART OF THE SIMULATED LAB. The lab's image (sim/image.py) has `vllm`, `llama-server`,
+`rpc-server`, `ggml-rpc-server` and `python3` on its PATH, each a two-line script that runs this module
+with its own name. The container is real (its mounts, environment, network, labels and exit codes are
+dockerd's); only the program in it stands in: the same rows of shim.engine.STANDINS pick it from the
+container's command line, environment and mounts, which here are read from the container itself (argv,
+environ, /proc/self/mountinfo) rather than from the shim's records. The node's sim state is bound in at
+its node path by the sim's runtime (shim/runtime.py), so faults, GPU state and node facts are the node's.
+Paths are the container's own: the container's root is the sandbox root R, and every mount is its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from sparkfleet.sim import llama
+from sparkfleet.sim.shim import STATE, engine_standin_argv, load
+from sparkfleet.sim.shim.docker import gpu_load_seconds, run_gpu_load
+from sparkfleet.sim.shim.engine import RANK_SIGNALS, rank_faults_due
+
+ROOT = Path("/")
+SYSTEM_PYTHON = "/usr/bin/python3"
+IMAGE_TOOLS = ("vllm", "llama-server", "rpc-server", "ggml-rpc-server", "python3")
+
+
+def mount_points() -> list[str]:
+    """The container's mount points (its binds among them), from /proc/self/mountinfo."""
+    out = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4].replace("\\040", " ")
+            if point != "/" and not point.startswith(("/proc", "/dev", "/sys")):
+                out.append(point)
+    return out
+
+
+def container_id() -> str:
+    """The container's id: the last part of its cgroup path (dockerd's cgroupfs driver names it so)."""
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            leaf = line.rstrip("\n").rsplit("/", 1)[-1]
+            if len(leaf) == 64 and all(c in "0123456789abcdef" for c in leaf):
+                return leaf
+    return os.uname().nodename
+
+
+def record(tool: str, args: list[str]) -> dict:
+    """The container as the stand-ins read one (the shim's record's fields), from inside it. A mount is
+    its own node path: the container's root stands for the node's (ROOT)."""
+    entrypoint, cmd = ([tool, *args[:1]], args[1:]) if tool == "vllm" and args[:1] == ["serve"] else ([tool], args)
+    return {"Id": container_id(),
+            "Config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": [f"{k}={v}" for k, v in os.environ.items()],
+                       "Labels": {}},
+            "HostConfig": {"Binds": [f"{p}:{p}" for p in mount_points()]}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    tool, args = os.path.basename(argv[0]), argv[1:]
+    if tool == "python3":
+        seconds = gpu_load_seconds([tool], args)
+        if seconds is not None:  # the clock probe's torch load: the node's GPU reads busy meanwhile
+            return run_gpu_load(ROOT, "", seconds)
+        os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, *args])
+    c = record(tool, args)
+    if tool in llama.TOOLS:  # llama.cpp's own server or RPC server, in this process (sim/llama.py)
+        try:
+            return llama.serve_record(ROOT, c)
+        except llama.Refused as exc:
+            sys.stderr.write(f"{exc}\n")
+            return 1
+    cfg = load(ROOT, "engine.json")
+    faults = load(ROOT, "faults.json")["faults"]
+    engine = engine_standin_argv(ROOT, c, cfg, faults)
+    if engine is None:
+        sys.stderr.write(f"{tool}: [sim] nothing in the lab stands in for this command line\n")
+        return 2
+    if "sparkfleet.simengine" in engine:
+        engine += [a for k in rank_faults_due(ROOT) if k in RANK_SIGNALS for a in ("--fault", k)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
+    env["PYTHONPATH"] = cfg["package_root"]
+    env["PYTHONUNBUFFERED"] = "1"
+    if not (ROOT / STATE).is_dir():
+        return 2
+    os.execve(engine[0], engine, env)
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
