@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sparkfleet.sim import llama
 from sparkfleet.sim.shim import STATE, engine_standin_argv, load
-from sparkfleet.sim.shim.docker import gpu_load_seconds, run_gpu_load
+from sparkfleet.sim.shim.docker import gpu_load, gpu_load_seconds
 from sparkfleet.sim.shim.engine import RANK_SIGNALS, rank_faults_due
 
 ROOT = Path("/")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if tool == "python3":
         seconds = gpu_load_seconds([tool], args)
         if seconds is not None:  # the clock probe's torch load: the node's GPU reads busy meanwhile
-            return run_gpu_load(ROOT, "", seconds)
+            return gpu_load(ROOT, seconds)
         os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, *args])
     c = record(tool, args)
     if tool in llama.TOOLS:  # llama.cpp's own server or RPC server, in this process (sim/llama.py)

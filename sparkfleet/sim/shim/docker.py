@@ -501,6 +501,11 @@ def run_gpu_load(root: Path, image_ref: str, seconds: float) -> int:
     docker = _docker_ready(root)
     if _find_image(docker, image_ref) is None:
         raise ShimError(f"docker: Error response from daemon: No such image: {image_ref}", 125)
+    return gpu_load(root, seconds)
+
+
+def gpu_load(root: Path, seconds: float) -> int:
+    """The clock probe's torch load itself (in the shim's container, or in a real one: sim/container.py)."""
     until = round(time.time() + seconds, 3)
     _mark_busy(root, until)
     try:
