@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prints is labelled [sim]. Nothing here touches real hardware.",
         epilog="examples:\n  sparkfleet sim up                      # local transport\n"
         "  sparkfleet sim up --transport ssh --force   # one real sshd inside each node\n"
+        "  sparkfleet sim up --transport ssh --docker daemon   # and a real dockerd (root)\n"
         "  sparkfleet sim fault asusi clock-latch\n  sparkfleet sim fault reddie port-taken --port 8410\n"
         "  sparkfleet sim heal                    # every fault on every node\n"
         "  sparkfleet sim status --json\n  sparkfleet sim down",
@@ -39,9 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="local: commands enter each node directly; ssh: a real sshd inside each node (as root: "
                     "in the node's own network namespace) (default: local)")
     up.add_argument("--force", action="store_true", help="tear down an existing simulated lab first")
-    up.add_argument("--docker", choices=lab.DOCKER_MODES, default="shim",
+    up.add_argument("--docker", choices=lab.DOCKER_MODES, default=None,
                     help="daemon: a real Docker daemon inside each node (root; Debian docker.io); shim: the "
-                    "docker stand-in (default: shim)")
+                    f"docker stand-in (default: ${lab.DOCKER_ENV}, else shim)")
     up.set_defaults(func=run_up)
 
     down = ss.add_parser("down", help="stop every sshd the sim started and remove the sandboxes (idempotent)")
@@ -51,6 +52,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     st = ss.add_parser("status", help="nodes, transport, faults, sshd pids and ports")
     add_json(st)
     st.set_defaults(func=run_status)
+
+    ex = ss.add_parser("exec", help="run a command inside a node as the controller would (stdin, stdout, exit code)",
+                       epilog="example:\n  sparkfleet sim exec asusi -- docker ps -a",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ex.add_argument("node")
+    ex.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    ex.set_defaults(func=run_exec)
 
     kinds = "\n".join(f"  {k.name:<21} {k.summary}" for k in faults.KINDS.values())
     f = ss.add_parser("fault", help="inject a fault on one node", epilog=f"kinds:\n{kinds}",
@@ -116,6 +124,16 @@ def default_line() -> str:
     if state.source.startswith("env") or state.source.startswith("--"):
         line += f" SPARKFLEET_STATE={shlex.quote(state.value)}"
     return line
+
+
+def run_exec(args: argparse.Namespace) -> int:
+    """The command inside the node: its streams are this terminal's, its exit code ours."""
+    from sparkfleet.schema.errors import UserError
+
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise UserError("sim exec: give the command after the node: sparkfleet sim exec NODE -- CMD ...")
+    return lab.require().exec(args.node, argv, timeout_s=None, capture=False).returncode
 
 
 def run_down(args: argparse.Namespace) -> int:

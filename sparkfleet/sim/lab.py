@@ -14,6 +14,7 @@ import datetime as dt
 import getpass
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
@@ -140,6 +141,20 @@ class Sim:
     def down(self) -> bool:
         return down()
 
+    @property
+    def docker(self) -> str:
+        """The lab's docker: "daemon" (each node's own real dockerd) or "shim"."""
+        return self.manifest.get("docker") or "shim"
+
+    def exec(self, name: str, argv: list[str], *, timeout_s: float | None = 60.0,
+             capture: bool = True) -> subprocess.CompletedProcess:
+        """Run a command inside a node as the controller's commands run there (its root, namespaces, PATH);
+        `capture=False`: its streams are this process's (`sim exec`)."""
+        if name not in self.nodes:
+            raise UserError(f"sim exec: no node {name!r} in the simulated lab (nodes: {', '.join(self.nodes)})")
+        return subprocess.run([str(node.enter_path(paths.node_dir(name))), *argv], capture_output=capture,
+                              timeout=timeout_s, env={})
+
 
 def current() -> Sim | None:
     """The simulated lab under the current state dir, or None."""
@@ -246,10 +261,19 @@ def without_root(transport: TransportKind, root: bool) -> list[str]:
 DOCKER_MODES = ("shim", "daemon")
 
 
+DOCKER_ENV = "SPARKFLEET_SIM_DOCKER"  # the default docker mode of `sim up` (and of the test suite's labs)
+
+
+def default_docker() -> str:
+    return os.environ.get(DOCKER_ENV) or "shim"
+
+
 def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: str | Path | None = None,
-       force: bool = False, docker: str = "shim") -> Sim:
+       force: bool = False, docker: str | None = None) -> Sim:
     """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file) and start its nodes.
-    `docker`: "daemon" gives every node its own real dockerd (root); "shim" the docker stand-in."""
+    `docker`: "daemon" gives every node its own real dockerd (root); "shim" the docker stand-in; None:
+    $SPARKFLEET_SIM_DOCKER, else shim."""
+    docker = docker or default_docker()
     if transport not in ("local", "ssh"):
         raise UserError(f"unknown transport {transport!r} (local or ssh)")
     if docker not in DOCKER_MODES:
