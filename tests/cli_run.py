@@ -43,9 +43,16 @@ def record_of(events: list[dict]) -> dict:
 
 
 def lane_containers(sim, profile: str, nodes: tuple[str, ...] = LAB_NODES) -> dict[str, list[dict]]:
-    """Every node's containers of a lane, straight from the sim's docker state."""
+    """Every node's containers of a lane (as `docker inspect` shows them, oldest first), straight from the
+    node's docker: its real daemon, or the shim's state."""
     out = {}
     for node in nodes:
+        if sim.docker == "daemon":
+            ids = sim.exec(node, ["docker", "ps", "-aq", "--no-trunc", "--filter",
+                                  f"label=sparkfleet.profile={profile}"]).stdout.decode().split()
+            found = json.loads(sim.exec(node, ["docker", "inspect", *ids]).stdout) if ids else []
+            out[node] = sorted(found, key=lambda c: c["Created"])
+            continue
         docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
         out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == profile]
     return out

@@ -1,0 +1,116 @@
+"""`up` and `down` where every node runs its own real Docker daemon (Debian's dockerd inside the node's root
+and network namespace; sim up --docker daemon): what Docker itself refuses reaches the operator, and
+`sim down` leaves nothing of the daemons on this machine.
+
+SIMULATION: the sim engine stands in for vLLM inside the real containers. Needs root and docker.io.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from sparkfleet.sim import dockerd, lab
+from tests.cli_run import LAB_NODES, findings, lane_containers, result, run, steps
+from tests.conftest import engram_copies
+
+pytestmark = pytest.mark.skipif(bool(dockerd.missing()), reason="a real dockerd per node needs "
+                                + "; ".join(dockerd.missing()))
+
+UP = ("up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models,count100", "--poll", "0.2",
+      "--probe-seconds", "1")
+
+
+def daemons() -> list[str]:
+    """dockerd and containerd processes on this machine (their command lines name no node dir)."""
+    out = subprocess.run(["pgrep", "-a", "-x", "dockerd|containerd|containerd-shim-runc-v2"], capture_output=True,
+                         text=True).stdout
+    return out.splitlines()
+
+
+@pytest.fixture(scope="module")
+def dsim(tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKFLEET_STATE", str(state))
+        before = daemons()
+        s = lab.up("lab", transport="ssh", docker="daemon")
+        try:
+            engram_copies(s)
+            yield s
+        finally:
+            lab.down()
+        assert daemons() == before
+        assert dockerd.cgroup_dirs(dockerd.cgroup_parent(LAB_NODES[0])) == []
+
+
+def docker(sim, node: str, *argv: str) -> subprocess.CompletedProcess:
+    return sim.exec(node, ["docker", *argv])
+
+
+def test_up_serves_in_real_containers_and_down_removes_them(dsim, capsys):
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    running = lane_containers(dsim, "dcp2")
+    assert {n: [c["State"]["Status"] for c in cs] for n, cs in running.items()} == {n: ["running"] for n in LAB_NODES}
+    c = running["asusi"][0]
+    # dockerd's own record of the launch: what the lane asked for, as the real daemon parsed it
+    assert c["HostConfig"]["Ulimits"] == [{"Name": "memlock", "Hard": -1, "Soft": -1}]
+    assert c["HostConfig"]["NetworkMode"] == "host" and c["HostConfig"]["IpcMode"] == "host"
+    assert [d["PathOnHost"] for d in c["HostConfig"]["Devices"]] == ["/dev/infiniband"]
+    assert c["HostConfig"]["DeviceRequests"][0]["Capabilities"] == [["gpu"]]
+    assert c["HostConfig"]["Runtime"] == "nvidia"
+    # every rank runs the same image id (one archive loaded on every node)
+    assert len({cs[0]["Image"] for cs in running.values()}) == 1
+    logs = docker(dsim, "reddie", "logs", "sf-dcp2-r0").stdout.decode() + \
+        docker(dsim, "reddie", "logs", "sf-dcp2-r0").stderr.decode()
+    assert "Starting vLLM API server" in logs or "Application startup complete" in logs, logs[-2000:]
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0, result(events)
+    assert lane_containers(dsim, "dcp2") == {n: [] for n in LAB_NODES}
+
+
+def test_a_name_docker_holds_fails_the_launch_naming_node_and_conflict(dsim, capsys):
+    """A container the operator started by hand under a rank's name (no sparkfleet labels: never touched):
+    the real daemon refuses the rank's `docker run` (125, Conflict); `up` fails naming the node and
+    Docker's words, stops the ranks it started, and leaves the foreign container as it was."""
+    made = docker(dsim, "asusi", "run", "-d", "--name", "sf-dcp2-r1", "--entrypoint", "python3",
+                  "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2", "-c", "import time; time.sleep(600)")
+    assert made.returncode == 0, made.stderr
+    foreign = made.stdout.decode().strip()
+    try:
+        code, events = run(capsys, *UP)
+        assert code != 0
+        text = json.dumps(events)
+        assert re.search(r'Conflict\. The container name \\"/sf-dcp2-r1\\" is already in use', text), text[-3000:]
+        assert "asusi" in result(events)["error"] or any(f.get("node") == "asusi"
+                                                          for s in steps(events) for f in findings(events, s))
+        assert {n: [c["State"]["Status"] for c in cs if c["State"]["Status"] == "running"]
+                for n, cs in lane_containers(dsim, "dcp2").items()} == {n: [] for n in LAB_NODES}
+        still = json.loads(docker(dsim, "asusi", "inspect", foreign).stdout)
+        assert still[0]["State"]["Status"] == "running" and still[0]["Name"] == "/sf-dcp2-r1"
+    finally:
+        docker(dsim, "asusi", "rm", "-f", foreign)
+        run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+
+
+def test_a_flag_docker_refuses_fails_the_launch_with_dockers_words(dsim, capsys):
+    """An option value only Docker's own parser judges (`--ulimit memlock=lots`): the CLI exits 125 with
+    its message, and `up` reports it for the rank, launching nothing."""
+    code, events = run(capsys, *UP, "-o", "docker.--ulimit=[memlock=lots]")
+    assert code != 0
+    text = json.dumps(events)
+    assert "invalid argument" in text and "memlock=lots" in text, text[-3000:]
+    launch = [s for s in steps(events) if s.startswith("launch")]
+    assert launch and any(steps(events)[s] == "fail" for s in launch), steps(events)
+    assert {n: [c["State"]["Status"] for c in cs if c["State"]["Status"] == "running"]
+            for n, cs in lane_containers(dsim, "dcp2").items()} == {n: [] for n in LAB_NODES}
+    run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+
+
+def test_sim_exec_runs_inside_the_node(dsim):
+    r = dsim.exec("bluey", ["sh", "-c", "hostname; docker info --format '{{.Name}} {{.DefaultRuntime}}'"])
+    assert r.stdout.decode().split("\n")[:2] == ["bluey", "bluey nvidia"], r
