@@ -83,6 +83,24 @@ def stop(node_dir: Path) -> None:
         return
     node.run_in(node_dir, ["/bin/sh", "-c", "ids=$(docker ps -aq); [ -z \"$ids\" ] || docker rm -f $ids"],
                 timeout_s=STOP_TIMEOUT_S)
+    stop_daemon(node_dir)
+
+
+def start_daemon(node_dir: Path, name: str) -> None:
+    """Start the node's dockerd again (as its init does) and wait until it answers."""
+    from sparkfleet.sim import shim
+    from sparkfleet.sim.shim.node import dockerd_argv
+
+    argv = dockerd_argv(shim.load(node_dir / "fs", "node.json"))
+    node.run_in(node_dir, ["/bin/sh", "-c", f'rm -f {DOCKERD_PID}; exec "$@" >>{DOCKERD_LOG} 2>&1', "sh", *argv],
+                detach=True)
+    wait_ready(node_dir, name)
+
+
+def stop_daemon(node_dir: Path) -> None:
+    """SIGTERM to the node's dockerd (it stops its containers and containerd), then wait until both are gone."""
+    if _pid(node_dir) is None:
+        return
     node.run_in(node_dir, ["/bin/sh", "-c", f"kill -TERM $(cat {DOCKERD_PID}) 2>/dev/null"], timeout_s=5)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:

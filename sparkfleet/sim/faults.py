@@ -433,12 +433,29 @@ APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     **{k: _rank_fault(k) for k in shim.RANK_FAULTS},
 }
 
+def _dockerd_stop(t: Target, params: dict[str, Any]) -> None:
+    """docker-down on a node with its own dockerd: that daemon stops (its containers with it), as
+    `systemctl stop docker` does; the docker CLI then fails as the real one does without its daemon."""
+    from sparkfleet.sim import dockerd
+
+    if t.dir is not None and shim.load(t.root(), "node.json").get("dockerd"):
+        dockerd.stop_daemon(t.dir)
+
+
+def _dockerd_start(t: Target, params: dict[str, Any]) -> None:
+    from sparkfleet.sim import dockerd
+
+    if t.dir is not None and shim.load(t.root(), "node.json").get("dockerd"):
+        dockerd.start_daemon(t.dir, t.node)
+
+
 # Faults that act on the running node (processes, sockets), run after the state is recorded / removed.
 ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _listen, "earlyoom-off": _earlyoom_stop, "slow-link": _tbf_on, "mtu-mismatch": _mtu_on,
-    **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
+    "docker-down": _dockerd_stop, **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
 UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
-    "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off}
+    "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off,
+    "docker-down": _dockerd_start}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }

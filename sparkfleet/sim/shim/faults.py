@@ -13,7 +13,7 @@ from pathlib import Path
 from .docker import _docker_ready, _remove, reap, stop_engine
 from .engine import RANK_FAULTS, RANK_SIGNALS, _lane
 from .render import render
-from .state import ShimError, locked, save
+from .state import LABEL_PREFIX, ShimError, load, locked, save
 
 
 def sim_fault(argv: list[str], root: Path) -> int:
@@ -21,6 +21,8 @@ def sim_fault(argv: list[str], root: Path) -> int:
     prints how many it acted on."""
     if len(argv) != 1 or argv[0] not in RANK_FAULTS:
         raise ShimError(f"usage: sim-fault {'|'.join(RANK_FAULTS)}", 2)
+    if load(root, "node.json").get("dockerd"):
+        return real_daemon_fault(argv[0])
     with locked(root):
         docker = _docker_ready(root)
         reap(docker)
@@ -35,4 +37,24 @@ def sim_fault(argv: list[str], root: Path) -> int:
         save(root, "docker.json", docker)
         render(root)
     print(len(running))
+    return 0
+
+
+def real_daemon_fault(kind: str) -> int:
+    """The same faults through the node's real dockerd: a vanished rank is `docker rm -f`; a hang or crash is
+    the engine's signal, delivered by `docker kill --signal` to the container's first process (the engine)."""
+    import subprocess
+
+    ps = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label={LABEL_PREFIX}profile"],
+                        capture_output=True, text=True, timeout=30)
+    if ps.returncode != 0:
+        raise ShimError(ps.stderr.strip() or f"docker ps exited {ps.returncode}", 1)
+    ids = ps.stdout.split()
+    if ids:
+        sig = {"rank-hang": "USR1", "serve-crash": "USR2"}.get(kind)
+        argv = ["docker", "rm", "-f", *ids] if sig is None else ["docker", "kill", "--signal", sig, *ids]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise ShimError(r.stderr.strip() or f"{' '.join(argv[:2])} exited {r.returncode}", 1)
+    print(len(ids))
     return 0
