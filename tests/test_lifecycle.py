@@ -65,6 +65,20 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
         ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
     assert status["lanes"]["dcp2"]["health"] == 200 and status["lanes"]["dcp2"]["models"] == ["deepseek-v4.1-flash"]
 
+    # `logs` splits the head's log as the reader does, on `\n` only: tqdm's CUDA-graph bar, redrawn after `\r`,
+    # is one line (str.splitlines() made one per redraw), and people see what a terminal shows of it
+    assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--rank", "0", "--tail", "0", "--json"]) == 0
+    lines = [json.loads(x)["line"] for x in capsys.readouterr().out.splitlines()]
+    (head,) = running["reddie"]
+    written = (sim.state_dir("reddie") / "logs" / f"{head['Id']}.log").read_bytes().decode().split("\n")
+    assert lines == written[:len(lines)] and len(lines) >= len(written) - 1  # the head may log on meanwhile
+    (bar,) = [x for x in lines if "Capturing CUDA graphs (decode, FULL)" in x]
+    assert bar.count("\r") >= 2
+    assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--rank", "0", "--tail", "0"]) == 0
+    (shown,) = [x for x in capsys.readouterr().out.splitlines() if "Capturing CUDA graphs (decode, FULL)" in x]
+    assert re.fullmatch(r"reddie/r0 \| Capturing CUDA graphs \(decode, FULL\): 100%\|█{10}\| (\d+)/\1 \[.*\]\s*",
+                        shown), shown
+
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0
     assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}

@@ -98,8 +98,9 @@ def test_an_unanswering_node_is_reach() -> None:
 def run_bash(tmp_path, docker_script: str, command: str) -> subprocess.CompletedProcess:
     (tmp_path / "docker").write_text("#!/bin/sh\n" + docker_script)
     (tmp_path / "docker").chmod(0o755)
-    return subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    p = subprocess.run(["bash", "-c", command], capture_output=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    # decoded as the transports decode (fleet/local.py): text=True's universal newlines would turn `\r` into `\n`
+    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
 
 
 def as_result(p: subprocess.CompletedProcess) -> Result:
@@ -292,3 +293,42 @@ def test_the_stuck_answer_of_a_take_over(tmp_path) -> None:
         1001, "ops", 1000, "dgx", 0o1777, "rm: cannot remove '/run/lock/sparkfleet.lock': Operation not permitted")
     nameless = c.LockTake("/run/lock/sparkfleet.lock", "me").parse(Result("n", True, "stuck 4244 UNKNOWN 4243 - 755\nrm: x\n", "", 0))
     assert (nameless.owner, nameless.me, nameless.sticky) == ("", "", False)
+
+
+# a head's log as vLLM writes it: a tqdm bar redrawn after `\r` (tqdm/std.py:457), padded to the last
+# display's length, ended by one `\n` at close; a form feed and a U+2028 inside an engine's message; and
+# a bar still moving (no `\n` yet) at the end
+BAR = ("Capturing CUDA graphs (decode, FULL):   0%|          | 0/3 [00:00<?, ?it/s]"
+       "\rCapturing CUDA graphs (decode, FULL):  33%|███       | 1/3 [00:00<00:00, 9.80it/s]"
+       "\rCapturing CUDA graphs (decode, FULL): 100%|██████████| 3/3 [00:00<00:00, 9.90it/s]\n")
+HEAD_LOG = ("INFO 12-01 09:30:01 [api_server.py:1351] vLLM API server version 0.11.0\n" + BAR
+            + "INFO 12-01 09:30:02 [core.py:1] a\x0cb\u2028c\x1ed\x85e\n"
+            + "Loading safetensors checkpoint shards:  40%|████      | 2/5")
+
+
+def test_log_tails_split_lines_as_the_reader_does(tmp_path) -> None:
+    """watch's, the bundle's and `logs`' tail see the lines `Logs` (the reader) sees: split on `\\n` only
+    (splitlines would cut the bar into 3 lines and the message into 5), the bar still moving counted as
+    `docker logs --tail` counts it."""
+    (tmp_path / "head.log").write_text(HEAD_LOG)
+    script = f'cat {tmp_path / "head.log"}\n'  # `docker logs` passes the bytes on as the engine wrote them
+    tail = c.LogTail(ID1)
+    assert tail.command() == f"docker logs --tail 60 {ID1} 2>&1" and not tail.changes
+    assert c.LogTail(ID1, None, "10m").command() == f"docker logs --since 10m {ID1} 2>&1"
+    got = tail.parse(as_result(run_bash(tmp_path, script, tail.command())))
+    assert got == [HEAD_LOG.split("\n")[0], BAR[:-1], "INFO 12-01 09:30:02 [core.py:1] a\x0cb\u2028c\x1ed\x85e",
+                   "Loading safetensors checkpoint shards:  40%|████      | 2/5"]
+    assert read(tmp_path, script, 0) == got[:3]  # the reader: the same lines, the unfinished one left for later
+    assert tail.parse(Result("n", True, stdout="", exit_code=0)) == []
+    gone = Result("n", False, stderr=f"Error response from daemon: No such container: {ID1}\n", exit_code=1,
+                  error="exit")
+    assert tail.parse(gone) == [f"(cannot read logs: Error response from daemon: No such container: {ID1})"]
+
+
+def test_what_a_terminal_shows_of_a_bar_line() -> None:
+    from sparkfleet.engines.logs import shown, text
+
+    assert shown(BAR) == "Capturing CUDA graphs (decode, FULL): 100%|██████████| 3/3 [00:00<00:00, 9.90it/s]"
+    assert shown("\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m INFO x\r\x1b[0m\r\n") == \
+        "\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m INFO x"  # colour kept; a colour-only segment is blank
+    assert text("\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m INFO x\r\x1b[0m\r\n") == "INFO x"

@@ -185,9 +185,9 @@ def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
             if c.get("profile") != profile.name or "id" not in c:
                 continue
             node = inventory.nodes[c["node"]]
-            res = transport.run([node], LogTail(c["id"], args.tail).command(), timeout_s=args.timeout)[node.name]
-            live[f"rank{c['rank']}-{c['node']}-now"] = (res.stdout.splitlines() if res.ok
-                                                        else [f"(cannot read logs: {res.message})"])
+            tail = LogTail(c["id"], args.tail)
+            res = transport.run([node], tail.command(), timeout_s=args.timeout)[node.name]
+            live[f"rank{c['rank']}-{c['node']}-now"] = tail.parse(res)
     finally:
         transport.close()
     doc = {n: (f.model_dump(mode="json") if isinstance(f, NodeFacts) else {"error": f.error, "message": f.message})

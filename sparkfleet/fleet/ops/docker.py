@@ -133,17 +133,27 @@ class Logs(Op[list[str] | NodeError]):
 
 @dataclass(frozen=True)
 class LogTail(Op[list[str]]):
-    """The container's last `lines` lines, stdout and stderr together, as `docker logs` prints them
-    (evidence for people: watch's incidents, the bundle)."""
+    """The container's last `lines` lines (all with None; since `since`, docker's --since), stdout and
+    stderr together, as `docker logs` prints them: what people read (`logs`, watch's incidents, the
+    bundle)."""
 
     container: str
-    lines: int = LOG_TAIL
+    lines: int | None = LOG_TAIL
+    since: str | None = None
 
     def command(self) -> str:
-        return f"docker logs --tail {int(self.lines)} {shlex.quote(self.container)} 2>&1"
+        since = f" --since {shlex.quote(self.since)}" if self.since else ""
+        tail = f" --tail {int(self.lines)}" if self.lines is not None else ""
+        return f"docker logs{since}{tail} {shlex.quote(self.container)} 2>&1"
 
     def parse(self, result: Result) -> list[str]:
-        return result.stdout.splitlines() if result.ok else [f"(no logs: {result.message or result.stderr.strip()})"]
+        """The lines as the reader (`Logs`) splits them, on `\n` only (`str.splitlines()` would also split
+        on tqdm's `\r` and on \x0b, \x0c, \x1c-\x1e, \x85, \u2028), so a bar is one line here as it is
+        there; a last line not yet ended is one too, as `docker logs --tail` counts it."""
+        if not result.ok:
+            return [f"(cannot read logs: {result.message or result.stderr.strip()})"]
+        out = result.stdout
+        return split_lines(out if not out or out.endswith("\n") else out + "\n")
 
 
 @dataclass(frozen=True)
