@@ -157,16 +157,13 @@ class LogTail(Op[list[str]]):
 
 
 @dataclass(frozen=True)
-class EngramLines(Op[NodeError | None]):
+class EngramLines(Done):
     """The container's `Engram DISK mode` boot lines (none is not an error); the caller reads stdout."""
 
     container: str
 
     def command(self) -> str:
         return f"docker logs {shlex.quote(self.container)} 2>&1 | grep -F 'Engram DISK mode' || true"
-
-    def parse(self, result: Result) -> NodeError | None:
-        return classify(result)
 
 
 @dataclass(frozen=True)
