@@ -1,5 +1,5 @@
 """The docker shim held to the real daemon: every docker command the controller sends (its exact flags and
-format strings, from fleet/commands.py and fleet/nodeside/facts.py), run on a node of a lab with the shim
+format strings, from fleet/ops/docker.py and fleet/nodeside/facts.py), run on a node of a lab with the shim
 and on a node of a lab with its own real dockerd, must give the same exit code and the same output shape
 (the same lines once ids are masked; for JSON, the same types at every key the controller reads).
 
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from sparkfleet.fleet.commands import inspect_command, lane_containers_command, log_tail_command
+from sparkfleet.fleet.ops.docker import Inspect, LaneContainers, LogTail
 from sparkfleet.sim import dockerd, lab, paths
 
 pytestmark = [
@@ -26,7 +26,7 @@ NODE = "asusi"
 LABELS = "--label sparkfleet.profile=contract --label sparkfleet.rank=0 --label sparkfleet.run=r1"
 SLEEPER = f"--entrypoint python3 {IMAGE} -c 'import time; time.sleep(600)'"
 
-# Keys of `docker inspect` the controller reads (fleet/commands.py parse_inspect, nodeside/facts.py).
+# Keys of `docker inspect` the controller reads (fleet/ops/docker.py Inspect, nodeside/facts.py).
 INSPECT_KEYS = ("Id", "Name", "Image", "RestartCount", "State.Status", "State.Running", "State.Pid",
                 "State.ExitCode", "State.Error", "State.StartedAt", "State.FinishedAt", "State.OOMKilled",
                 "Config.Labels", "Config.Image", "Config.Env", "Config.Cmd", "HostConfig.Binds",
@@ -47,19 +47,19 @@ def steps(cid: str) -> list[tuple[str, str, str]]:
         ("run refused: bad --ulimit", f"docker run -d --name sf-contract-bad --ulimit memlock=lots {SLEEPER}",
          "text"),
         ("run refused: no such image", "docker run -d --pull never --name sf-contract-x nosuch/image:1", "text"),
-        ("lane ps", lane_containers_command("contract", running_only=True), "text"),
-        ("lane ps -a", lane_containers_command("contract"), "text"),
-        ("lane ps, another run", lane_containers_command("contract", run_id="r2"), "text"),
+        ("lane ps", LaneContainers("contract", running_only=True).command(), "text"),
+        ("lane ps -a", LaneContainers("contract").command(), "text"),
+        ("lane ps, another run", LaneContainers("contract", run_id="r2").command(), "text"),
         ("ps all ids", "docker ps -aq --no-trunc", "text"),
-        ("inspect", inspect_command([cid]), "inspect"),
-        ("inspect, one gone", inspect_command([cid, "0" * 64]), "inspect"),
-        ("log tail", log_tail_command("sf-contract-r0", 5), "text"),
+        ("inspect", Inspect(((cid, "sf-contract-r0"),)).command(), "inspect"),
+        ("inspect, one gone", Inspect(((cid, "sf-contract-r0"), ("0" * 64, "sf-contract-gone"))).command(), "inspect"),
+        ("log tail", LogTail("sf-contract-r0", 5).command(), "text"),
         ("logs, no such container", "docker logs sf-contract-none", "text"),
         ("stop", f"docker stop -t 1 {cid}", "text"),
-        ("inspect stopped", inspect_command([cid]), "inspect"),
+        ("inspect stopped", Inspect(((cid, "sf-contract-r0"),)).command(), "inspect"),
         ("rm -f exited", f"docker rm -f {cid}", "text"),
         ("rm -f gone", f"docker rm -f {cid}", "text"),
-        ("lane ps -a after", lane_containers_command("contract"), "text"),
+        ("lane ps -a after", LaneContainers("contract").command(), "text"),
     ]
 
 
