@@ -24,7 +24,7 @@ from sparkfleet.sim.shim.engine import RANK_SIGNALS, rank_faults_due
 
 ROOT = Path("/")
 SYSTEM_PYTHON = "/usr/bin/python3"
-IMAGE_TOOLS = ("vllm", "llama-server", "rpc-server", "ggml-rpc-server", "python3")
+SUBCOMMANDS = {"vllm": "serve"}  # a tool whose first word is a subcommand, held in the image's entrypoint
 
 
 def mount_points() -> list[str]:
@@ -51,7 +51,8 @@ def container_id() -> str:
 def record(tool: str, args: list[str]) -> dict:
     """The container as the stand-ins read one (the shim's record's fields), from inside it. A mount is
     its own node path: the container's root stands for the node's (ROOT)."""
-    entrypoint, cmd = ([tool, *args[:1]], args[1:]) if tool == "vllm" and args[:1] == ["serve"] else ([tool], args)
+    sub = SUBCOMMANDS.get(tool)
+    entrypoint, cmd = ([tool, sub], args[1:]) if sub and args[:1] == [sub] else ([tool], args)
     return {"Id": container_id(),
             "Config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": [f"{k}={v}" for k, v in os.environ.items()],
                        "Labels": {}},

@@ -1,0 +1,75 @@
+"""The pure parts of a lab node's real Docker: the image archive, the stand-in runtime's spec edits, the
+runc command lines it reads (no daemon needed)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import resource
+import tarfile
+from pathlib import Path
+
+from sparkfleet.sim import image
+from sparkfleet.sim.shim import runtime
+
+
+def members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_the_archive_is_the_same_bytes_every_time_and_ids_are_config_hashes():
+    refs = {"vllm/vllm-openai:v1": ["vllm", "serve"], "exl3b-roce-lim": None}
+    a, ids = image.archive(refs, "/venv/bin/python", "/src")
+    b, _ = image.archive(refs, "/venv/bin/python", "/src")
+    assert a == b
+    with tarfile.open(fileobj=io.BytesIO(a)) as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+        assert [m["RepoTags"] for m in manifest] == [["exl3b-roce-lim:latest"], ["vllm/vllm-openai:v1"]]
+        for m in manifest:
+            cfg = tar.extractfile(m["Config"]).read()
+            assert m["Config"] == hashlib.sha256(cfg).hexdigest() + ".json"
+            layer = tar.extractfile(m["Layers"][0]).read()
+            assert json.loads(cfg)["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+        vllm = json.loads(tar.extractfile(manifest[1]["Config"]).read())
+        assert vllm["config"]["Entrypoint"] == ["vllm", "serve"]
+        layer = tar.extractfile(manifest[0]["Layers"][0]).read()
+    assert ids["vllm/vllm-openai:v1"] != ids["exl3b-roce-lim"]
+    files = members(layer)
+    tool = files[f"{image.BIN_DIR}/vllm"]
+    assert tool.mode == 0o755 and tool.mtime == 0 and tool.uid == 0
+    assert files[f"{image.APP_DIR}/ggml-rpc-server"].linkname == f"/{image.BIN_DIR}/ggml-rpc-server"
+
+
+def test_a_tool_runs_the_container_module_under_its_own_name():
+    script = image.tool_script("/p y/python", "/src dir").decode()
+    assert script.splitlines()[-1] == "PYTHONPATH='/src dir' exec '/p y/python' -m sparkfleet.sim.container \"$0\" \"$@\""
+
+
+def test_rlimits_above_this_machines_hard_limit_are_lowered_others_kept():
+    _soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    cap = runtime.INFINITY if hard == resource.RLIM_INFINITY else hard
+    asked = [{"type": "RLIMIT_MEMLOCK", "hard": runtime.INFINITY, "soft": runtime.INFINITY},
+             {"type": "RLIMIT_STACK", "hard": 1024, "soft": 1024}, {"type": "RLIMIT_RTPRIO", "hard": 5, "soft": 5}]
+    assert runtime.clamp_rlimits(asked) == [{"type": "RLIMIT_MEMLOCK", "hard": cap, "soft": cap},
+                                            {"type": "RLIMIT_STACK", "hard": 1024, "soft": 1024},
+                                            {"type": "RLIMIT_RTPRIO", "hard": 5, "soft": 5}]
+
+
+def test_the_runtime_finds_the_bundle_of_create_after_runcs_global_options():
+    argv = ["--root", "/run/docker/runtime-runc/moby", "--log", "/x/log.json", "--log-format", "json", "create",
+            "--bundle", "/run/containerd/b1", "--pid-file", "/p", "cid"]
+    assert runtime._bundle(argv) == ("create", Path("/run/containerd/b1"))
+    assert runtime._bundle(["--root", "/r", "delete", "cid"])[0] == "delete"
+
+
+def test_inject_binds_the_system_python_and_state_and_keeps_the_lanes_mounts(tmp_path):
+    (tmp_path / "var/lib/sparkfleet-sim").mkdir(parents=True)
+    (tmp_path / "var/lib/sparkfleet-sim/engine.json").write_text(json.dumps({"python_roots": [str(tmp_path)]}))
+    spec = {"process": {"rlimits": []}, "mounts": [{"destination": "/models", "type": "bind", "source": "/nvme/m"}]}
+    out = runtime.inject(spec, tmp_path)
+    assert [m["destination"] for m in out["mounts"]] == ["/models", "/usr", str(tmp_path), "/var/lib/sparkfleet-sim"]
+    assert out["mounts"][1]["options"] == ["rbind", "ro", "nosuid"]
+    assert out["mounts"][3] == {"destination": "/var/lib/sparkfleet-sim", "type": "bind",
+                                "source": str(tmp_path / "var/lib/sparkfleet-sim"), "options": ["rbind", "rw", "nosuid"]}
