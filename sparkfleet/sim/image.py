@@ -81,9 +81,10 @@ def layer(python: str, package_root: str) -> bytes:
 def config(ref: str, diff_id: str, entrypoint: list[str] | None) -> bytes:
     cfg = {"architecture": _arch(), "os": "linux", "created": CREATED,
            "config": {"Env": [f"PATH={PATH}"], "Entrypoint": entrypoint, "Cmd": None if entrypoint else ["/bin/sh"],
-                      "WorkingDir": "/", "Labels": {"org.sparkfleet.sim.image": ref}},
+                      "WorkingDir": "/"},
            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-           "history": [{"created": CREATED, "created_by": "sparkfleet sim (sparkfleet/sim/image.py)"}]}
+           # the ref in the history, not a label: dockerd copies an image's labels into each container's
+           "history": [{"created": CREATED, "created_by": "sparkfleet sim (sparkfleet/sim/image.py)", "comment": ref}]}
     return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
 
 
