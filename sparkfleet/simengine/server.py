@@ -401,6 +401,9 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         except EngineDead:
+            if app.state != "dead":  # the server is stopping (SIGTERM): the request is dropped, not answered
+                self.close_connection = True
+                return
             # v1/engine/async_llm.py:456 (0.13.0), as generate() meets EngineDeadError; the request id is vLLM's
             # chatcmpl-/cmpl- form
             app.log.info(app.proc, "async_llm.py:456", f"Request {'chatcmpl' if chat else 'cmpl'}-"
