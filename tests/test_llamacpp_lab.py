@@ -28,7 +28,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS
 from sparkfleet.fleet.connect import api_base
 from sparkfleet.metrics import dashboards as dash
-from sparkfleet.sim import lab, llamabuild, netlab
+from sparkfleet.sim import lab, llamabuild, netlab, values
 from tests.cli_run import LAB_NODES, findings, lane_containers, record_of, result, run, steps
 from tests.conftest import REPO, copy_ops
 from tests.prom import Prometheus
@@ -69,6 +69,7 @@ def sim(tmp_path_factory):
 
 WORKERS = ("asusi", "bluey", "spark4")
 RPC_LANE = "llamacpp-lab"
+STATION_LANE = "llamacpp-lab-station"
 MIB = 1024 * 1024
 # llama.cpp's per-device weight line (src/llama-model.cpp), e.g. "load_tensors: RPC0[192.168.192.12:50052]
 # model buffer size =    58.80 MiB"
@@ -84,6 +85,10 @@ def _rpc_build_missing() -> str | None:
 
 def container_log(sim, node: str, profile: str) -> str:
     (c,) = lane_containers(sim, profile)[node]
+    return container_log_of(sim, node, c)
+
+
+def container_log_of(sim, node: str, c: dict) -> str:
     return (sim.state_dir(node) / "logs" / f"{c['Id']}.log").read_text(errors="replace")
 
 
@@ -277,6 +282,53 @@ class TestRpcLane:
                                                           "Numbers from 1 to 20: 1, 2, 3,", "max_tokens": 8,
                                                           "temperature": 0}, timeout=60).json()
         assert r["choices"][0]["text"].startswith(" 4, 5, 6"), r
+
+
+    def test_the_station_heads_the_sparks_and_its_tensors_cross_the_fabric(self, rpc_healed, capsys) -> None:
+        sim = rpc_healed
+        inv = sim.inventory()
+        sparks = ("reddie", *WORKERS)
+        nodes = (*sparks, "station")
+        fabric = {n: inv.nodes[n].fabric_ip for n in nodes}
+        iface = {n: netlab.fabric_iface(inv.nodes[n]) for n in nodes}
+        assert iface["station"] == values.PLAIN_FABRIC_IFACE and inv.nodes["station"].rdma is None  # TCP, no RDMA
+        rx0, tx0 = {n: netlab.rx_bytes(n) for n in sparks}, netlab.tx_bytes("station")
+        try:
+            code, events = run(capsys, "up", "--profile", STATION_LANE, "--inventory", "sim", "--no-fabric-probe",
+                               *FAST)
+            assert code == 0, (result(events), [f for f in findings(events, "check") if f["status"] == "fail"])
+            rx1, tx1 = {n: netlab.rx_bytes(n) for n in sparks}, netlab.tx_bytes("station")
+            rec = record_of(events)
+            assert rec["outcome"] == "ok"
+            assert [(x["rank"], x["node"], x["role"]) for x in rec["data"]["launches"]] == [
+                (1, "reddie", "worker"), (2, "asusi", "worker"), (3, "bluey", "worker"), (4, "spark4", "worker"),
+                (0, "station", "head")]
+            assert {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]} == {
+                "models": "pass", "streaming": "pass", "determinism": "pass"}
+            here = lane_containers(sim, STATION_LANE, nodes)
+            for n in sparks:
+                (c,) = here[n]
+                assert c["Config"]["Entrypoint"] == ["/app/ggml-rpc-server"]
+                assert c["Config"]["Cmd"] == ["--host", fabric[n], "--port", "50052"]
+            (head,) = here["station"]
+            cmd = head["Config"]["Cmd"]
+            assert cmd[cmd.index("--rpc") + 1] == ",".join(f"{fabric[n]}:50052" for n in sparks)
+            log = container_log_of(sim, "station", head)
+            assert re.search(r"srv +llama_server: model loaded", log)
+            buffers = {dev: float(mib) for dev, mib in MODEL_BUFFER.findall(log)}
+            offloaded = {n: sum(m for dev, m in buffers.items() if f"{fabric[n]}:50052" in dev) for n in sparks}
+            assert all(mib > 0 for mib in offloaded.values()), buffers  # every Spark got layers
+            # the tensors left the Station by its fabric port and reached each Spark by its fabric link
+            for n in sparks:
+                fab = rx1[n][iface[n]] - rx0[n][iface[n]]
+                assert fab >= (offloaded[n] - 0.01) * MIB, (n, fab, offloaded[n])
+                assert rx1[n]["mgmt0"] - rx0[n]["mgmt0"] < offloaded[n] * MIB / 10, n
+            total = sum(offloaded.values())
+            assert tx1[iface["station"]] - tx0[iface["station"]] >= (total - 0.01) * MIB
+            assert tx1["mgmt0"] - tx0["mgmt0"] < total * MIB / 10
+        finally:
+            code, events = run(capsys, "down", "--profile", STATION_LANE, "--inventory", "sim")
+        assert code == 0 and lane_containers(sim, STATION_LANE, nodes) == {n: [] for n in nodes}
 
 
 def test_missing_gguf_on_the_rank_is_refused_before_anything_starts(sim, capsys) -> None:

@@ -163,6 +163,7 @@ class LlamaCpp(Engine):
     metrics = METRICS
     api_key_var = "LLAMA_API_KEY"
     ready_from_log = True
+    ranks_share_driver = False  # each rpc-server runs its own ggml backend; ranks meet in ggml's RPC protocol
     lane_rules = (gguf, context_size, jinja_for_tools, rpc_ports, fabric_ips, image_set, reserved_rule)
 
     def launches(self, ctx: LaneContext) -> list[Launch]:
