@@ -40,7 +40,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
     steps = [(e["step"], e["status"]) for e in events if e["event"] == "step" and e["status"] != "start"]
-    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "patches", "check", "probe", "fabric_probe",
+    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "patches", "engine_build", "check", "probe", "fabric_probe",
                                      "engram", "rail2_up", "launch:workers", "launch:head", "wait_ready", "expect",
                                      "gates", "record"]
     assert dict(steps)["wait_ready"] == "ok" and dict(steps)["gates"] == "ok"

@@ -42,7 +42,7 @@ def launches(plan: dict) -> list[dict]:
 
 def test_dcp2_workers_then_head_with_exact_per_node_argv(capsys) -> None:
     plan = plan_json(capsys, "--profile", "dcp2")
-    assert [s["step"] for s in plan["steps"]][:9] == ["stop", "drop_caches", "facts", "patches", "check",
+    assert [s["step"] for s in plan["steps"]][:10] == ["stop", "drop_caches", "facts", "patches", "engine_build", "check",
                                                      "probe", "fabric_probe", "engram", "rail2_up"]
     ls = launches(plan)
     assert [(s["node"], s["rank"], s["role"], s["wave"], s["parallel"]) for s in ls] == [
