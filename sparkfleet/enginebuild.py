@@ -208,7 +208,7 @@ def build_ops(nodes: list[Node], b: EngineBuild) -> OpGen[BuildOutcome | None]:
     if not findings:
         findings = _disagree(ranks)
     if findings:
-        reachable = [n for n in nodes if results[n.name].error is None]
+        reachable = [n for n in nodes if results[n.name].error in (None, "exit")]  # a node that answered
         if reachable:
             yield NodeCommands(f"remove the failed build's {b.stage}", {n.name: cleanup_script(b) for n in reachable})
         return BuildOutcome(ranks, findings, seconds=time.monotonic() - started)

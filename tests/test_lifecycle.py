@@ -18,7 +18,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
 from tests.cli_run import lane_containers, record_of, result, run
-from tests.conftest import REPO, engram_copies
+from tests.conftest import REPO, engram_copies, tensorfold_built
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
 
@@ -234,6 +234,7 @@ def test_rail2_aliases_are_added_for_the_lane_and_removed_on_down(sim, capsys, t
 
 
 def test_tensorfold_starts_ranks_3_2_1_then_0(sim, capsys) -> None:
+    tensorfold_built()
     code, events = run(capsys, "up", "--profile", "tf1017", "--inventory", "sim", "--dry-run")
     assert code == 0
     launches = [e["summary"] for e in events if e["event"] == "step" and e["step"].startswith("launch")

@@ -218,8 +218,8 @@ def test_plan_human_output(capsys) -> None:
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ("plan dcp2 (up on inventory lab): rank 0 reddie, rank 1 asusi, rank 2 bluey, "
                                    "rank 3 spark4")
-    assert "10. launch       rank 1 on asusi (worker, wave 1 (in parallel))" in out
-    assert "13. launch       rank 0 on reddie (head, wave 2)" in out
+    assert "11. launch       rank 1 on asusi (worker, wave 1 (in parallel))" in out
+    assert "14. launch       rank 0 on reddie (head, wave 2)" in out
     assert "WARN capture-sizes (profiles/production-1.2.yaml:48): capture sizes miss [45]" in out
 
 

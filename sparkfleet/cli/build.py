@@ -55,9 +55,8 @@ def run(args: argparse.Namespace) -> int:
     b = engine_for(loaded.profile.engine).engine_build(loaded.profile)
     if b is None:
         where = at(loaded, "engine") or args.profile
-        raise UserError(f"{where}: profile {args.profile!r} has no build to run: its engine "
-                        f"({loaded.profile.engine}) comes in its image, or its build section is unset "
-                        "(tensorfold.build)")
+        raise UserError(f"{where}: profile {args.profile!r} has no build to run (engine {loaded.profile.engine}: "
+                        "the engine comes in the lane's image unless the profile sets tensorfold.build)")
     inventory = fleet_inventory(sp, args.inventory)
     nodes = [r.node for r in place(loaded, inventory)]
     ex = executor(args, nodes)
