@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import zig as zigsim
 from tests.test_dry_run import recording_inventory
+from tests.test_seed_fidelity import seeds_dir
 
 STAGE = "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10/TensorFold.sparkfleet-new"
 # seed 002, Quick start 2, as printed (the clone's destination is the staging dir instead of ./TensorFold)
@@ -23,6 +25,14 @@ SEED = ["git clone -b deepseek-v41-zig-tp4 https://github.com/bertholomus/Tensor
         "zig build install native -Dtarget=aarch64-linux-gnu.2.28 -Doptimize=ReleaseFast "
         "-Dnvcc=/usr/local/cuda/bin/nvcc -Dsm=121"]
 REPO_ON_NODE = "/opt/dsv41-spark"  # tf1017's example for the seed's "$REPO"
+
+
+def test_the_build_commands_compared_are_the_seeds_text() -> None:
+    where = seeds_dir()
+    if where is None:
+        pytest.skip("the seed write-ups are not beside this checkout")
+    text = (where / "002_4d5531930cf5f22c.txt").read_text()
+    assert SEED[0] + " && cd TensorFold" in text and all(line in text for line in SEED[1:])
 
 
 def events(capsys) -> list[dict]:
