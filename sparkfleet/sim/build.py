@@ -21,7 +21,7 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.profile import Profile
-from sparkfleet.sim import llama, shim, values
+from sparkfleet.sim import llama, shim, tfbuild, values
 from sparkfleet.sim.paths import inside
 
 SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init",
@@ -366,6 +366,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
     place_checkpoints(root, node, profiles, {} if checkpoints is None else checkpoints)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
     install_shims(node_dir / "bin", netns=netns)
+    tfbuild.place(root, node, profiles, node_dir / "bin", home_dir())  # TensorFold's build stand-ins (sim/tfbuild.py)
     shim.render(root)
 
 
