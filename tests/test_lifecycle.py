@@ -19,7 +19,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
 from tests.cli_run import lane_containers, record_of, result, run
-from tests.conftest import REPO, engram_copies
+from tests.conftest import REPO, engram_copies, tensorfold_built
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
 
@@ -41,7 +41,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys, monkeypatch
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
     steps = [(e["step"], e["status"]) for e in events if e["event"] == "step" and e["status"] != "start"]
-    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "patches", "check", "probe", "fabric_probe",
+    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "patches", "engine_build", "check", "probe", "fabric_probe",
                                      "engram", "rail2_up", "launch:workers", "launch:head", "wait_ready", "expect",
                                      "gates", "record"]
     assert dict(steps)["wait_ready"] == "ok" and dict(steps)["gates"] == "ok"
@@ -265,6 +265,7 @@ def test_rail2_aliases_are_added_for_the_lane_and_removed_on_down(sim, capsys, t
 
 
 def test_tensorfold_starts_ranks_3_2_1_then_0(sim, capsys) -> None:
+    tensorfold_built()
     code, events = run(capsys, "up", "--profile", "tf1017", "--inventory", "sim", "--dry-run")
     assert code == 0
     launches = [e["summary"] for e in events if e["event"] == "step" and e["step"].startswith("launch")

@@ -20,7 +20,8 @@ def members(data: bytes) -> dict[str, tarfile.TarInfo]:
 
 
 def test_the_archive_is_the_same_bytes_every_time_and_ids_are_config_hashes():
-    refs = {"vllm/vllm-openai:v1": ["vllm", "serve"], "exl3b-roce-lim": None}
+    refs = {"vllm/vllm-openai:v1": {"entrypoint": ["vllm", "serve"], "engine_version": "0.11.1"},
+            "exl3b-roce-lim": {"entrypoint": None}}
     a, ids = image.archive(refs, "/venv/bin/python", "/src")
     b, _ = image.archive(refs, "/venv/bin/python", "/src")
     assert a == b
@@ -30,11 +31,14 @@ def test_the_archive_is_the_same_bytes_every_time_and_ids_are_config_hashes():
         for m in manifest:
             cfg = tar.extractfile(m["Config"]).read()
             assert m["Config"] == hashlib.sha256(cfg).hexdigest() + ".json"
-            layer = tar.extractfile(m["Layers"][0]).read()
-            assert json.loads(cfg)["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+            layers = [tar.extractfile(n).read() for n in m["Layers"]]
+            assert json.loads(cfg)["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(x).hexdigest() for x in layers]
         vllm = json.loads(tar.extractfile(manifest[1]["Config"]).read())
         assert vllm["config"]["Entrypoint"] == ["vllm", "serve"]
         layer = tar.extractfile(manifest[0]["Layers"][0]).read()
+        assert len(manifest[0]["Layers"]) == 1
+        version = tar.extractfile(manifest[1]["Layers"][1]).read()
+    assert members(version)[image.VERSION_FILE].size == len(b"0.11.1\n")
     assert ids["vllm/vllm-openai:v1"] != ids["exl3b-roce-lim"]
     files = members(layer)
     tool = files[f"{image.BIN_DIR}/vllm"]

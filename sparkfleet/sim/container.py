@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 from sparkfleet.sim import llama
+from sparkfleet.sim.image import VERSION_FILE
 from sparkfleet.sim.shim import STATE, engine_standin_argv, load
 from sparkfleet.sim.shim.docker import gpu_load, gpu_load_seconds
-from sparkfleet.sim.shim.engine import RANK_SIGNALS, rank_faults_due
+from sparkfleet.sim.shim.engine import ENGINE_VERSION_LABEL, RANK_SIGNALS, rank_faults_due
 
 ROOT = Path("/")
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -53,9 +54,13 @@ def record(tool: str, args: list[str]) -> dict:
     its own node path: the container's root stands for the node's (ROOT)."""
     sub = SUBCOMMANDS.get(tool)
     entrypoint, cmd = ([tool, sub], args[1:]) if sub and args[:1] == [sub] else ([tool], args)
+    labels = {}
+    version = ROOT / VERSION_FILE
+    if version.is_file():  # the engine version the image holds (sim/image.py), as the shim has it in a label
+        labels[ENGINE_VERSION_LABEL] = version.read_text().strip()
     return {"Id": container_id(),
             "Config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": [f"{k}={v}" for k, v in os.environ.items()],
-                       "Labels": {}},
+                       "Labels": labels},
             "HostConfig": {"Binds": [f"{p}:{p}" for p in mount_points()]}}
 
 

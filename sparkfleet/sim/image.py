@@ -19,7 +19,6 @@ import os
 import platform
 import shlex
 import tarfile
-from pathlib import Path
 
 BIN_DIR = "opt/sparkfleet-sim/bin"
 APP_DIR = "app"
@@ -27,6 +26,7 @@ TOOLS = ("vllm", "llama-server", "rpc-server", "ggml-rpc-server", "python3")
 PATH = f"/{BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CREATED = "2026-01-01T00:00:00Z"  # fixed: the same archive, and ids, on every build
 ENTRYPOINTS = {"vllm": ["vllm", "serve"]}  # by profile engine; the others take the lane's command or --entrypoint
+VERSION_FILE = "opt/sparkfleet-sim/engine-version"
 MERGED_USR = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
 
 
@@ -78,11 +78,11 @@ def layer(python: str, package_root: str) -> bytes:
     return buf.getvalue()
 
 
-def config(ref: str, diff_id: str, entrypoint: list[str] | None) -> bytes:
+def config(ref: str, diff_ids: list[str], entrypoint: list[str] | None) -> bytes:
     cfg = {"architecture": _arch(), "os": "linux", "created": CREATED,
            "config": {"Env": [f"PATH={PATH}"], "Entrypoint": entrypoint, "Cmd": None if entrypoint else ["/bin/sh"],
                       "WorkingDir": "/"},
-           "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+           "rootfs": {"type": "layers", "diff_ids": diff_ids},
            # the ref in the history, not a label: dockerd copies an image's labels into each container's
            "history": [{"created": CREATED, "created_by": "sparkfleet sim (sparkfleet/sim/image.py)", "comment": ref}]}
     return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
@@ -93,25 +93,39 @@ def tagged(ref: str) -> str:
     return ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest"
 
 
-def archive(images: dict[str, list[str] | None], python: str, package_root: str) -> tuple[bytes, dict[str, str]]:
-    """(the `docker load` archive of every image ref -> its entrypoint, {ref: image id})."""
+def version_layer(version: str) -> bytes:
+    """A second layer saying which engine version the image holds (VERSION_FILE), as a real image's
+    own files would (vLLM's `vllm/_version.py`): the stand-in reads it from inside the container."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        _add(tar, VERSION_FILE, data=version.encode() + b"\n")
+    return buf.getvalue()
+
+
+def archive(images: dict[str, dict], python: str, package_root: str) -> tuple[bytes, dict[str, str]]:
+    """(the `docker load` archive of every image ref -> {"entrypoint": [...] | None, "engine_version": str |
+    None}, {ref: image id})."""
     data = layer(python, package_root)
     digest = hashlib.sha256(data).hexdigest()
     buf = io.BytesIO()
-    manifest, ids = [], {}
+    manifest, ids, written = [], {}, {digest}
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         _add(tar, f"{digest}/layer.tar", data=data)
         for ref in sorted(images):
-            cfg = config(ref, "sha256:" + digest, images[ref])
+            layers = [digest]
+            if images[ref].get("engine_version"):
+                extra = version_layer(images[ref]["engine_version"])
+                layers.append(hashlib.sha256(extra).hexdigest())
+                if layers[-1] not in written:
+                    written.add(layers[-1])
+                    _add(tar, f"{layers[-1]}/layer.tar", data=extra)
+            cfg = config(ref, ["sha256:" + d for d in layers], images[ref].get("entrypoint"))
             cid = hashlib.sha256(cfg).hexdigest()
             ids[ref] = "sha256:" + cid
             _add(tar, f"{cid}.json", data=cfg)
-            manifest.append({"Config": f"{cid}.json", "RepoTags": [tagged(ref)], "Layers": [f"{digest}/layer.tar"]})
+            manifest.append({"Config": f"{cid}.json", "RepoTags": [tagged(ref)],
+                             "Layers": [f"{d}/layer.tar" for d in layers]})
         _add(tar, "manifest.json", data=json.dumps(manifest, separators=(",", ":")).encode())
     return buf.getvalue(), ids
 
 
-def write_archive(path: Path, images: dict[str, list[str] | None], python: str, package_root: str) -> dict[str, str]:
-    data, ids = archive(images, python, package_root)
-    path.write_bytes(data)
-    return ids

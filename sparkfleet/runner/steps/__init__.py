@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepFn
-from sparkfleet.runner.steps import finish, launch, preflight, prepare, stop
+from sparkfleet.runner.steps import build, finish, launch, preflight, prepare, stop
 from sparkfleet.schema.playbook import Step
 
 STEPS: dict[str, StepFn] = {
@@ -24,6 +24,7 @@ STEPS: dict[str, StepFn] = {
     "fabric_probe": preflight.fabric_probe,
     "nccl": preflight.nccl,
     "patches": prepare.patches,
+    "engine_build": build.engine_build,
     "drop_caches": prepare.drop_caches,
     "engram": prepare.engram,
     "rail2_up": prepare.rail2_up,
