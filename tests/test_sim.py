@@ -462,7 +462,8 @@ def test_docker_run_inspect_stop_rm(sim):
     assert c["HostConfig"]["DeviceRequests"] == [{"Driver": "", "Count": -1, "DeviceIDs": None,
                                                   "Capabilities": [["gpu"]], "Options": {}}]
     assert c["NetworkSettings"]["Ports"] == {}
-    assert c["Config"]["Env"] == ["VLLM_HOST_IP=192.168.192.12"]
+    assert c["Config"]["Env"] == ["VLLM_HOST_IP=192.168.192.12",  # the run's -e, then the image's PATH, as dockerd
+                                  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     assert tool(root, "docker", "ps", "--filter", "label=sparkfleet.profile=dcp2", "--format",
                 "{{.Names}} {{.Label \"sparkfleet.rank\"}}").stdout == "sf-dcp2-r1 1\n"
     conflict = tool(root, "docker", *DCP2_RUN, check=False)

@@ -199,13 +199,14 @@ def docker_state(profiles: list[Profile]) -> dict:
             "images": [image_record(r, d, versions.get(r)) for r, d in images.items()]}
 
 
-def image_archive(inv: Inventory, lanes: Lanes) -> bytes:
-    """The lab's images as one `docker load` archive (sim/image.py): every image a profile on any node
-    names, a vLLM image with vLLM's entrypoint, each with the engine version its first profile declares."""
+def image_archive(inv: Inventory, node: Node, lanes: Lanes) -> bytes:
+    """The node's images as one `docker load` archive (sim/image.py): every image a profile on the node
+    names (as the shim's docker state has them), a vLLM image with vLLM's entrypoint, each with the engine
+    version its first profile declares. An image is the same bytes, and id, on every node that has it."""
     import sparkfleet
 
     refs: dict[str, dict] = {}
-    for n in inv.nodes.values():
+    for n in (node,):
         for p in profiles_for(inv, n, lanes):
             if p.image:
                 got = refs.setdefault(p.image.ref, {"entrypoint": image.ENTRYPOINTS.get(p.engine)})

@@ -323,10 +323,9 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
                          if info else None)
             node.start(nd, n.name, netns=ns, sshd=sshd_argv, dockerd=daemon)
         if daemon:
-            archive = build.image_archive(inv, lanes)
             for n in inv.nodes.values():
                 dockerd.wait_ready(paths.node_dir(n.name), n.name)
-                dockerd.load_images(paths.node_dir(n.name), n.name, archive)
+                dockerd.load_images(paths.node_dir(n.name), n.name, build.image_archive(inv, n, lanes))
         for name, info in ssh.items():
             sshd.wait_banner(name, info["host"], info["port"])
         if ssh:

@@ -418,7 +418,12 @@ def docker_run(argv: list[str], root: Path) -> int:
     with locked(root):
         docker = _docker_ready(root)
         node = load(root, "node.json")
+        for spec in _get(opts, "--ulimit"):
+            check_ulimit(spec)
         image = _find_image(docker, image_ref)
+        if image is None and (_get(opts, "--pull") or [""])[-1] == "never":
+            raise ShimError(f"docker: Error response from daemon: No such image: {image_ref}.\n"
+                            "See 'docker run --help'.", 125)
         if image is None:
             raise ShimError(f"Unable to find image '{image_ref}' locally\ndocker: Error response from daemon: "
                             f"[sim] no registry in the sparkfleet simulation; {image_ref} is not on node "
@@ -481,6 +486,39 @@ def docker_run(argv: list[str], root: Path) -> int:
         sys.stderr.write("[sim] docker run: foreground containers exit at once in the sparkfleet simulation "
                          "(no process runs)\n")
     return 0
+
+
+# go-units' ulimit names (docker's --ulimit NAME=SOFT[:HARD], github.com/docker/go-units ulimit.go)
+ULIMIT_NAMES = {"as", "core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc",
+                "rss", "rtprio", "rttime", "sigpending", "stack"}
+IMAGE_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # an image's PATH, as dockerd's
+
+
+def image_env(env: list[str] | None) -> list[str]:
+    """A container's Config.Env as dockerd makes it: the run's -e, then the image's variables not set."""
+    env = list(env or [])
+    return env + ([] if any(e.startswith("PATH=") for e in env) else [IMAGE_PATH])
+
+
+def check_ulimit(spec: str) -> None:
+    """Refuse a --ulimit as the docker CLI's flag parser does (go-units ParseUlimit), exit 125."""
+    def bad(why: str) -> ShimError:
+        return ShimError(f'invalid argument "{spec}" for "--ulimit" flag: {why}\nSee \'docker run --help\'.', 125)
+    name, sep, values = spec.partition("=")
+    if not sep:
+        raise bad(f"invalid ulimit argument: {spec}")
+    if name not in ULIMIT_NAMES:
+        raise bad(f"invalid ulimit type: {name}")
+    parts = values.split(":")
+    if len(parts) > 2:
+        raise bad(f"too many limit value arguments - {values}, can only have up to two, `soft[:hard]`")
+    for v in parts:
+        try:
+            int(v)
+        except ValueError:
+            raise bad(f'strconv.ParseInt: parsing "{v}": invalid syntax') from None
+    if len(parts) == 2 and int(parts[0]) > int(parts[1]):
+        raise bad(f"ulimit soft limit must be less than or equal to hard limit: {parts[0]} > {parts[1]}")
 
 
 def gpu_load_seconds(entrypoint: list[str], cmd: list[str]) -> float | None:
@@ -607,7 +645,7 @@ def container_record(node: dict, cid: str, name: str, image_ref: str, image_id: 
                   "FinishedAt": ZERO_TIME if running else created},
         "Image": image_id, "Name": "/" + name, "RestartCount": 0,
         "HostConfig": hc,
-        "Config": {"Hostname": node["hostname"] if network == "host" else cid[:12], "Env": env or None,
+        "Config": {"Hostname": node["hostname"] if network == "host" else cid[:12], "Env": image_env(env),
                    "Cmd": cmd or None, "Image": image_ref, "Entrypoint": entrypoint or None,
                    "Labels": labels or {}, "ExposedPorts": {p: {} for p in ports} or None},
         "NetworkSettings": {"Ports": _published(ports) if running else {}},
@@ -650,8 +688,12 @@ def _change(argv: list[str], root: Path, verb: str) -> int:
         for ref in pos:
             c = _find_container(docker, ref)
             if c is None:
-                sys.stderr.write(f"Error response from daemon: No such container: {ref}\n")
-                code = 1
+                if verb == "rm":  # docker 20.10's rm: "Error: ...", and with -f not an error (exit 0)
+                    sys.stderr.write(f"Error: No such container: {ref}\n")
+                    code = code if _flag(opts, "-f", "--force") else 1
+                else:
+                    sys.stderr.write(f"Error response from daemon: No such container: {ref}\n")
+                    code = 1
                 continue
             st = c["State"]
             if verb in ("stop", "kill") or (verb == "rm" and st["Running"] and _flag(opts, "-f", "--force")):
@@ -706,7 +748,7 @@ def docker_logs(argv: list[str], root: Path) -> int:
     docker = _refreshed(root)
     c = _find_container(docker, pos[0])
     if c is None:
-        raise ShimError(f"Error response from daemon: No such container: {pos[0]}", 1)
+        raise ShimError(f"Error: No such container: {pos[0]}", 1)  # docker 20.10's logs words it so
     log = root / STATE / "logs" / f"{c['Id']}.log"
     # bytes as the engine wrote them: read_text() and splitlines() would turn tqdm's \r into line ends, which
     # docker does not (its log records end at \n)
