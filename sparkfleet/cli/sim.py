@@ -72,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--rate", help="slow-link: tc tbf rate (e.g. 100mbit)")
     f.add_argument("--mtu", type=int, help="mtu-mismatch: the node's fabric MTU")
     f.add_argument("--driver", help="driver-drift: the driver version nvidia-smi reports")
+    f.add_argument("--seconds", type=float, help="daemon-slow: how late the node's docker answers")
     f.add_argument("--factor", type=float, help="slow-boot: how many times longer the boot takes (default 10)")
     f.add_argument("--sticky", action="store_true", default=None,
                    help="rank-vanish, rank-hang, serve-crash: every later launch on the node too, until healed")
@@ -181,7 +182,7 @@ def run_status(args: argparse.Namespace) -> int:
 def run_fault(args: argparse.Namespace) -> int:
     sim = lab.require()
     params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port, "rate": args.rate,
-              "mtu": args.mtu, "driver": args.driver, "factor": args.factor,
+              "mtu": args.mtu, "driver": args.driver, "factor": args.factor, "seconds": args.seconds,
               "sticky": args.sticky}
     recorded = sim.fault(args.node, args.kind, **params)
     if args.json:

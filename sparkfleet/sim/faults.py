@@ -49,6 +49,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("unreachable", "the node cannot be reached: local mode's wrapper answers as ssh does for a host with no "
          "route, ssh mode stops the node's sshd (FM-25)"),
     Kind("docker-down", "the docker daemon is down: every docker command fails as the real CLI does"),
+    Kind("daemon-slow", "the node's docker answers --seconds late (a daemon busy or wedged: every docker "
+         "command waits that long first)", ("seconds",)),
     Kind("slow-link", f"the node's fabric link is rate-limited to --rate (default {values.SLOW_LINK_RATE}) with tc "
          "tbf both ways: on the node's fabric interface and on the bridge's end of its link (ssh mode as root)",
          ("rate",)),
@@ -422,12 +424,39 @@ def _mtu_off(t: Target, params: dict[str, Any]) -> None:
         _netns_run(t, "ip", "link", "set", "dev", params["iface"], "mtu", str(netlab.FABRIC_MTU))
 
 
+def _daemon_slow(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("seconds") is None:
+        raise UserError("daemon-slow needs --seconds: how late the node's docker answers")
+    seconds = float(params["seconds"])
+    if not 0 < seconds <= 600:
+        raise UserError(f"--seconds {seconds:g}: expected more than 0 and at most 600")
+    return {"seconds": seconds}
+
+
+SLOW_DOCKER = "docker"  # on a node with its own dockerd: a wrapper over the real CLI in the node's shim dir
+
+
+def _slow_on(t: Target, params: dict[str, Any]) -> None:
+    """A real dockerd's node: its `docker` (first on PATH) waits, then runs the real CLI. The shim's docker
+    reads the fault itself."""
+    if t.dir is not None and shim.load(t.root(), "node.json").get("dockerd"):
+        wrapper = t.dir / "bin" / SLOW_DOCKER
+        wrapper.write_text("#!/bin/sh\n# sparkfleet simulation: the daemon-slow fault\n"
+                           f"sleep {float(params['seconds']):g}\nexec /usr/bin/docker \"$@\"\n")
+        wrapper.chmod(0o755)
+
+
+def _slow_off(t: Target, params: dict[str, Any]) -> None:
+    if t.dir is not None and shim.load(t.root(), "node.json").get("dockerd"):
+        (t.dir / "bin" / SLOW_DOCKER).unlink(missing_ok=True)
+
+
 APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "slow-link": _slow_link, "mtu-mismatch": _mtu_mismatch, "driver-drift": _driver_drift,
     "clock-latch": _clock_latch, "slow-state": _nothing, "low-memory": _low_memory, "earlyoom-off": _nothing,
     "wrong-gid": _wrong_gid,
     "missing-mount-source": _missing_source, "cifs-model": _nothing, "port-taken": _port_taken,
-    "unreachable": _nothing, "docker-down": _daemon("down"),
+    "unreachable": _nothing, "docker-down": _daemon("down"), "daemon-slow": _daemon_slow,
     **{k: _nothing for k in ENGINE_FAULTS},
     "slow-boot": _slow_boot,
     **{k: _rank_fault(k) for k in shim.RANK_FAULTS},
@@ -452,10 +481,11 @@ def _dockerd_start(t: Target, params: dict[str, Any]) -> None:
 # Faults that act on the running node (processes, sockets), run after the state is recorded / removed.
 ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _listen, "earlyoom-off": _earlyoom_stop, "slow-link": _tbf_on, "mtu-mismatch": _mtu_on,
-    "docker-down": _dockerd_stop, **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
+    "docker-down": _dockerd_stop, "daemon-slow": _slow_on,
+    **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
 UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off,
-    "docker-down": _dockerd_start}
+    "docker-down": _dockerd_start, "daemon-slow": _slow_off}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }

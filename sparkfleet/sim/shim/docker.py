@@ -809,6 +809,9 @@ DOCKER_GLOBAL_VALUE = {"-H", "--host", "--context", "-c", "--config", "-l", "--l
 
 
 def docker(argv: list[str], root: Path) -> int:
+    slow = load(root, "faults.json")["faults"].get("daemon-slow")
+    if slow:  # the daemon-slow fault: every command waits first, as against a daemon slow to answer
+        time.sleep(float(slow["seconds"]))
     while argv and argv[0].startswith("-"):  # global options come before the command
         flag = argv.pop(0)
         if flag.partition("=")[0] in DOCKER_GLOBAL_VALUE and "=" not in flag and argv:
