@@ -114,3 +114,22 @@ def test_a_flag_docker_refuses_fails_the_launch_with_dockers_words(dsim, capsys)
 def test_sim_exec_runs_inside_the_node(dsim):
     r = dsim.exec("bluey", ["sh", "-c", "hostname; docker info --format '{{.Name}} {{.DefaultRuntime}}'"])
     assert r.stdout.decode().split("\n")[:2] == ["bluey", "bluey nvidia"], r
+
+
+def test_a_daemon_slower_than_the_facts_bound_is_reported_for_that_node(dsim, capsys):
+    """daemon-slow past the facts helper's docker bound (DOCKER_TIMEOUT_S): `facts` says so for that node,
+    within the bound, and the other nodes' docker is read as usual."""
+    from sparkfleet.cli.main import main
+    from sparkfleet.fleet.nodeside.facts import DOCKER_TIMEOUT_S
+
+    dsim.fault("bluey", "daemon-slow", seconds=DOCKER_TIMEOUT_S + 2)
+    try:
+        code = main(["facts", "--inventory", "sim", "--node", "bluey,asusi", "--json"])
+        out = json.loads(capsys.readouterr().out)
+    finally:
+        dsim.heal("bluey", "daemon-slow")
+    text = json.dumps(out)
+    assert f"timed out after {DOCKER_TIMEOUT_S:g} s" in text, text[:3000]
+    assert code != 0 or "bluey" in text
+    ok = docker(dsim, "bluey", "version", "--format", "{{.Server.Version}}")
+    assert ok.returncode == 0  # healed: the real CLI, at once
