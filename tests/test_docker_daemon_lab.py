@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -33,12 +34,24 @@ def daemons() -> list[str]:
     return out.splitlines()
 
 
+def host_traces() -> dict[str, object]:
+    """What a dockerd started by hand leaves on this machine (/etc/docker/key.json, a `docker` cgroup in
+    each hierarchy), the lab's cgroup parents, and the mounts: none of it may change across the lab."""
+    cgroups = sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/**/docker")
+                     if p.is_dir()) if Path("/sys/fs/cgroup").is_dir() else []
+    return {"etc": sorted(os.listdir("/etc")), "etc/docker": sorted(os.listdir("/etc/docker"))
+            if os.path.isdir("/etc/docker") else None, "docker cgroups": cgroups,
+            "lab cgroups": [str(d) for n in (*LAB_NODES, "station") for d in
+                            dockerd.cgroup_dirs(dockerd.cgroup_parent(n))],
+            "mounts": sorted(Path("/proc/self/mountinfo").read_text().splitlines())}
+
+
 @pytest.fixture(scope="module")
 def dsim(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state))
-        before = daemons()
+        before, traces = daemons(), host_traces()
         s = lab.up("lab", transport="ssh", docker="daemon")
         try:
             engram_copies(s)
@@ -46,7 +59,8 @@ def dsim(tmp_path_factory):
         finally:
             lab.down()
         assert daemons() == before
-        assert dockerd.cgroup_dirs(dockerd.cgroup_parent(LAB_NODES[0])) == []
+        assert host_traces() == traces
+        assert not state.joinpath("sim").exists()
 
 
 def docker(sim, node: str, *argv: str) -> subprocess.CompletedProcess:
