@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sparkfleet.fleet.hostkeys import write_atomic
 from sparkfleet.fleet.ssh import DRAIN_AFTER_EXIT_S, ENV_NAME
-from sparkfleet.fleet.transport import Result, fan_out
+from sparkfleet.fleet.transport import Result, fan_out, telling_line
 from sparkfleet.schema.inventory import Node
 
 NOT_RUN_FD = "SPARKFLEET_NOT_RUN_FD"  # names the wrapper's status pipe (see above)
@@ -144,7 +144,7 @@ class LocalTransport:
                           f"it was killed, output so far is kept")
         if code == 0:
             return Result(node.name, True, stdout, stderr, exit_code=0)
-        last = stderr.strip().splitlines()[-1:] or stdout.strip().splitlines()[-1:]
+        last = [line] if (line := telling_line(stderr, stdout)) else []
         if code == 255 and node.wrapper and not stdout:
             return Result(node.name, False, stdout, stderr, exit_code=code, error="unreachable",
                           message=f"{node.name}: unreachable" + (f": {last[0][:200]}" if last else ""))

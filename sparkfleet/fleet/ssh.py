@@ -29,7 +29,7 @@ import paramiko
 from fabric import Config, Connection
 
 from sparkfleet.fleet.hostkeys import default_known_hosts, fingerprint, host_entry
-from sparkfleet.fleet.transport import Result, fan_out
+from sparkfleet.fleet.transport import Result, fan_out, telling_line
 from sparkfleet.schema.inventory import Hop, Node
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -292,7 +292,7 @@ class SshTransport:
         chan.close()
         if code == 0:
             return Result(node.name, True, stdout, stderr, exit_code=0)
-        last = stderr.strip().splitlines()[-1:] or stdout.strip().splitlines()[-1:]
+        last = [line] if (line := telling_line(stderr, stdout)) else []
         what = f"exited with status {code}" if code >= 0 else "was killed by a signal (no exit status)"
         return Result(node.name, False, stdout, stderr, exit_code=code, error="exit",
                       message=f"{node.name}: command {what}" + (f": {last[0][:200]}" if last else ""))

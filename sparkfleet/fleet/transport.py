@@ -7,6 +7,7 @@ result with its cause, never an exception that loses the other nodes' results.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,21 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from sparkfleet.schema.inventory import Node
+
+# A CLI's pointer to its help, printed after the error it explains (docker: "See 'docker run --help'.")
+USAGE_HINT = re.compile(r"^See '[^']+ --help'\.$")
+
+
+def telling_line(*texts: str) -> str | None:
+    """The line that says why a command failed: the last non-empty line of the first text that has one,
+    a usage hint after it skipped (docker prints its error, then "See 'docker run --help'.")."""
+    for text in texts:
+        lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+        if lines:
+            told = [ln for ln in lines if not USAGE_HINT.match(ln)]
+            return (told or lines)[-1]
+    return None
+
 
 ErrorKind = Literal["unreachable", "auth", "hostkey-unknown", "hostkey-changed", "timeout", "exit", "error",
                     "not-run"]

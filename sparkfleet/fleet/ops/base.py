@@ -27,7 +27,7 @@ from typing import ClassVar, Generic, TypeVar
 
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.op import NodeCommands
-from sparkfleet.fleet.transport import Result
+from sparkfleet.fleet.transport import Result, telling_line
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ def classify(result: Result) -> NodeError | None:
     if result.error not in ("exit", None):  # unreachable, auth, host key, timeout: the transport's verdict
         return NodeError(node, "reach", result.message or result.error or "did not answer", REMEDIES["reach"])
     text = (result.stderr or "").strip() or (result.stdout or "").strip() or result.message
-    last = text.splitlines()[-1] if text else f"exit {result.exit_code}"
+    last = telling_line(text) or f"exit {result.exit_code}"
     if DAEMON_DOWN.search(text):
         return NodeError(node, "docker-down", f"the docker daemon is not running: {last}", REMEDIES["docker-down"])
     if DOCKER_PERMISSION.search(text):
