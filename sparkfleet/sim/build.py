@@ -390,6 +390,11 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
             refs.parent.mkdir(parents=True, exist_ok=True)
             refs.write_text(p.model.revision)
     place_checkpoints(root, node, profiles, {} if checkpoints is None else checkpoints)
+    for p in profiles:
+        if p.tensorfold and p.tensorfold.recipe_dir:  # the recipe's serve script, as a real container runs it
+            serve = inside(root, posixpath.join(p.tensorfold.recipe_dir, "scripts", "serve.sh"))
+            serve.parent.mkdir(parents=True, exist_ok=True)
+            serve.write_text(image.TENSORFOLD_SERVE_SCRIPT)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
     install_shims(node_dir / "bin", netns=netns, dockerd=bool(dockerd))
     tfbuild.place(root, node, profiles, node_dir / "bin", home_dir())  # TensorFold's build stand-ins (sim/tfbuild.py)

@@ -22,7 +22,13 @@ import tarfile
 
 BIN_DIR = "opt/sparkfleet-sim/bin"
 APP_DIR = "app"
-TOOLS = ("vllm", "llama-server", "rpc-server", "ggml-rpc-server", "python3")
+TOOLS = ("vllm", "llama-server", "rpc-server", "ggml-rpc-server", "python3", "tensorfold-serve")
+# The lab's TensorFold recipe's scripts/serve.sh (the recipe a lane's ranks run: `bash .../serve.sh start`): in a
+# real container it hands over to the image's TensorFold stand-in, which reads the rank's config.env as the
+# recipe's script sources it (the docker shim reads the same file without running the script).
+TENSORFOLD_SERVE_SCRIPT = ("#!/bin/bash\n# SIMULATION: the lab's stand-in for the TensorFold recipe's serve script "
+                           "(sparkfleet/sim/image.py)\n"
+                           f'exec /{BIN_DIR}/tensorfold-serve "$@"\n')
 PATH = f"/{BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CREATED = "2026-01-01T00:00:00Z"  # fixed: the same archive, and ids, on every build
 ENTRYPOINTS = {"vllm": ["vllm", "serve"]}  # by profile engine; the others take the lane's command or --entrypoint
@@ -73,7 +79,7 @@ def layer(python: str, package_root: str) -> bytes:
         script = tool_script(python, package_root)
         for t in TOOLS:
             _add(tar, f"{BIN_DIR}/{t}", data=script, mode=0o755)
-        for t in TOOLS[1:4]:
+        for t in ("llama-server", "rpc-server", "ggml-rpc-server"):
             _add(tar, f"{APP_DIR}/{t}", link=f"/{BIN_DIR}/{t}")
     return buf.getvalue()
 
