@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import dockerd, lab
 from tests.cli_run import LAB_NODES, findings, lane_containers, result, run, steps
 from tests.conftest import engram_copies
@@ -44,6 +45,20 @@ def host_traces() -> dict[str, object]:
             "lab cgroups": [str(d) for n in (*LAB_NODES, "station") for d in
                             dockerd.cgroup_dirs(dockerd.cgroup_parent(n))],
             "mounts": sorted(Path("/proc/self/mountinfo").read_text().splitlines())}
+
+
+def test_a_daemon_that_does_not_answer_fails_sim_up_naming_the_node_and_leaves_nothing(tmp_path, monkeypatch):
+    """A dockerd that does not answer within the bound (here the bound is 0 s: no daemon answers the first
+    `docker version` of a node just started): `sim up` names the node and its dockerd's last log line, and
+    tears everything down: no lab dir, daemon, cgroup or mount is left."""
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    monkeypatch.setattr(dockerd, "READY_TIMEOUT_S", 0.0)
+    before, traces = daemons(), host_traces()
+    with pytest.raises(UserError) as exc:
+        lab.up("lab", transport="ssh", docker="daemon")
+    assert re.fullmatch(r"simulated node reddie: its Docker daemon did not come up within 0 s: .+", str(exc.value))
+    assert not (tmp_path / "state" / "sim").exists()
+    assert daemons() == before and host_traces() == traces
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{tool}: [sim] nothing in the lab stands in for this command line\n")
         return 2
     if "sparkfleet.simengine" in engine:
-        engine += [a for k in rank_faults_due(ROOT) if k in RANK_SIGNALS for a in ("--fault", k)]
+        # the engine's own faults only: a rank-vanish is docker's to do (rm -f), on a running rank (sim-fault)
+        engine += [a for k in rank_faults_due(ROOT, tuple(RANK_SIGNALS)) for a in ("--fault", k)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
     env["PYTHONPATH"] = cfg["package_root"]
     env["PYTHONUNBUFFERED"] = "1"

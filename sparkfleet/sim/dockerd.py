@@ -48,9 +48,10 @@ def log_tail(node_dir: Path) -> str:
     return lines[-1] if lines else "dockerd logged nothing"
 
 
-def wait_ready(node_dir: Path, name: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Until the node's `docker version` reaches its daemon; else a UserError naming the node and the last
-    line of its dockerd's log."""
+def wait_ready(node_dir: Path, name: str, timeout_s: float | None = None) -> None:
+    """Until the node's `docker version` reaches its daemon (within READY_TIMEOUT_S); else a UserError
+    naming the node and the last line of its dockerd's log."""
+    timeout_s = READY_TIMEOUT_S if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     while True:
         r = node.run_in(node_dir, ["/usr/bin/docker", "version", "--format", "{{.Server.Version}}"], timeout_s=10)

@@ -362,10 +362,10 @@ RANK_FAULTS = ("rank-vanish", "rank-hang", "serve-crash")  # act on a running ra
 RANK_SIGNALS = {"rank-hang": signal.SIGUSR1, "serve-crash": signal.SIGUSR2}  # the sim engine's handlers
 
 
-def rank_faults_due(root: Path) -> list[str]:
-    """The rank faults this launch gets: sticky ones always, the others once (then marked acted)."""
+def rank_faults_due(root: Path, kinds: tuple[str, ...] = RANK_FAULTS) -> list[str]:
+    """The rank faults (of `kinds`) this launch gets: sticky ones always, the others once (then marked acted)."""
     faults = load(root, "faults.json")
-    due = [k for k in RANK_FAULTS if k in faults["faults"]
+    due = [k for k in kinds if k in faults["faults"]
            and (faults["faults"][k].get("sticky") or not faults["faults"][k].get("acted"))]
     for k in due:
         faults["faults"][k]["acted"] = True
