@@ -121,6 +121,9 @@ class Engine:
     # the shared checks (sparkfleet/checks) that judge something only this engine does, by check name:
     # kv-sizing (KV sized by --gpu-memory-utilization), graph-memory, long-context
     guarded_by: ClassVar[frozenset[str]] = frozenset()
+    # the ranks are one CUDA program (NCCL between them), so a rank on another NVIDIA driver or CUDA fails the
+    # lane; False: each rank drives its own GPU (llama.cpp's rpc-servers), so a difference only warns (drift)
+    ranks_share_driver: ClassVar[bool] = True
     # why `engram-local` needs --source for this engine (its weights pack has no Engram shards), or None
     engram_source_needed: ClassVar[str | None] = None
 

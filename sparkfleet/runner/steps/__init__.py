@@ -1,6 +1,6 @@
 """The playbook steps, by name: the one registry (a playbook's `step:` names one of these).
 
-A step is a thin decision over node operations (sparkfleet/fleet/commands.py): it yields the commands it
+A step is a thin decision over node operations (sparkfleet/fleet/ops/): it yields the commands it
 wants run per node (runner/ops.py runs them, or shows them under --dry-run) and returns a StepResult. A
 step that fails stops the run; once ranks have started, the runner stops every rank of this launch before
 it gives up (and keeps their last log lines in the record). DRY names what a step that needs the live lane
