@@ -47,16 +47,30 @@ def host_traces() -> dict[str, object]:
             "mounts": sorted(Path("/proc/self/mountinfo").read_text().splitlines())}
 
 
-def test_a_daemon_that_does_not_answer_fails_sim_up_naming_the_node_and_leaves_nothing(tmp_path, monkeypatch):
-    """A dockerd that does not answer within the bound (here the bound is 0 s: no daemon answers the first
-    `docker version` of a node just started): `sim up` names the node and its dockerd's last log line, and
-    tears everything down: no lab dir, daemon, cgroup or mount is left."""
+def test_a_daemon_that_does_not_come_up_fails_sim_up_naming_the_node_and_its_log(tmp_path, monkeypatch):
+    """reddie's dockerd cannot start (its data-root is a file: dockerd refuses it and exits): `sim up` names
+    the node and the last line dockerd logged, and tears everything down: no lab dir, daemon, cgroup or
+    mount is left. The bound is lowered to 3 s so the test does not wait the full READY_TIMEOUT_S."""
+    from sparkfleet.sim import build
+
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
-    monkeypatch.setattr(dockerd, "READY_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(dockerd, "READY_TIMEOUT_S", 3.0)
+    real_build = build.build_node
+
+    def broken_data_root(node_dir, *args, **kwargs):
+        real_build(node_dir, *args, **kwargs)
+        if node_dir.name == "reddie":
+            (node_dir / "fs" / "var" / "lib" / "docker").write_text("not a directory\n")
+
+    monkeypatch.setattr(build, "build_node", broken_data_root)
     before, traces = daemons(), host_traces()
-    with pytest.raises(UserError) as exc:
-        lab.up("lab", transport="ssh", docker="daemon")
-    assert re.fullmatch(r"simulated node reddie: its Docker daemon did not come up within 0 s: .+", str(exc.value))
+    try:
+        with pytest.raises(UserError) as exc:
+            lab.up("lab", transport="ssh", docker="daemon")
+    finally:
+        lab.down()  # if it came up after all, leave no lab for the next test
+    assert re.fullmatch(r"simulated node reddie: its Docker daemon did not come up within 3 s: .*/var/lib/docker.*",
+                        str(exc.value)), str(exc.value)
     assert not (tmp_path / "state" / "sim").exists()
     assert daemons() == before and host_traces() == traces
 
