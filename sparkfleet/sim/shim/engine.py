@@ -25,6 +25,7 @@ SUPERVISOR = ("import signal, subprocess, sys\n"
               "for s in (signal.SIGUSR1, signal.SIGUSR2):\n"  # the rank faults' signals are for the engine only
               "    signal.signal(s, lambda *a: None)\n"
               "rc = subprocess.call(sys.argv[2:])\n"
+              "rc = 128 - rc if rc < 0 else rc\n"  # killed by signal N: docker records 128+N, as a shell does
               "open(sys.argv[1], 'w').write(str(rc))\n")
 
 
