@@ -65,14 +65,17 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
         if results is None:
             dry = True
             continue
-        for x in batch:
+        refused = [x for x in batch if not results[x.node].ok]
+        for x in batch:  # every rank of the wave that did start is recorded first, so the failure stops it too
             res = results[x.node]
-            if not res.ok:
-                bad = ops.failures({x.node: res})
-                return StepResult("fail", f"rank {x.rank} on {x.node} did not start: "
-                                  f"{res.message or res.stderr.strip()[-300:]}", bad)
-            cid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else x.container
-            ctx.started.append(Started(x.node, x.rank, x.container, cid))
+            if res.ok:
+                cid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else x.container
+                ctx.started.append(Started(x.node, x.rank, x.container, cid))
+        if refused:
+            x, res = refused[0], results[refused[0].node]
+            bad = ops.failures({y.node: results[y.node] for y in refused})
+            return StepResult("fail", f"rank {x.rank} on {x.node} did not start: "
+                              f"{res.message or res.stderr.strip()[-300:]}", bad)
         checks = {x.node: x.ready_check for x in batch if x.ready_check}
         if checks:  # the wave is up only when each such rank says so (Launch.ready_check)
             ready = yield NodeCommands(f"wait until rank(s) {', '.join(str(x.rank) for x in batch if x.ready_check)} "
