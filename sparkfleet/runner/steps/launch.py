@@ -74,8 +74,10 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
         if refused:
             x, res = refused[0], results[refused[0].node]
             bad = ops.failures({y.node: results[y.node] for y in refused})
-            return StepResult("fail", f"rank {x.rank} on {x.node} did not start: "
-                              f"{res.message or res.stderr.strip()[-300:]}", bad)
+            why = f"rank {x.rank} on {x.node} did not start: {res.message or res.stderr.strip()[-300:]}"
+            if ctx.started:  # the ranks that did start (this wave's or earlier) must not serve half a lane
+                return (yield from _fail_launch(ctx, why, bad))
+            return StepResult("fail", why, bad)
         checks = {x.node: x.ready_check for x in batch if x.ready_check}
         if checks:  # the wave is up only when each such rank says so (Launch.ready_check)
             ready = yield NodeCommands(f"wait until rank(s) {', '.join(str(x.rank) for x in batch if x.ready_check)} "
