@@ -81,8 +81,9 @@ class Tracker:
     def observe(self, probe: Probe) -> Verdict:
         now = probe.at
         silent = [r for r in probe.ranks if r.state == "unknown"]
-        if silent:  # a restart now would fail at its stop step and leave the lane stopped (a powered-off node)
-            r = silent[0]
+        failing = not probe.ok or any(r.state in GONE or r.state == "vanished" for r in probe.ranks)
+        if silent and failing:  # a restart now would fail at its stop step and leave the lane stopped
+            r = silent[0]  # (a node powered off or lost): wait for it, spending nothing
             return Verdict("wait", why=f"waiting for {r.node} (rank {r.rank}) to answer before restarting the "
                            f"group: {r.error or 'no answer'}", node=r.node)
         for r in probe.ranks:
