@@ -143,3 +143,22 @@ def state():
     from pathlib import Path
 
     return Path(os.environ["SPARKFLEET_STATE"])
+
+
+def test_a_power_cycled_node_boots_by_itself_after_off_seconds(sim, capsys) -> None:
+    import time
+
+    assert main(["sim", "fault", "spark4", "power-cycle", "--off", "0.5", "--json"]) == 0
+    supply = json.loads(capsys.readouterr().out)
+    assert supply["params"]["off"] == 0.5
+    deadline = time.monotonic() + 60  # a bound, not a timing assertion
+    while not sim.faults("spark4")["power-cycle"].get("back"):
+        assert time.monotonic() < deadline, sim.faults("spark4")
+        time.sleep(0.1)
+    assert sim.reachable("spark4")
+    pid = sim.faults("spark4")["power-cycle"]["supply"]
+    assert pid is None  # the power supply process has done its part and ended
+    assert main(["facts", "--inventory", "sim", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["spark4"]["uptime_s"] == 41.87
+    assert sim.heal("spark4", "power-cycle") == [("spark4", "power-cycle")]
+    assert sim.reachable("spark4")
