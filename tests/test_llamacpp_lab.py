@@ -345,8 +345,8 @@ def test_real_llama_server_through_up_gates_bench_and_down(sim, capsys, tmp_path
     code, events = run(capsys, "up", "--profile", "local-gemma", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
     st = steps(events)
-    assert [s for s in st] == ["stop", "drop_caches", "facts", "patches", "check", "probe", "fabric_probe", "engram",
-                               "rail2_up", "launch:workers", "launch:head", "wait_ready", "expect", "gates", "record"]
+    assert [s for s in st] == ["stop", "drop_caches", "facts", "patches", "engine_build", "check", "probe", "fabric_probe",
+                               "engram", "rail2_up", "launch:workers", "launch:head", "wait_ready", "expect", "gates", "record"]
     assert st["wait_ready"] == "ok" and st["gates"] == "ok" and st["launch:workers"] == "skip"
     run_id = result(events)["run_id"]
     rec = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{run_id}.json").read_text())
