@@ -442,3 +442,26 @@ UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }
+
+
+# -- a silent boot (FM-42): the head logs nothing for a while, busy or idle -----------------------------------
+
+SILENT_TUNE_S = 30.0  # the sim's default: long enough to outlast a short stall window, short for a test
+
+
+def _silent_tune(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    seconds = params.get("seconds")
+    if seconds is not None and not float(seconds) > 0:
+        raise UserError(f"silent-tune --seconds {seconds}: expected seconds above 0")
+    return {"seconds": float(seconds if seconds is not None else SILENT_TUNE_S)}
+
+
+KINDS.update({k.name: k for k in (
+    Kind("silent-tune", "sim engine fault for the next launch on this node: after loading its weights the rank "
+         "logs nothing for --seconds (default 30) while it keeps a CPU busy, as the Station's autotune does, then "
+         "boots on (FM-42)", ("seconds",)),
+    Kind("boot-stall", "sim engine fault for the next launch on this node: after loading its weights the rank "
+         "logs nothing and uses no CPU until it is stopped (a hung boot, FM-42)"),
+)})
+ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall"}
+APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing})
