@@ -462,6 +462,9 @@ KINDS.update({k.name: k for k in (
          "boots on (FM-42)", ("seconds",)),
     Kind("boot-stall", "sim engine fault for the next launch on this node: after loading its weights the rank "
          "logs nothing and uses no CPU until it is stopped (a hung boot, FM-42)"),
+    Kind("bimodal", "sim engine fault for the next launch on this node: every other burst of requests (each time "
+         "the engine goes from idle to busy) decodes 1.55x slower, as the seeds' C4 cell read 189 and 122 tok/s "
+         "(FM-53)"),
 )})
-ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall"}
-APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing})
+ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall", "bimodal"}
+APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing, "bimodal": _nothing})

@@ -27,6 +27,7 @@ FAULTS = (
     "engram-layer-nfs",  # the last Engram layer is read from the model directory (NFS), the others node-local
     "silent-tune",  # after the weights, no line for --silent-tune-seconds while a CPU is kept busy (FM-42)
     "boot-stall",  # after the weights, no line and no CPU until stopped (FM-42)
+    "bimodal",  # every other burst of requests (idle to busy) runs 1.55x slower (FM-53)
 )
 DEFAULT_KV_TOKENS = 1_000_000
 KV_LOW_FACTOR = 0.6  # kv-low: the rank finds 60% of the KV memory it was configured for

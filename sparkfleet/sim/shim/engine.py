@@ -321,7 +321,7 @@ def copy_covers(root: Path, copy_dir: str, revision: str | None, fmt: str | None
 ENGINE_FAULT_NAMES = frozenset({
     "worker-crash", "slow-boot", "kv-low", "missing-patch", "engine-fatal", "engine-warning", "garbage-tokens",
     "count-off-by-one", "needle-blind", "no-tool-calls", "nondeterministic", "auth-open", "stream-usage-missing",
-    "memory-leak", "engram-layer-nfs", "silent-tune", "boot-stall"})
+    "memory-leak", "engram-layer-nfs", "silent-tune", "boot-stall", "bimodal"})
 
 
 RANK_FAULTS = ("rank-vanish", "rank-hang", "serve-crash")  # act on a running rank, or on the next launch
