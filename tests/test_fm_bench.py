@@ -1,4 +1,4 @@
-"""The bench's failure modes, caused through `sparkfleet bench` against a lane `up` started on the lab:
+"""Failure modes caused through `sparkfleet bench` (and `exporter`, FM-68) against a lane `up` started on the lab:
 FM-53 (bimodal cells: repetitions), FM-54 (a max-num-seqs cap read as a flat line), FM-17 / FM-63 (a warm-up
 batch before anything is measured), FM-18 (the lane's uptime), FM-21 (DSpark acceptance per run).
 
@@ -85,3 +85,15 @@ def test_bench_on_the_lab_names_a_bimodal_cell_and_the_cap_after_a_warm_up(sim, 
     # FM-18: the lane's uptime, from the engine's own start time; FM-21: acceptance over the run, from /metrics
     assert [c for c in res["caveats"] if c.startswith("The lane had been up ")]
     assert res["acceptance"]["drafts"] > 0 and res["acceptance"]["mean_acceptance_length"] >= 1
+
+
+def test_the_exporter_labels_a_serving_lane_with_its_checkpoint_revision(sim, capsys, lane_cleaned) -> None:
+    """FM-68: the lane name hides the checkpoint. With dcp2 serving, `exporter --once` publishes the lane's
+    checkpoint revision (production-1.2's df42c109...) and the image its head container runs."""
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    assert main(["exporter", "--inventory", "sim", "--once"]) == 0
+    text = capsys.readouterr().out
+    (line,) = [x for x in text.splitlines() if x.startswith("sparkfleet_lane_info{") and 'profile="dcp2"' in x]
+    assert 'checkpoint="df42c109f1defefcbfcedbe7d905718a12266e40"' in line
+    assert line.endswith(" 1.0")
