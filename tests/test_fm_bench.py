@@ -97,3 +97,22 @@ def test_the_exporter_labels_a_serving_lane_with_its_checkpoint_revision(sim, ca
     (line,) = [x for x in text.splitlines() if x.startswith("sparkfleet_lane_info{") and 'profile="dcp2"' in x]
     assert 'checkpoint="df42c109f1defefcbfcedbe7d905718a12266e40"' in line
     assert line.endswith(" 1.0")
+
+
+def test_cold_prefill_requests_never_hit_the_engines_prefix_cache(sim, capsys, lane_cleaned, tmp_path) -> None:
+    """FM-27: the prefix cache hides failures and inflates prefill. `bench --prefill-only` sends two requests of
+    the same length; each starts with a fresh nonce, so the engine's own prefix-cache counters (its block hashes
+    over the prompt) count every prompt token queried and none hit."""
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    sp = Spec(REPO)
+    base = lane_endpoint(sp, sp.profile("dcp2"), "sim")
+    before = parse(httpx.get(f"{base}/metrics", timeout=10).text)
+    code = main(["bench", "--profile", "dcp2", "--inventory", "sim", "--prefill-only", "--prefill-tokens", "2K,2K",
+                 "--no-warmup", "--json", "--out", str(tmp_path / "bench")])
+    res = json.loads(capsys.readouterr().out)
+    assert code == 0, res.get("prefill")
+    delta = parse(httpx.get(f"{base}/metrics", timeout=10).text).delta(before)
+    prompt = sum(p["prompt_tokens"] for p in res["prefill"])
+    assert prompt >= 2 * 2000
+    assert delta.get("prefix_cache_queries") == prompt and delta.get("prefix_cache_hits") == 0
