@@ -1,6 +1,6 @@
 """Failure modes guarded in what `sparkfleet plan` renders, caused through `plan` itself (no node is touched):
 FM-55 (the Station lanes' long-prefill threshold) and FM-49 (every launch script sparkfleet renders is
-valid shell, run under `set -u`)."""
+valid shell, run under `set -u`); and FM-60, refused by `bracket` from its bars file before anything runs."""
 
 from __future__ import annotations
 
@@ -71,3 +71,22 @@ def test_every_rendered_launch_script_is_valid_shell_under_set_u(capsys, tmp_pat
             assert ran.returncode == 0, (name, launch["rank"], ran.stderr)
             checked += 1
     assert checked >= 20  # every servable lane's every rank
+
+
+def test_bracket_refuses_an_acceptance_bar_on_too_few_requests_before_anything_runs(tmp_path, capsys) -> None:
+    """FM-60: an acceptance gate on 8 prompts a class is noise. `bracket` refuses the bars file with exit 2,
+    naming the file, the cell and the count, before any lane is touched (no inventory is even read)."""
+    bars = tmp_path / "bars.yaml"
+    bars.write_text("bench: {concurrency: [1, 8], categories: [code]}\nbars:\n  aggregate.C1: '>= -2%'\n"
+                    "  acceptance.code.C8: '>= 3.0'\n")
+    code = main(["bracket", "--control", "dcp2", "--candidate", "dcp1", "--bars", str(bars), "--inventory",
+                 "no-such-inventory"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (f"{bars}: acceptance.code.C8: an acceptance bar on 8 request(s) (C8 x 1 category) is noise: it needs at "
+            "least 200 (docs/failure-modes.md FM-60)") in err
+    ok = tmp_path / "ok.yaml"  # 25 streams of each of the eight categories: 200 requests
+    ok.write_text("bench: {concurrency: [25]}\nbars:\n  acceptance.C25: '>= 3.0'\n")
+    from sparkfleet.bench.bracket import load_bars
+
+    assert [k.text for k, _ in load_bars(ok).bars] == ["acceptance.C25"]
