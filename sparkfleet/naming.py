@@ -29,6 +29,11 @@ def container_name(profile: str, rank: int) -> str:
     return f"sf-{profile}-r{rank}"
 
 
+def slurm_job_name(profile: str) -> str:
+    """The Slurm job a lane runs as (launcher: slurm); with its run label, how the lane finds its own jobs."""
+    return f"sparkfleet-{profile}"
+
+
 def labels(profile: str, rank: int, run_id: str) -> dict[str, str]:
     """The labels every rank's container carries (the contract every engine and reader builds on)."""
     return {PROFILE_LABEL: profile, RANK_LABEL: str(rank), RUN_LABEL: run_id}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -134,6 +135,49 @@ class Node(Strict):
         return v
 
 
+# a Slurm name (partition, account, QOS, reservation): it goes into an `#SBATCH` line, which sbatch reads
+# without a shell, so spaces, quotes and newlines are refused here rather than quoted there
+SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch(1) "-t, --time"), or UNLIMITED
+SLURM_TIME = r"^(UNLIMITED|INFINITE|unlimited|infinite|\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$"
+
+
+class Slurm(Strict):
+    """The lane runs as one Slurm job (launcher: slurm). sbatch/squeue/scancel run on the controller with
+    `conf` as SLURM_CONF, or on `login` over SSH when it is set."""
+
+    conf: str | None = None  # slurm.conf the controller's Slurm commands read (SLURM_CONF); None: Slurm's own
+    partition: str | None = None  # None: the cluster's default partition
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None  # the job's time limit (sbatch --time)
+    reservation: str | None = None
+    login: Ssh | None = None  # a login node the Slurm commands run on, over SSH
+    ssh: bool = True  # False: compute nodes cannot be reached over SSH (preflight and status go through srun)
+
+    @field_validator("conf")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path (the slurm.conf the Slurm commands read)")
+        return v
+
+    @field_validator("partition", "account", "qos", "reservation")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(SLURM_NAME, v):
+            raise ValueError(f"{v!r} is not a Slurm name (letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(SLURM_TIME, v):
+            raise ValueError(f"{v!r} is not a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS "
+                             "or UNLIMITED; sbatch --time)")
+        return v
+
+
 class Inventory(Strict):
     name: str = "inventory"
     example: bool = False  # True when addresses/HCAs/interfaces are examples the user must set
@@ -143,6 +187,8 @@ class Inventory(Strict):
     # larger skew puts the ranks' lines (and the run record's events) out of order
     max_clock_skew_s: float = Field(1.0, gt=0)
     hardware_classes: dict[str, HardwareClass] = Field(default_factory=dict)
+    launcher: Literal["ssh", "slurm"] = "ssh"  # how ranks are started: docker over SSH, or one Slurm job
+    slurm: Slurm | None = None
     nodes: dict[str, Node]
     groups: dict[str, list[str]]
 
@@ -158,6 +204,12 @@ class Inventory(Strict):
                 nodes[key] = value
             data = {**data, "nodes": nodes}
         return data
+
+    @model_validator(mode="after")
+    def _launcher(self) -> Inventory:
+        if self.launcher == "slurm" and self.slurm is None:
+            raise FieldError("launcher", "launcher: slurm needs a slurm: section (at least {} for Slurm's defaults)")
+        return self
 
     def hardware(self, node: Node) -> HardwareClass:
         """The node's hardware class, with the inventory's overrides applied."""

@@ -1,0 +1,1 @@
+"""Running lanes through a Slurm cluster (inventory launcher: slurm)."""
