@@ -67,8 +67,12 @@ def build_script(b: EngineBuild) -> str:
     reported under it), stopping at the first that fails; then the staged artefact's hashes."""
     q = shlex.quote
     parent = posixpath.dirname(b.stage)
+    # the build dir's parent (TensorFold: the recipe dir) must be there: a build is never put where nothing
+    # would serve it
+    missing = f"{parent}: no such directory on this node (the parent of the build dir {b.dir})"
     lines = ["exec 2>&1", f"printf '%s\\n' {q(MARK + ' step prepare')}",
-             f"rm -rf -- {q(b.stage)} && mkdir -p -- {q(parent)} && cd -- {q(parent)} || exit 1",
+             f"[ -d {q(parent)} ] || {{ printf '%s\\n' {q(missing)}; exit 1; }}",
+             f"rm -rf -- {q(b.stage)} && cd -- {q(parent)} || exit 1",
              f"printf '%s\\n' {q(MARK + ' step ' + b.fetch.name)}", f"{b.fetch.command} || exit 1",
              f"cd -- {q(b.stage)} || exit 1"]
     for s in b.steps:
@@ -122,7 +126,7 @@ def parse_build(node: str, stdout: str, ok: bool, message: str, elapsed: float) 
                              tail=[f"the build installed nothing under {artefact['dir']}"])
         return RankBuild(node, True, files=artefact["files"], seconds=elapsed)
     tail = [ln for ln in after if ln.strip()][-TAIL_LINES:] or ([message] if message else [])
-    return RankBuild(node, False, step=step or "connect", tail=tail, seconds=elapsed)
+    return RankBuild(node, False, step=step or "reach the node", tail=tail, seconds=elapsed)
 
 
 # -- the pin -----------------------------------------------------------------------------------------------

@@ -159,3 +159,21 @@ def test_the_profiles_build_sections_load(repo_spec) -> None:
         assert b is not None and (b.branch, b.commit) == ("deepseek-v41-zig-tp4", "5940208")
     raw = yaml.safe_load((repo_spec.root / "profiles" / "tf1017.yaml").read_text())
     assert {"tensorfold.build.patches", "tensorfold.build.dir"} <= set(raw["examples"])
+
+
+def test_a_build_waits_for_no_one_while_another_run_holds_the_fleet_lock(ops_root: Path, capsys, monkeypatch,
+                                                                       tmp_path: Path) -> None:
+    import os
+    import socket
+
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    log = ops_root / "received.log"
+    recording_inventory(ops_root, log, answer=False)
+    lock = tmp_path / "state" / "locks" / "rec.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "user": "ops",
+                                "command": "sparkfleet up tf1017", "since": "2026-12-02T02:00:00+0000"}))
+    assert main(["build", "--profile", "tf1017", "--inventory", "rec", "--root", str(ops_root)]) == 75
+    assert "another run holds the fleet lock" in capsys.readouterr().err
+    assert not log.exists() or log.read_text() == ""  # no rank was touched
+    assert not (tmp_path / "state" / "builds").exists()

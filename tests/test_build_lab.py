@@ -120,7 +120,9 @@ def test_a_failed_build_names_rank_and_step_and_changes_nothing(sim, capsys) -> 
     [pin_file] = pins()
     pin_before = pin_file.read_bytes()
     before = {n: (sim.root(n) / BUILT / "zig-out" / "bin" / "tensorfold").read_bytes() for n in NODES}
-    # bluey's second patch no longer applies; spark4's third adds a compile error (it applies)
+    # reddie has no recipe dir; bluey's second patch no longer applies; spark4's third adds a compile error
+    recipe = sim.root("reddie") / BUILT
+    recipe.parent.rename(recipe.parent.with_name("moved-away"))
     p2 = sim.root("bluey") / PATCHES / "0002-sim-stand-in-engine-patch-2.patch"
     p3 = sim.root("spark4") / PATCHES / "0003-sim-stand-in-engine-patch-3.patch"
     good2, good3 = p2.read_bytes(), p3.read_bytes()
@@ -129,17 +131,22 @@ def test_a_failed_build_names_rank_and_step_and_changes_nothing(sim, capsys) -> 
     try:
         code, [doc] = cli(capsys, "build", "--profile", "tf1017")
     finally:
+        recipe.parent.with_name("moved-away").rename(recipe.parent)
         p2.write_bytes(good2)
         p3.write_bytes(good3)
     assert code == 1 and doc["built"] is False and doc["pin"] is None
     assert {n: (v["ok"], v["step"]) for n, v in doc["nodes"].items()} == {
-        "reddie": (True, None), "asusi": (True, None), "bluey": (False, "git am"), "spark4": (False, "zig build")}
+        "reddie": (False, "prepare"), "asusi": (True, None), "bluey": (False, "git am"), "spark4": (False, "zig build")}
+    assert doc["nodes"]["reddie"]["tail"] == [
+        "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10: no such directory on this node (the parent of the build dir "
+        "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10/TensorFold)"]
+    assert not (recipe.parent.parent / "deepseek-v4.1-tensorfold-tp4-4xgb10.sparkfleet-new").exists()
     # each failure carries the program's own words: git am's, and the zig stand-in's (Zig's build runner)
     assert "error: patch failed: src/patches.zig:1" in doc["nodes"]["bluey"]["tail"]
     assert doc["nodes"]["spark4"]["tail"][-2:] == ["src/patches.zig:5:19: error: no sm121 kernel",
                                                   "Build Summary: 0/3 steps succeeded; 1 failed"]
     fails = [(f["node"], f["message"].split(":")[0]) for f in doc["findings"]]
-    assert fails == [("bluey", "git am failed"), ("spark4", "zig build failed")]
+    assert fails == [("bluey", "git am failed"), ("reddie", "prepare failed"), ("spark4", "zig build failed")]
     # nothing half-built: no stage on any rank, every rank's previous build and the pin unchanged
     assert pin_file.read_bytes() == pin_before
     for n in NODES:

@@ -266,6 +266,7 @@ def test_rail2_aliases_are_added_for_the_lane_and_removed_on_down(sim, capsys, t
 
 def test_tensorfold_starts_ranks_3_2_1_then_0(sim, capsys) -> None:
     tensorfold_built()
+    capsys.readouterr()
     code, events = run(capsys, "up", "--profile", "tf1017", "--inventory", "sim", "--dry-run")
     assert code == 0
     launches = [e["summary"] for e in events if e["event"] == "step" and e["step"].startswith("launch")

@@ -243,7 +243,9 @@ def test_profiles_and_show(capsys) -> None:
     assert sorted(n for n, r in rows.items() if not r["servable"]) == [
         "1017g", "boot10", "exl3-1017-full", "exl3tp3", "exl3tp3a10", "exl3tp4b", "exl3tp4b-ablit-best",
         "llamacpp-spark", "llamacpp-sparks", "nvfp4", "production-1.0-dcp2set", "production-1.0-tonyd2wild",
-        "speedrun2"]
+        "speedrun2", "tf1017", "tf1017-rail2"]
+    # `up` refuses a lane whose engine was never built (its engine_build step): no pin in this state dir
+    assert rows["tf1017"]["refused"] == "its engine is not built here (sparkfleet build --profile tf1017)"
     assert "refused" not in rows["dcp2"]
     assert main(["show", "dcp2", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)

@@ -182,9 +182,11 @@ def test_up_builds_one_node_per_inventory_node_with_the_contract_layout(ro_sim, 
     assert {p.name for p in (asusi / shim.STATE).iterdir()} == {
         "node.json", "gpu.json", "docker.json", "faults.json", "engine.json", "logs", "stash", ".lock", "node",
         "llama.cpp",  # llama.cpp's built binaries, placed in every node for its RPC lanes (sim/llama.py)
+        "tensorfold",  # the stand-in TensorFold fork `sparkfleet build` clones (sim/tfbuild.py)
         "init.ready"}
-    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name != build.SHIM_ZIP]
+    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name not in (build.SHIM_ZIP, "zig")]
     assert sorted(tools) == sorted(build.SHIM_NAMES)
+    assert (asusi.parent / "bin" / "zig").read_text().startswith('#!/usr/bin/python3\n"""SIMULATION: the simulated')
     for name in tools:
         s = asusi.parent / "bin" / name
         assert os.access(s, os.X_OK) and s.read_text() == build.SHIM_STUB

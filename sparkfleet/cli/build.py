@@ -4,6 +4,7 @@ what was built (builds/<engine>-<key>.json) so `up` and `restore` serve only tha
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from sparkfleet.cli.common import (
     EXIT_FAIL,
@@ -22,6 +23,8 @@ from sparkfleet.cli.common import (
 from sparkfleet.engines.base import at
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.placement import place
+from sparkfleet.root import state_dir
+from sparkfleet.runner.lock import FleetLock
 from sparkfleet.schema.errors import UserError
 
 ORDER = 31
@@ -60,8 +63,12 @@ def run(args: argparse.Namespace) -> int:
     inventory = fleet_inventory(sp, args.inventory)
     nodes = [r.node for r in place(loaded, inventory)]
     ex = executor(args, nodes)
+    # one run at a time per fleet, as up/down/restore: a build moves the engine dir of every rank
+    lock = contextlib.nullcontext() if args.dry_run else FleetLock(
+        state_dir() / "locks" / f"{inventory.name}.lock", f"sparkfleet build --profile {args.profile}")
     try:
-        outcome = ex.drive(enginebuild.build_ops(nodes, b))
+        with lock:
+            outcome = ex.drive(enginebuild.build_ops(nodes, b))
     finally:
         ex.transport.close()
     if outcome is None:  # --dry-run: every command was shown, none ran

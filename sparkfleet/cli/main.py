@@ -82,7 +82,7 @@ EXIT_CODES: dict[str, str] = {
     "check": f"0 nothing failed; 1 a check failed or a node did not answer; {_REFUSED}; {_INT}",
     "patches": f"0 ok; 1 a file is missing or its sha256 differs; {_BAD}; {_INT}",
     "build": f"0 built and pinned on every rank; 1 a rank's build failed or the ranks built different bytes "
-             f"(nothing installed, nothing pinned); {_BAD}; {_INT}",
+             f"(nothing installed, nothing pinned); {_BAD}; {_LOCK}; {_INT}",
     "gates": f"0 every gate passed; 1 a gate failed; {_BAD}; {_INT}",
     "engram-local": f"0 ok; 1 a copy is missing, incomplete or does not verify; {_BAD}; {_INT}",
     "exporter": f"0 ok (--once printed, or the server ended); {_BAD}; {_INT}",

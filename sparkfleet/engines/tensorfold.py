@@ -79,7 +79,7 @@ class TensorFold(Engine):
         return super().model_label(profile) or (profile.tensorfold.model_dir if profile.tensorfold else "")
 
     def engine_build(self, profile: Profile) -> EngineBuild | None:
-        """The seed's build, command for command (seed 002 Quick start 2, LCH-T1):
+        """The seed's build, command for command (seed 002 Quick start 2; LCH-T1):
             git clone -b deepseek-v41-zig-tp4 https://github.com/bertholomus/TensorFold && cd TensorFold
             git checkout 5940208
             git am "$REPO"/runs/2026-10-17-1017-tensorfold/patches/*.patch
