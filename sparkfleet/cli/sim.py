@@ -62,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--mtu", type=int, help="mtu-mismatch: the node's fabric MTU")
     f.add_argument("--driver", help="driver-drift: the driver version nvidia-smi reports")
     f.add_argument("--factor", type=float, help="slow-boot: how many times longer the boot takes (default 10)")
+    f.add_argument("--seconds", type=float, help="silent-tune: how long the rank stays silent (default 30)")
     f.add_argument("--sticky", action="store_true", default=None,
                    help="rank-vanish, rank-hang, serve-crash: every later launch on the node too, until healed")
     f.add_argument("--off", type=float, help="power-cycle: seconds before the node boots again (default 10)")
@@ -160,7 +161,7 @@ def run_fault(args: argparse.Namespace) -> int:
     sim = lab.require()
     params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port, "rate": args.rate,
               "mtu": args.mtu, "driver": args.driver, "factor": args.factor,
-              "sticky": args.sticky, "off": args.off}
+              "seconds": args.seconds, "sticky": args.sticky, "off": args.off}
     recorded = sim.fault(args.node, args.kind, **params)
     if args.json:
         print_json({"simulation": True, "node": args.node, "fault": args.kind, "params": recorded})

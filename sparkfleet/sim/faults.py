@@ -627,5 +627,32 @@ APPLY["node-lost"] = _nothing
 ACT["node-lost"] = _node_lost
 UNACT["node-lost"] = _node_back
 
+
+# -- a silent boot (FM-42): the head logs nothing for a while, busy or idle -----------------------------------
+
+SILENT_TUNE_S = 30.0  # the sim's default: long enough to outlast a short stall window, short for a test
+
+
+def _silent_tune(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    seconds = params.get("seconds")
+    if seconds is not None and not float(seconds) > 0:
+        raise UserError(f"silent-tune --seconds {seconds}: expected seconds above 0")
+    return {"seconds": float(seconds if seconds is not None else SILENT_TUNE_S)}
+
+
+KINDS.update({k.name: k for k in (
+    Kind("silent-tune", "sim engine fault for the next launch on this node: after loading its weights the rank "
+         "logs nothing for --seconds (default 30) while it keeps a CPU busy, as the Station's autotune does, then "
+         "boots on (FM-42)", ("seconds",)),
+    Kind("boot-stall", "sim engine fault for the next launch on this node: after loading its weights the rank "
+         "logs nothing and uses no CPU until it is stopped (a hung boot, FM-42)"),
+    Kind("bimodal", "sim engine fault for the next launch on this node: every other burst of requests (each time "
+         "the engine goes from idle to busy) decodes 1.55x slower, as the seeds' C4 cell read 189 and 122 tok/s "
+         "(FM-53)"),
+)})
+ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall", "bimodal"}
+APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing, "bimodal": _nothing})
+
+
 if __name__ == "__main__":
     sys.exit(_supply_main(sys.argv[1:]))
