@@ -122,3 +122,11 @@ def lane_cleaned(sim, capsys):
 
     main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
     capsys.readouterr()
+
+
+def tensorfold_built(profile: str = "tf1017") -> None:
+    """The lane's engine built and pinned on the sim lab (`sparkfleet build`), as `up` requires of a lane
+    with tensorfold.build: the lab's stand-in source, patches and zig (sparkfleet/sim/tfbuild.py)."""
+    from sparkfleet.cli.main import main
+
+    assert main(["build", "--profile", profile, "--inventory", "sim", "--json"]) == 0

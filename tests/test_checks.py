@@ -698,7 +698,7 @@ class FakeTransport(RunEachByRun):
 
     def run(self, nodes, command, *, stdin=None, timeout_s=60.0, env=None):
         self.commands.extend([command] * len(nodes))  # one per node (run_each groups nodes sharing a command)
-        if "drop_caches" in command:  # sparkfleet.fleet.commands.DROP_CACHES
+        if "drop_caches" in command:  # sparkfleet.fleet.ops.DropCaches
             return {n.name: self.answers.get(n.name, Result(n.name, True)) for n in nodes}
         if command.startswith("cat ") and command.endswith("/engram-manifest.json"):  # a healthy lane's copies
             return {n.name: Result(n.name, True, stdout=json.dumps(good_copy(DCP2_RANKS[n.name]))) for n in nodes}

@@ -18,7 +18,8 @@ from sparkfleet.cli.progress import PHASE_EVERY_S, Progress
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]
 STEP = re.compile(r"^(\d\d:\d\d:\d\d) (start|ok|warn|FAIL|skip) +(\S+)(.*)$")
 RANK = re.compile(r"^\d\d:\d\d:\d\d +rank (\d) on (\w+): (.+) \((\w+), (\d+) log lines\)$")
-UP_STEPS = ["stop", "drop_caches", "facts", "patches", "check", "probe", "fabric_probe", "engram", "rail2_up",
+UP_STEPS = ["stop", "drop_caches", "facts", "patches", "engine_build", "check", "probe", "fabric_probe", "engram",
+            "rail2_up",
             "launch:workers", "launch:head", "wait_ready", "expect", "gates", "record"]
 
 

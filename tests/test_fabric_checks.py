@@ -122,3 +122,16 @@ def test_odd_ones() -> None:
     assert drift.odd_ones({"a": 1, "b": 1, "c": 2}) == {"c"}
     assert drift.odd_ones({"a": 1, "b": 2}) == {"a", "b"}
     assert drift.odd_ones({"a": 1, "b": 1}) == set()
+
+
+def test_llamacpp_ranks_on_other_drivers_only_warn_and_the_image_still_fails(repo_spec: Spec) -> None:
+    """A GB300 head over GB10 rpc-servers: each rank drives its own GPU (ggml's RPC between them), so the
+    Station's own driver and CUDA warn; a rank on another llama.cpp image (its RPC protocol) still fails."""
+    profile, inv, plan = lane(repo_spec, "llamacpp-lab-station")
+    facts = healthy(profile, inv, plan)
+    facts["station"].versions.driver, facts["station"].versions.cuda = "595.84", "13.1"
+    facts["bluey"].docker.images[0].id = "sha256:" + "9" * 64
+    assert bad(check(profile, inv, plan, facts), "drift") == [
+        ("station", "warn", "NVIDIA driver 595.84 differs from the lane's other ranks"),
+        ("station", "warn", "CUDA 13.1 differs from the lane's other ranks"),
+        ("bluey", "fail", "image id 999999999999 differs from the lane's other ranks")]

@@ -3,7 +3,7 @@
 No simulated lab: each node is this machine, its commands run in a real bash as uid ME (not root, no
 capabilities) in a mount namespace of their own where /run/lock is a fresh sticky directory (mode 1777,
 as on Ubuntu/DGX OS). The lock command runs unchanged against the real /run/lock path. The nodes' PATH has
-no docker, so nothing past the lock can touch this machine's containers (a `down` that gets that far
+no docker (docker_free_path), so nothing past the lock can touch this machine's containers (a `down` that gets that far
 fails at its stop step, as on a node without docker).
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +26,17 @@ from tests.conftest import REPO
 
 SPARKS = ("reddie", "asusi", "bluey", "spark4")
 ME, OTHER = 4243, 4244  # uids with no name on this machine: the node says "uid N"
-PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the node's PATH: no /usr/local/bin (this machine's docker CLI)
+
+
+def docker_free_path(d: Path) -> str:
+    """The node's PATH: one dir of links to this machine's /usr/sbin and /usr/bin tools, less docker's (the
+    machine may well have a docker CLI: Debian's docker.io, or one in /usr/local/bin)."""
+    d.mkdir(parents=True)
+    for src in (Path("/usr/sbin"), Path("/usr/bin")):
+        for tool in sorted(src.iterdir()):
+            if not tool.name.startswith("docker") and not (d / tool.name).exists():
+                (d / tool.name).symlink_to(tool)
+    return str(d)
 
 
 def need(*tools: str) -> None:
@@ -34,19 +46,23 @@ def need(*tools: str) -> None:
 
 
 @pytest.fixture
-def nodes(tmp_path, ops_root, monkeypatch) -> dict[str, Path]:
+def nodes(tmp_path, ops_root, monkeypatch, request) -> dict[str, Path]:
     """An inventory `userlock` of the lab's nodes, each a node as described above; its /run/lock dirs."""
     need("/usr/bin/unshare", "/usr/bin/setpriv", "/usr/bin/flock")
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
     inv = yaml.safe_load((REPO / "inventories/lab.yaml").read_text())
     inv["name"], inv["example"] = "userlock", False
     dirs = {}
+    bin_dir = Path(tempfile.mkdtemp(prefix="sf-nodocker-"))  # not under tmp_path: uid ME must reach it
+    bin_dir.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(bin_dir))
+    path = docker_free_path(bin_dir / "bin")
     for name, node in inv["nodes"].items():  # the Station too (its group must resolve); dcp2 runs on the Sparks
         d = dirs[name] = tmp_path / "nodes" / name / "run-lock"
         d.mkdir(parents=True)
         d.chmod(0o1777)
         inner = (f'mount --bind "$0" /run/lock && exec /usr/bin/setpriv --reuid {ME} --regid {ME} --clear-groups '
-                 f'-- /usr/bin/env PATH={PATH} "$@"')
+                 f'-- /usr/bin/env PATH={path} "$@"')
         wrapper = tmp_path / "nodes" / name / "enter"
         wrapper.write_text(f"#!/bin/sh\n# node {name}: this machine, {d} as its /run/lock, commands as uid {ME}\n"
                            f"exec /usr/bin/unshare --mount --propagation private -- /bin/sh -c {shlex.quote(inner)} "

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
 from tests.cli_run import lane_containers, record_of, result, run
-from tests.conftest import REPO, engram_copies
+from tests.conftest import REPO, engram_copies, tensorfold_built
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
 
@@ -36,11 +37,11 @@ def clean(sim, capsys):
 
 
 @pytest.mark.nonroot  # also run as an unprivileged user by .ci/run
-def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
+def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys, monkeypatch) -> None:
     code, events = run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
     steps = [(e["step"], e["status"]) for e in events if e["event"] == "step" and e["status"] != "start"]
-    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "patches", "check", "probe", "fabric_probe",
+    assert [s for s, _ in steps] == ["stop", "drop_caches", "facts", "patches", "engine_build", "check", "probe", "fabric_probe",
                                      "engram", "rail2_up", "launch:workers", "launch:head", "wait_ready", "expect",
                                      "gates", "record"]
     assert dict(steps)["wait_ready"] == "ok" and dict(steps)["gates"] == "ok"
@@ -64,6 +65,36 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys) -> None:
     assert sorted((c["node"], c["rank"], c["state"]) for c in status["containers"]) == [
         ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
     assert status["lanes"]["dcp2"]["health"] == 200 and status["lanes"]["dcp2"]["models"] == ["deepseek-v4.1-flash"]
+
+    # `logs` splits the head's log as the reader does, on `\n` only: tqdm's CUDA-graph bar, redrawn after `\r`,
+    # is one line (str.splitlines() made one per redraw), and people see what a terminal shows of it
+    assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--rank", "0", "--tail", "0", "--json"]) == 0
+    lines = [json.loads(x)["line"] for x in capsys.readouterr().out.splitlines()]
+    (head,) = running["reddie"]
+    written = (sim.state_dir("reddie") / "logs" / f"{head['Id']}.log").read_bytes().decode().split("\n")
+    assert lines == written[:len(lines)] and len(lines) >= len(written) - 1  # the head may log on meanwhile
+    (bar,) = [x for x in lines if "Capturing CUDA graphs (decode, FULL)" in x]
+    assert bar.count("\r") >= 2
+    assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--rank", "0", "--tail", "0"]) == 0
+    (shown,) = [x for x in capsys.readouterr().out.splitlines() if "Capturing CUDA graphs (decode, FULL)" in x]
+    assert re.fullmatch(r"reddie/r0 \| Capturing CUDA graphs \(decode, FULL\): 100%\|█{10}\| (\d+)/\1 \[.*\]\s*",
+                        shown), shown
+    # --follow reads as `up` reads: each line once, when complete (a bar still moving waits for its `\n`)
+    log = sim.state_dir("reddie") / "logs" / f"{head['Id']}.log"
+    more = iter(["\rCompiling (sim):  50%", "\rCompiling (sim): 100%\nINFO followed\n"])
+
+    def poll(seconds: float) -> None:  # between two polls the head writes the next piece
+        piece = next(more, None)
+        if piece is None:
+            raise KeyboardInterrupt  # the operator's Ctrl-C
+        with log.open("a") as f:
+            f.write(piece)
+
+    monkeypatch.setattr("sparkfleet.cli.observe.time", SimpleNamespace(sleep=poll))
+    assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--rank", "0", "--tail", "1", "--follow",
+                 "--json"]) == 0
+    followed = [json.loads(x)["line"] for x in capsys.readouterr().out.splitlines()]
+    assert len(followed) == 3 and followed[1:] == ["\rCompiling (sim):  50%\rCompiling (sim): 100%", "INFO followed"]
 
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0
@@ -234,6 +265,8 @@ def test_rail2_aliases_are_added_for_the_lane_and_removed_on_down(sim, capsys, t
 
 
 def test_tensorfold_starts_ranks_3_2_1_then_0(sim, capsys) -> None:
+    tensorfold_built()
+    capsys.readouterr()
     code, events = run(capsys, "up", "--profile", "tf1017", "--inventory", "sim", "--dry-run")
     assert code == 0
     launches = [e["summary"] for e in events if e["event"] == "step" and e["step"].startswith("launch")

@@ -93,3 +93,27 @@ def test_vllm_rules_do_not_apply_and_reserved_flags_do(ops_root: Path) -> None:
     (ops_root / "profiles" / "x.yaml").write_text(
         "extends: llamacpp-sparks\nflags:\n  --port: 9\n  --enforce-eager: true\n")
     assert [(c, f) for c, f, _, _ in fails(ops_root, "x")] == [("reserved", "flags.--port")]
+
+
+def test_the_station_heads_the_four_sparks_over_the_fabric(capsys) -> None:
+    got = launches(capsys, "llamacpp-lab-station")
+    assert [(x["node"], x["rank"], x["wave"]) for x in got] == [
+        ("reddie", 1, 1), ("asusi", 2, 1), ("bluey", 3, 1), ("spark4", 4, 1), ("station", 0, 2)]
+    sparks = ("192.168.192.11", "192.168.192.12", "192.168.192.13", "192.168.192.14")
+    for x, ip in zip(got[:4], sparks, strict=True):
+        assert x["argv"][-4:] == ["--host", ip, "--port", "50052"]
+    head = got[4]["argv"]
+    assert head[head.index("--rpc") + 1] == ",".join(f"{ip}:50052" for ip in sparks)
+    # the GGUF from the Station's own model root (INV-53's /models)
+    assert "/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf:/models/gemma-3-270m-q4_k_m.gguf:ro" in head
+
+
+def test_a_head_without_a_fabric_ip_is_refused(ops_root: Path) -> None:
+    inv = ops_root / "inventories" / "lab.yaml"
+    text = inv.read_text()
+    inv.write_text(text.replace("    fabric_ip: 192.168.192.20             # example\n", ""))
+    assert fails(ops_root, "llamacpp-lab-station") == [(
+        "llamacpp-fabric", "nodes.station.fabric_ip", "station",
+        "station (rank 0) has no fabric_ip: llama-server would reach the rpc-servers' fabric addresses over "
+        "another network (management), not the fabric")]
+    assert main(["plan", "--profile", "llamacpp-lab-station", "--root", str(ops_root)]) != 0

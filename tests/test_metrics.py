@@ -151,9 +151,9 @@ def test_node_series_and_an_unreachable_node(inv) -> None:
     st.journal_readable = False  # e.g. the sim: no journalctl
     early = scrape(view, now=T0 + 5)
     later = scrape(view, now=T0 + 65)
-    assert value(early, n.NODE_UP.name, node="reddie", group="sparks", hardware="gb10") == 1.0
-    assert value(early, n.NODE_UP.name, node="asusi", group="sparks", hardware="gb10") == 0.0
-    assert value(early, n.NODE_UP.name, node="station", group="station", hardware="gb300") == 0.0
+    assert value(early, n.NODE_UP.name, node="reddie", group="sparks,mixed", hardware="gb10") == 1.0
+    assert value(early, n.NODE_UP.name, node="asusi", group="sparks,mixed", hardware="gb10") == 0.0
+    assert value(early, n.NODE_UP.name, node="station", group="station,mixed", hardware="gb300") == 0.0
     assert value(early, n.NODE_FACTS_AGE.name, node="asusi") == pytest.approx(5.0)
     assert value(later, n.NODE_FACTS_AGE.name, node="asusi") == pytest.approx(65.0)  # grows while down
     assert value(early, n.NODE_FACTS_AGE.name, node="station") is None  # never answered: no age to give
@@ -166,7 +166,7 @@ def test_node_series_and_an_unreachable_node(inv) -> None:
     assert value(early, n.EARLYOOM_JOURNAL.name, node="asusi") == 0.0
     assert value(early, n.EARLYOOM_KILLS.name, node="asusi", signal="SIGTERM") == 0.0
     assert value(early, n.EARLYOOM_JOURNAL.name, node="reddie") is None  # journal not asked: nothing claimed
-    assert value(early, n.NODE_INFO.name, node="reddie", group="sparks", hardware="gb10", simulated="false") == 1.0
+    assert value(early, n.NODE_INFO.name, node="reddie", group="sparks,mixed", hardware="gb10", simulated="false") == 1.0
 
 
 # -- lanes: containers, info, Engram copies ---------------------------------------------------------------
@@ -433,7 +433,7 @@ def test_a_hung_poll_never_blocks_a_scrape_and_failures_mark_nodes_down(spec, in
         while poller.polls == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         text = generate_latest(reg).decode()
-        assert 'sparkfleet_node_up{group="sparks",hardware="gb10",node="reddie"} 0.0' in text
+        assert 'sparkfleet_node_up{group="sparks,mixed",hardware="gb10",node="reddie"} 0.0' in text
         assert 'sparkfleet_node_poll_failures_total{error="unreachable",node="reddie"}' in text
     finally:
         transport.release.set()
@@ -445,7 +445,7 @@ def test_a_transport_that_raises_fails_the_poll_not_the_exporter(spec, inv) -> N
     poller = Poller(spec, inv, RaisingTransport(), interval_s=1.0, timeout_s=1.0)
     snap = poller.poll_once()
     got = {(s.name, frozenset(s.labels.items())): s.value for f in snap.families for s in f.samples}
-    assert value(got, n.NODE_UP.name, node="reddie", group="sparks", hardware="gb10") == 0.0
+    assert value(got, n.NODE_UP.name, node="reddie", group="sparks,mixed", hardware="gb10") == 0.0
     assert poller.states["reddie"].error.startswith("facts gathering failed: RuntimeError: transport bug")
     assert poller.states["reddie"].journal_readable is None  # a node that did not answer says nothing of its journal
     assert poller.polls == 1

@@ -1,6 +1,6 @@
-"""Node operations (sparkfleet/fleet/commands.py): exact commands, and parsers fed the real tools' output.
+"""Node operations (sparkfleet/fleet/ops/): exact commands, and parsers fed the real tools' output.
 
-The outputs below are in the formats the real tools print (sources in the module's docstring): docker
+The outputs below are in the formats the real tools print (sources in the modules' docstrings): docker
 CLI 27's `ps -q --no-trunc`, `inspect` (a JSON array; `Error: No such object: ID` on stderr, exit 1),
 `logs`, the daemon-down and socket-permission messages, and bash's `command not found` (exit 127).
 The shell parts of the log command run in a real bash against a `docker` on PATH that answers as the
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkfleet.fleet import commands as c
+from sparkfleet.fleet import ops as c
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.naming import ENGRAM_MANIFEST
@@ -40,30 +40,36 @@ def inspect_doc(cid: str, name: str, status: str, code: int = 0, error: str = ""
 
 
 def test_lane_containers_by_label_only() -> None:
-    assert c.lane_containers_command("dcp2") == "docker ps -a -q --no-trunc --filter label=sparkfleet.profile=dcp2"
-    assert c.lane_containers_command("dcp2", running_only=True) == (
+    lane = c.LaneContainers("dcp2")
+    assert lane.command() == "docker ps -a -q --no-trunc --filter label=sparkfleet.profile=dcp2"
+    assert c.LaneContainers("dcp2", running_only=True).command() == (
         "docker ps -q --no-trunc --filter label=sparkfleet.profile=dcp2")
-    assert c.lane_containers_command("x y") == "docker ps -a -q --no-trunc --filter 'label=sparkfleet.profile=x y'"
-    assert c.parse_container_ids(Result("n", True, stdout=f"{ID1}\n{ID2}\n", exit_code=0)) == [ID1, ID2]
-    assert c.parse_container_ids(Result("n", True, stdout="", exit_code=0)) == []
+    assert c.LaneContainers("x y").command() == "docker ps -a -q --no-trunc --filter 'label=sparkfleet.profile=x y'"
+    assert c.LaneContainers("dcp2", run_id="r1").command() == (
+        "docker ps -a -q --no-trunc --filter label=sparkfleet.profile=dcp2 --filter label=sparkfleet.run=r1")
+    assert lane.parse(Result("n", True, stdout=f"{ID1}\n{ID2}\n", exit_code=0)) == [ID1, ID2]
+    assert lane.parse(Result("n", True, stdout="", exit_code=0)) == []
+    assert not lane.changes
 
 
 def test_inspect_states_and_a_vanished_container() -> None:
     out = json.dumps([inspect_doc(ID1, "sf-dcp2-r1", "running"), inspect_doc(ID2, "sf-dcp2-r2", "exited", 137)],
                      indent=4)
-    got = c.parse_inspect(Result("n", True, stdout=out, exit_code=0), [(ID1, "sf-dcp2-r1"), (ID2, "sf-dcp2-r2")])
+    both = c.Inspect(((ID1, "sf-dcp2-r1"), (ID2, "sf-dcp2-r2")))
+    assert both.command() == f"docker inspect {ID1} {ID2}" and not both.changes
+    got = both.parse(Result("n", True, stdout=out, exit_code=0))
     assert got == {ID1: c.ContainerState("running", 0), ID2: c.ContainerState("exited", 137)}
     # one of two gone: exit 1, the found one still printed, the other named on stderr
     res = Result("n", False, stdout=json.dumps([inspect_doc(ID1, "sf-dcp2-r1", "running")]),
                  stderr=f"Error: No such object: {ID2}\n", exit_code=1, error="exit")
-    assert c.parse_inspect(res, [(ID1, "sf-dcp2-r1"), (ID2, "sf-dcp2-r2")]) == {
+    assert both.parse(res) == {
         ID1: c.ContainerState("running", 0), ID2: c.ContainerState("missing")}
     # the only one gone: `[]` on stdout
     res = Result("n", False, stdout="[]\n", stderr=f"Error: No such object: {ID2}\n", exit_code=1, error="exit")
-    assert c.parse_inspect(res, [(ID2, "sf-dcp2-r2")]) == {ID2: c.ContainerState("missing")}
+    assert c.Inspect(((ID2, "sf-dcp2-r2"),)).parse(res) == {ID2: c.ContainerState("missing")}
     # a short id the launch printed matches the full id docker reports
     res = Result("n", True, stdout=json.dumps([inspect_doc(ID1, "x", "created")]), exit_code=0)
-    assert c.parse_inspect(res, [(ID1[:12], "sf-dcp2-r1")]) == {ID1[:12]: c.ContainerState("created", 0)}
+    assert c.Inspect(((ID1[:12], "sf-dcp2-r1"),)).parse(res) == {ID1[:12]: c.ContainerState("created", 0)}
 
 
 @pytest.mark.parametrize("stderr, code, kind, says", [
@@ -75,7 +81,7 @@ def test_inspect_states_and_a_vanished_container() -> None:
 def test_a_command_that_ran_and_failed_is_not_reach(stderr: str, code: int, kind: str, says: str) -> None:
     res = Result("bluey", False, stdout="[]\n" if "docker" in stderr else "", stderr=stderr + "\n", exit_code=code,
                  error="exit")
-    for err in (c.classify(res), c.parse_inspect(res, [(ID1, "a")]), c.parse_container_ids(res)):
+    for err in (c.classify(res), c.Inspect(((ID1, "a"),)).parse(res), c.LaneContainers("dcp2").parse(res)):
         assert isinstance(err, c.NodeError)
         assert (err.node, err.kind) == ("bluey", kind) and err.message.startswith(says)
         assert err.remedy == c.REMEDIES[kind]
@@ -92,45 +98,67 @@ def test_an_unanswering_node_is_reach() -> None:
 def run_bash(tmp_path, docker_script: str, command: str) -> subprocess.CompletedProcess:
     (tmp_path / "docker").write_text("#!/bin/sh\n" + docker_script)
     (tmp_path / "docker").chmod(0o755)
-    return subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    p = subprocess.run(["bash", "-c", command], capture_output=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    # decoded as the transports decode (fleet/local.py): text=True's universal newlines would turn `\r` into `\n`
+    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
 
 
 def as_result(p: subprocess.CompletedProcess) -> Result:
     return Result("n", p.returncode == 0, p.stdout, p.stderr, p.returncode, None if p.returncode == 0 else "exit")
 
 
+def read(tmp_path, docker_script: str, seen: int) -> list[str] | c.NodeError:
+    op = c.Logs(ID1, seen)
+    assert not op.changes
+    return op.parse(as_result(run_bash(tmp_path, docker_script, op.command())))
+
+
 def test_logs_since_keeps_stderr_lines_and_counts_from_the_last_seen(tmp_path) -> None:
     # the engine writes to both streams; `docker logs` passes them on as two streams
     script = 'echo "INFO started"; echo "WARNING odd" >&2; echo "INFO loaded"; exit 0\n'
-    assert c.parse_logs(as_result(run_bash(tmp_path, script, c.logs_command(ID1, 0)))) == [
+    assert read(tmp_path, script, 0) == [
         "INFO started", "WARNING odd", "INFO loaded"]
-    assert c.parse_logs(as_result(run_bash(tmp_path, script, c.logs_command(ID1, 2)))) == ["INFO loaded"]
-    assert c.parse_logs(as_result(run_bash(tmp_path, script, c.logs_command(ID1, 3)))) == []
-    assert c.parse_logs(as_result(run_bash(tmp_path, "exit 0\n", c.logs_command(ID1, 0)))) == []
+    assert read(tmp_path, script, 2) == ["INFO loaded"]
+    assert read(tmp_path, script, 3) == []
+    assert read(tmp_path, "exit 0\n", 0) == []
 
 
 def test_logs_errors_are_errors_never_log_lines(tmp_path) -> None:
     gone = f'echo "Error response from daemon: No such container: {ID1}" >&2; exit 1\n'
-    err = c.parse_logs(as_result(run_bash(tmp_path, gone, c.logs_command(ID1, 40))))
+    err = read(tmp_path, gone, 40)
     assert err == c.NodeError("n", "no-such-container", f"docker logs: no such container {ID1}", "")
     down = f'echo "{DAEMON_DOWN}" >&2; exit 1\n'
-    err = c.parse_logs(as_result(run_bash(tmp_path, down, c.logs_command(ID1, 0))))
+    err = read(tmp_path, down, 0)
     assert isinstance(err, c.NodeError) and err.kind == "docker-down"
     assert err.message == f"docker logs failed: the docker daemon is not running: {DAEMON_DOWN}"
 
 
 def test_stop_rail2_and_drop_caches() -> None:
-    assert c.stop_command([ID1, ID2]) == f"docker rm -f {ID1} {ID2}"
-    assert c.stop_command([ID1], remove=False) == f"docker stop {ID1}"
-    assert c.rail2_alias_command("192.168.193.11/24", "enP2p1s0f0np0", add=True) == (
+    assert c.Stop((ID1, ID2)).command() == f"docker rm -f {ID1} {ID2}"
+    assert c.Stop((ID1,), remove=False).command() == f"docker stop {ID1}"
+    add = c.Rail2Alias("192.168.193.11/24", "enP2p1s0f0np0", add=True)
+    assert add.command() == (
         "ip addr del 192.168.193.11/24 dev enP2p1s0f0np0 2>/dev/null; ip addr add 192.168.193.11/24 dev enP2p1s0f0np0")
-    assert c.rail2_alias_command("192.168.193.11/24", "enP2p1s0f0np0", add=False) == (
+    assert c.Rail2Alias("192.168.193.11/24", "enP2p1s0f0np0", add=False).command() == (
         "ip addr del 192.168.193.11/24 dev enP2p1s0f0np0 2>/dev/null || true")
-    assert c.parse_drop_caches(Result("n", True, exit_code=0)) is True
+    drop = c.DropCaches()
+    assert drop.command() == "sync && sysctl -q -w vm.drop_caches=3"
+    assert drop.parse(Result("n", True, exit_code=0)) is True
     denied = "sysctl: permission denied on key \"vm.drop_caches\""
-    assert c.parse_drop_caches(Result("n", False, stderr=denied + "\n", exit_code=255, error="exit")) == denied
-    assert c.parse_drop_caches(Result("n", False, error="unreachable")) is None
+    assert drop.parse(Result("n", False, stderr=denied + "\n", exit_code=255, error="exit")) == denied
+    assert drop.parse(Result("n", False, error="unreachable")) is None
+    assert c.Stop((ID1,)).changes and add.changes and drop.changes
+    busy = Result("n", False, stderr=DAEMON_DOWN + "\n", exit_code=1, error="exit")
+    assert c.Stop((ID1,)).parse(busy).kind == "docker-down" and c.Stop((ID1,)).parse(Result("n", True)) is None
+
+
+def test_operations_make_one_node_commands_that_changes_when_any_does() -> None:
+    reads = c.on("list", {"a": c.LaneContainers("dcp2"), "b": c.ReadFile("/x y")}, 30)
+    assert (reads.what, reads.commands, reads.changes, reads.timeout_s, reads.serial) == (
+        "list", {"a": "docker ps -a -q --no-trunc --filter label=sparkfleet.profile=dcp2", "b": "cat '/x y'"},
+        False, 30, False)
+    mixed = c.on("stop", {"a": c.ReadFile("/x"), "b": c.Stop((ID1,))}, 120, serial=True)
+    assert mixed.changes and mixed.serial and mixed.commands["b"] == f"docker rm -f {ID1}"
 
 
 def test_the_one_name_of_the_engram_manifest() -> None:
@@ -206,22 +234,28 @@ def sh(command: str) -> Result:
     return Result("n", p.returncode == 0, p.stdout, p.stderr, p.returncode, None if p.returncode == 0 else "exit")
 
 
+def take(path: str, holder: str, stale: str | None = None) -> c.LockAnswer | c.LockStuck | c.NodeError:
+    op = c.LockTake(path, holder, stale)
+    return op.parse(sh(op.command()))
+
+
 def test_the_fleet_lock_commands_in_a_real_bash(tmp_path) -> None:
     """Take, refuse, take over only the lock judged stale, give back only one's own: the exact commands."""
     path = str(tmp_path / "lock" / "sparkfleet.lock")
     a, b = json.dumps({"user": "o'neil", "pid": 1}), json.dumps({"user": "b", "pid": 2})
-    assert c.parse_lock_take(sh(c.lock_take_command(path, a))) == c.LockAnswer(True)
-    held = c.parse_lock_take(sh(c.lock_take_command(path, b)))
+    assert take(path, a) == c.LockAnswer(True)
+    held = take(path, b)
     assert isinstance(held, c.LockAnswer) and not held.taken and held.holder == a and 0 <= held.age_s < 60
-    other = c.parse_lock_take(sh(c.lock_take_command(path, b, stale=json.dumps({"user": "x"}))))
+    other = take(path, b, stale=json.dumps({"user": "x"}))
     assert not other.taken and other.holder == a  # not the lock judged stale: left alone
-    sh(c.lock_release_command(path, b))  # not b's: left alone
+    sh(c.LockRelease(path, b).command())  # not b's: left alone
     assert (tmp_path / "lock/sparkfleet.lock").read_text() == a + "\n"
-    assert c.parse_lock_take(sh(c.lock_take_command(path, b, stale=a))).taken
+    assert take(path, b, stale=a).taken
     assert (tmp_path / "lock/sparkfleet.lock").read_text() == b + "\n"
-    sh(c.lock_release_command(path, b))
+    sh(c.LockRelease(path, b).command())
     assert list((tmp_path / "lock").iterdir()) == []  # the take-over's flock left no file behind
-    failed = c.parse_lock_take(sh(c.lock_take_command(str(tmp_path / "f" / "x.lock"), a).replace(
+    blocked = c.LockTake(str(tmp_path / "f" / "x.lock"), a)
+    failed = blocked.parse(sh(blocked.command().replace(
         "mkdir -p", "touch " + str(tmp_path / "f") + " && mkdir -p")))
     assert isinstance(failed, c.NodeError) and "File exists" in failed.message
 
@@ -239,7 +273,7 @@ def test_a_take_over_waits_for_another_on_the_lock_directory(tmp_path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        proc = subprocess.Popen(["bash", "-c", c.lock_take_command(str(d / "sparkfleet.lock"), mine, stale=stale)],
+        proc = subprocess.Popen(["bash", "-c", c.LockTake(str(d / "sparkfleet.lock"), mine, stale=stale).command()],
                                 stdout=subprocess.PIPE, text=True)
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)
@@ -255,7 +289,46 @@ def test_the_stuck_answer_of_a_take_over(tmp_path) -> None:
     """What a take-over prints when rm cannot remove the stale lock, read back (the node command runs in
     a real bash in tests/test_fleet_lock_user.py)."""
     out = "stuck 1001 ops 1000 dgx 1777\nrm: cannot remove '/run/lock/sparkfleet.lock': Operation not permitted\n"
-    assert c.parse_lock_take(Result("n", True, out, "", 0)) == c.LockStuck(
+    assert c.LockTake("/run/lock/sparkfleet.lock", "me").parse(Result("n", True, out, "", 0)) == c.LockStuck(
         1001, "ops", 1000, "dgx", 0o1777, "rm: cannot remove '/run/lock/sparkfleet.lock': Operation not permitted")
-    nameless = c.parse_lock_take(Result("n", True, "stuck 4244 UNKNOWN 4243 - 755\nrm: x\n", "", 0))
+    nameless = c.LockTake("/run/lock/sparkfleet.lock", "me").parse(Result("n", True, "stuck 4244 UNKNOWN 4243 - 755\nrm: x\n", "", 0))
     assert (nameless.owner, nameless.me, nameless.sticky) == ("", "", False)
+
+
+# a head's log as vLLM writes it: a tqdm bar redrawn after `\r` (tqdm/std.py:457), padded to the last
+# display's length, ended by one `\n` at close; a form feed and a U+2028 inside an engine's message; and
+# a bar still moving (no `\n` yet) at the end
+BAR = ("Capturing CUDA graphs (decode, FULL):   0%|          | 0/3 [00:00<?, ?it/s]"
+       "\rCapturing CUDA graphs (decode, FULL):  33%|███       | 1/3 [00:00<00:00, 9.80it/s]"
+       "\rCapturing CUDA graphs (decode, FULL): 100%|██████████| 3/3 [00:00<00:00, 9.90it/s]\n")
+HEAD_LOG = ("INFO 12-01 09:30:01 [api_server.py:1351] vLLM API server version 0.11.0\n" + BAR
+            + "INFO 12-01 09:30:02 [core.py:1] a\x0cb\u2028c\x1ed\x85e\n"
+            + "Loading safetensors checkpoint shards:  40%|████      | 2/5")
+
+
+def test_log_tails_split_lines_as_the_reader_does(tmp_path) -> None:
+    """watch's, the bundle's and `logs`' tail see the lines `Logs` (the reader) sees: split on `\\n` only
+    (splitlines would cut the bar into 3 lines and the message into 5), the bar still moving counted as
+    `docker logs --tail` counts it."""
+    (tmp_path / "head.log").write_text(HEAD_LOG)
+    script = f'cat {tmp_path / "head.log"}\n'  # `docker logs` passes the bytes on as the engine wrote them
+    tail = c.LogTail(ID1)
+    assert tail.command() == f"docker logs --tail 60 {ID1} 2>&1" and not tail.changes
+    assert c.LogTail(ID1, None, "10m").command() == f"docker logs --since 10m {ID1} 2>&1"
+    got = tail.parse(as_result(run_bash(tmp_path, script, tail.command())))
+    assert got == [HEAD_LOG.split("\n")[0], BAR[:-1], "INFO 12-01 09:30:02 [core.py:1] a\x0cb\u2028c\x1ed\x85e",
+                   "Loading safetensors checkpoint shards:  40%|████      | 2/5"]
+    assert read(tmp_path, script, 0) == got[:3]  # the reader: the same lines, the unfinished one left for later
+    assert tail.parse(Result("n", True, stdout="", exit_code=0)) == []
+    gone = Result("n", False, stderr=f"Error response from daemon: No such container: {ID1}\n", exit_code=1,
+                  error="exit")
+    assert tail.parse(gone) == [f"(cannot read logs: Error response from daemon: No such container: {ID1})"]
+
+
+def test_what_a_terminal_shows_of_a_bar_line() -> None:
+    from sparkfleet.engines.logs import shown, text
+
+    assert shown(BAR) == "Capturing CUDA graphs (decode, FULL): 100%|██████████| 3/3 [00:00<00:00, 9.90it/s]"
+    assert shown("\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m INFO x\r\x1b[0m\r\n") == \
+        "\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m INFO x"  # colour kept; a colour-only segment is blank
+    assert text("\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m INFO x\r\x1b[0m\r\n") == "INFO x"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
-from sparkfleet.fleet.commands import REMEDIES, classify
 from sparkfleet.fleet.local import NOT_RUN_FD, LocalTransport
+from sparkfleet.fleet.ops import REMEDIES, classify
 from sparkfleet.naming import node_lock_path
 from sparkfleet.schema.inventory import Node
 from sparkfleet.sim import node as simnode

@@ -42,7 +42,7 @@ def launches(plan: dict) -> list[dict]:
 
 def test_dcp2_workers_then_head_with_exact_per_node_argv(capsys) -> None:
     plan = plan_json(capsys, "--profile", "dcp2")
-    assert [s["step"] for s in plan["steps"]][:9] == ["stop", "drop_caches", "facts", "patches", "check",
+    assert [s["step"] for s in plan["steps"]][:10] == ["stop", "drop_caches", "facts", "patches", "engine_build", "check",
                                                      "probe", "fabric_probe", "engram", "rail2_up"]
     ls = launches(plan)
     assert [(s["node"], s["rank"], s["role"], s["wave"], s["parallel"]) for s in ls] == [
@@ -218,8 +218,8 @@ def test_plan_human_output(capsys) -> None:
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ("plan dcp2 (up on inventory lab): rank 0 reddie, rank 1 asusi, rank 2 bluey, "
                                    "rank 3 spark4")
-    assert "10. launch       rank 1 on asusi (worker, wave 1 (in parallel))" in out
-    assert "13. launch       rank 0 on reddie (head, wave 2)" in out
+    assert "11. launch       rank 1 on asusi (worker, wave 1 (in parallel))" in out
+    assert "14. launch       rank 0 on reddie (head, wave 2)" in out
     assert "WARN capture-sizes (profiles/production-1.2.yaml:48): capture sizes miss [45]" in out
 
 
@@ -243,7 +243,9 @@ def test_profiles_and_show(capsys) -> None:
     assert sorted(n for n, r in rows.items() if not r["servable"]) == [
         "1017g", "boot10", "exl3-1017-full", "exl3tp3", "exl3tp3a10", "exl3tp4b", "exl3tp4b-ablit-best",
         "llamacpp-spark", "llamacpp-sparks", "nvfp4", "production-1.0-dcp2set", "production-1.0-tonyd2wild",
-        "speedrun2"]
+        "speedrun2", "tf1017", "tf1017-rail2"]
+    # `up` refuses a lane whose engine was never built (its engine_build step): no pin in this state dir
+    assert rows["tf1017"]["refused"] == "its engine is not built here (sparkfleet build --profile tf1017)"
     assert "refused" not in rows["dcp2"]
     assert main(["show", "dcp2", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)

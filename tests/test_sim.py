@@ -182,9 +182,11 @@ def test_up_builds_one_node_per_inventory_node_with_the_contract_layout(ro_sim, 
     assert {p.name for p in (asusi / shim.STATE).iterdir()} == {
         "node.json", "gpu.json", "docker.json", "faults.json", "engine.json", "logs", "stash", ".lock", "node",
         "llama.cpp",  # llama.cpp's built binaries, placed in every node for its RPC lanes (sim/llama.py)
+        "tensorfold",  # the stand-in TensorFold fork `sparkfleet build` clones (sim/tfbuild.py)
         "init.ready"}
-    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name != build.SHIM_ZIP]
+    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name not in (build.SHIM_ZIP, "zig")]
     assert sorted(tools) == sorted(build.SHIM_NAMES)
+    assert (asusi.parent / "bin" / "zig").read_text().startswith('#!/usr/bin/python3\n"""SIMULATION: the simulated')
     for name in tools:
         s = asusi.parent / "bin" / name
         assert os.access(s, os.X_OK) and s.read_text() == build.SHIM_STUB
@@ -802,6 +804,36 @@ def test_the_sim_engine_takes_its_moe_line_from_the_launch_not_the_profile(tmp_p
     assert a[a.index("--moe-backend") + 1] == "MARLIN"
     assert "--moe-backend" not in _engine_argv(root)
     assert "lanes" not in build.engine_state()  # nothing per profile reaches the engine
+
+
+def test_the_sim_engine_prints_the_vllm_version_the_image_declares(tmp_path):
+    """A profile's image.engine_version becomes its image's label in the lab's docker state; a rank of that
+    image gets it as --vllm-version (an image declaring none: the engine's default). The lane's vLLM
+    environment reaches the engine as its flags."""
+    dcp2 = Spec(find_root()).profile("dcp2").profile
+    old = dcp2.model_copy(update={"image": dcp2.image.model_copy(update={"engine_version": "0.11.1"})})
+    other = dcp2.model_copy(update={"image": dcp2.image.model_copy(update={"ref": "vllm/vllm-openai:v0.20.0",
+                                                                           "engine_version": "0.20.0"})})
+    docker = build.docker_state([old, other, dcp2])  # dcp2 names old's image again, declaring nothing
+    assert [(i["RepoTags"], i["Config"]["Labels"]) for i in docker["images"]] == [
+        ([dcp2.image.ref], {shim.engine.ENGINE_VERSION_LABEL: "0.11.1"}),
+        (["vllm/vllm-openai:v0.20.0"], {shim.engine.ENGINE_VERSION_LABEL: "0.20.0"})]
+    root = _gb10_root(tmp_path)
+    shim.save(root, "docker.json", docker)
+
+    def argv(image: dict | None, env: tuple[str, ...] = ()) -> list[str]:
+        c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": list(env), "Cmd": ["/m", "--port", "8410"]},
+             "HostConfig": {"Binds": []}, "Image": image["Id"] if image else "sha256:" + "0" * 64}
+        return shim.engine_argv(root, c, build.engine_state() | {"python": "python3"}, {})
+
+    for image, version in zip(docker["images"], ("0.11.1", "0.20.0"), strict=True):
+        a = argv(image)
+        assert a[a.index("--vllm-version") + 1] == version
+    assert "--vllm-version" not in argv(None)
+    assert "--vllm-version" not in argv(build.image_record("plain:1", []))
+    a = argv(None, ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30", "VLLM_RINGBUFFER_WARNING_INTERVAL=10"))
+    assert a[a.index("--execute-model-timeout") + 1] == "30" and a[a.index("--ringbuffer-warning-interval") + 1] == "10"
+    assert "--execute-model-timeout" not in argv(None)
 
 
 def test_the_sim_engine_sizes_kv_from_the_launch_not_the_profile(tmp_path):

@@ -10,6 +10,7 @@ import subprocess
 import httpx
 
 from sparkfleet.cli.main import main
+from tests.conftest import tensorfold_built
 
 from .test_sim import tool
 from .test_simengine_util import Lane
@@ -18,6 +19,8 @@ NODES = ("reddie", "asusi", "bluey", "spark4")
 
 
 def up(capsys, profile: str) -> tuple[int, list[dict]]:
+    tensorfold_built(profile)
+    capsys.readouterr()
     code = main(["up", "--profile", profile, "--inventory", "sim", "--gates", "models", "--poll", "0.2",
                  "--no-probe", "--json"])
     return code, [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]

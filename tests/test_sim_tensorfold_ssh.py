@@ -13,6 +13,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
+from tests.conftest import tensorfold_built
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 NODES = ("reddie", "asusi", "bluey", "spark4")
@@ -30,6 +31,8 @@ def test_tf1017_over_ssh_up_status_logs_gates_down(tmp_path, monkeypatch, capsys
     sim = lab.up("lab", transport="ssh")
     try:
         assert {n.transport for n in sim.inventory().nodes.values()} == {"ssh"}
+        tensorfold_built()
+        capsys.readouterr()
         code, events = run(capsys, "up", "--profile", "tf1017", "--gates", "models", "--poll", "0.2", "--no-probe")
         result = next(e for e in events if e["event"] == "result")
         assert code == 0, result

@@ -661,41 +661,68 @@ def test_relaunch_race_a_new_worker_joins_the_old_head(tmp_path):
         ln.stop()
 
 
-def test_workers_die_with_an_nccl_error_when_the_head_goes(tmp_path):
+RPC_TIMEOUT = "TimeoutError: RPC call to execute_model timed out."  # multiproc_executor.py:340 (0.13.0)
+FATAL = "EngineCore encountered a fatal error."  # v1/engine/core.py:868
+
+
+def test_a_serving_headless_worker_blocks_when_its_head_dies(tmp_path):
+    """vLLM's headless worker waits on the head's broadcast queue with no timeout (worker_busy_loop,
+    dequeue(indefinite=True)): the head killed, the workers neither exit nor print an error."""
     ln = Lane(tmp_path, world=3, boot=0.3).start_all()
     try:
         ln.wait_health()
         ln.procs["r0"].kill()
         for tag in ("r1", "r2"):
-            assert ln.wait_exit(tag) == 1
-            assert "torch.distributed.DistBackendError: NCCL error in:" in ln.log(tag)
+            log = ln.wait_line("SIMULATION: the head's connection closed", tag=tag)
+            assert ln.procs[tag].poll() is None  # still there, after it saw the head go
+            assert "NCCL error" not in log and "Traceback" not in log
+        for tag in ("r1", "r2"):  # only a stop ends it (run_headless's SIGTERM handler)
+            ln.procs[tag].send_signal(signal.SIGTERM)
+            assert ln.wait_exit(tag) == 0
     finally:
         ln.stop()
 
 
-def test_a_worker_dying_while_serving_kills_the_engine(tmp_path):
-    ln = Lane(tmp_path, world=2, boot=0.3).start_all()
+def test_a_remote_worker_gone_leaves_health_200_until_a_request_times_out(tmp_path):
+    """The head does not watch remote workers: /health stays 200 (it only asks whether the engine core
+    errored); the next request's step waits VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS for the gone worker, then the
+    engine core dies on the RPC timeout, the request gets a bare 500 and the server exits."""
+    ln = Lane(tmp_path, world=2, boot=0.3, extra=["--execute-model-timeout", "1.5",
+                                                  "--ringbuffer-warning-interval", "0.5"]).start_all()
     try:
         ln.wait_health()
         ln.procs["r1"].kill()
+        ln.wait_line("rank 1 (pid")  # the head saw the connection close (a SIMULATION line, not vLLM's)
+        assert ln.health() == 200 and ln.procs["r0"].poll() is None
+        assert ln.http.get(ln.url + "/v1/models").status_code == 200
+        r = ln.chat({"messages": [{"role": "user", "content": "Count from 1 to 5."}]}, timeout=30)
+        assert (r.status_code, r.content, r.headers.get("content-type")) == (500, b"", None)
         assert ln.wait_exit("r0") == 1
-        assert DIED in ln.log() and "NCCL error" in ln.log()
+        log = ln.log()
+        assert FATAL in log and RPC_TIMEOUT in log and "failed (engine dead)." in log
+        assert "The above exception was the direct cause of the following exception:" in log
+        assert "AsyncLLM output_handler failed." in log
+        assert "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue." in log
+        # the wait's own line, every --ringbuffer-warning-interval while the step waits
+        assert "No available shared memory broadcast block found in 0.5 seconds." in log
+        assert DIED not in log and "NCCL error" not in log  # nothing names the worker or NCCL
+        assert log.index(FATAL) < log.index("failed (engine dead).") < log.index("INFO:     Finished server process")
     finally:
         ln.stop()
 
 
 def test_keep_alive_on_engine_death_answers_models_but_not_health(tmp_path):
-    ln = Lane(tmp_path, world=2, boot=0.3, extra=["--keep-alive-on-engine-death"]).start_all()
+    ln = Lane(tmp_path, world=2, boot=0.3, extra=["--keep-alive-on-engine-death",
+                                                  "--execute-model-timeout", "1"]).start_all()
     try:
         ln.wait_health()
         ln.procs["r1"].kill()
-        ln.wait_line(DIED)
-        deadline = time.monotonic() + 5
-        while ln.health() != 503 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ln.health() == 503
+        ln.wait_line("rank 1 (pid")
+        assert ln.chat({"messages": [{"role": "user", "content": "hi"}]}).status_code == 500  # the timed-out step
+        assert ln.health() == 503  # health.py: EngineDeadError from check_health is a bare 503
         assert ln.http.get(ln.url + "/v1/models").status_code == 200
-        assert ln.chat({"messages": [{"role": "user", "content": "hi"}]}).status_code == 500
+        r = ln.chat({"messages": [{"role": "user", "content": "hi"}]})
+        assert (r.status_code, r.content) == (500, b"")
         ln.procs["r0"].send_signal(signal.SIGTERM)
         assert ln.wait_exit("r0") == 1
     finally:

@@ -6,8 +6,8 @@ it: every process's stdout/stderr behind `_add_prefix`'s wrapper (the process pr
 inserted after each `\\n`), vLLM's record header (`%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] `,
 repeated after `\\r\\n` on every line of a multi-line message), tqdm's bars (`\\r` + the bar on each refresh,
 the bar format's own `\\n` for the weights, a `\\n` at close) and uvicorn's lines. Each write lands in a real
-file; after every write the read loop runs as `up` runs it: `logs_command` through a real shell and `tail`
-(a `docker` on PATH that prints the file, as `docker logs` prints a container's log), `parse_logs`, `feed`.
+file; after every write the read loop runs as `up` runs it: `Logs.command()` through a real shell and `tail`
+(a `docker` on PATH that prints the file, as `docker logs` prints a container's log), `Logs.parse`, `feed`.
 The test fails if any complete line of the log is not read exactly once, or a fact the controller needs is
 missed.
 """
@@ -24,7 +24,7 @@ import pytest
 
 from sparkfleet.engines.logs import LogFacts, feed, split_lines, text
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.fleet import commands as nodeops
+from sparkfleet.fleet.ops import Logs
 from sparkfleet.fleet.transport import Result
 from sparkfleet.opsdir import Spec
 from tests.conftest import REPO
@@ -182,7 +182,7 @@ class Head:
 
 
 class Reader:
-    """follow()'s read of one rank (runner/ranks.py): logs_command, parse_logs, feed, with the profile's vocabulary."""
+    """follow()'s read of one rank (runner/ranks.py): Logs.command(), Logs.parse, feed, with the profile's vocabulary."""
 
     def __init__(self, tmp: Path, logfile: Path, version: str, expected: list[str]) -> None:
         bin_dir = tmp / "bin"
@@ -201,11 +201,11 @@ class Reader:
         self.read: list[str] = []
 
     def poll(self) -> None:
-        proc = subprocess.run(["bash", "-c", nodeops.logs_command(CID, self.facts.lines_seen)], env=self.env,
-                              capture_output=True, timeout=30)
+        op = Logs(CID, self.facts.lines_seen)
+        proc = subprocess.run(["bash", "-c", op.command()], env=self.env, capture_output=True, timeout=30)
         res = Result("head", proc.returncode == 0, proc.stdout.decode(), proc.stderr.decode(),
                      exit_code=proc.returncode, error=None if proc.returncode == 0 else "exit")
-        lines = nodeops.parse_logs(res)
+        lines = op.parse(res)
         assert isinstance(lines, list), lines
         self.read += lines
         feed(self.facts, lines, self.signatures, self.vocab)

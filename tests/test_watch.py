@@ -255,7 +255,7 @@ def test_human_lines_fit_80_columns_in_a_log(capsys) -> None:
 
 
 def test_look_reads_the_node_lock_and_the_lanes_containers_in_one_command(tmp_path: Path) -> None:
-    from sparkfleet.watch import ops
+    from sparkfleet.fleet.ops import Look, Seen
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -264,14 +264,17 @@ def test_look_reads_the_node_lock_and_the_lanes_containers_in_one_command(tmp_pa
     lock = tmp_path / "sparkfleet.lock"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
 
-    def look() -> ops.Look:
-        p = subprocess.run(["sh", "-c", ops.look_command("dcp2", str(lock))], capture_output=True, text=True, env=env)
-        return ops.parse_look(Result("n1", p.returncode == 0, p.stdout, p.stderr, p.returncode))
+    op = Look("dcp2", str(lock))
+    assert not op.changes
 
-    assert look() == ops.Look("", ["c1", "c2"])  # no lock: free
+    def look() -> Seen:
+        p = subprocess.run(["sh", "-c", op.command()], capture_output=True, text=True, env=env)
+        return op.parse(Result("n1", p.returncode == 0, p.stdout, p.stderr, p.returncode))
+
+    assert look() == Seen("", ["c1", "c2"])  # no lock: free
     assert (bin_dir / "argv").read_text().split() == ["ps", "-a", "-q", "--no-trunc", "--filter",
                                                       "label=sparkfleet.profile=dcp2"]
     lock.write_text('{"lane": "dcp2", "pid": 7, "run_id": "r9"}\n')
-    assert look() == ops.Look('{"lane": "dcp2", "pid": 7, "run_id": "r9"}', ["c1", "c2"])
-    assert ops.parse_look(Result("n1", False, "", "", None, "reach", "n1 is unreachable")) == \
-        ops.Look(error="n1 is unreachable")
+    assert look() == Seen('{"lane": "dcp2", "pid": 7, "run_id": "r9"}', ["c1", "c2"])
+    assert op.parse(Result("n1", False, "", "", None, "reach", "n1 is unreachable")) == \
+        Seen(error="n1 is unreachable")

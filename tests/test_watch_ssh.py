@@ -19,7 +19,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
-from tests.conftest import REPO, engram_copies
+from tests.conftest import REPO, engram_copies, tensorfold_built
 from tests.watchproc import FAST, WatchProc
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
@@ -80,6 +80,8 @@ def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over
 
 
 def test_a_loopback_bound_head_is_probed_through_the_ssh_tunnel_and_restarted(ssh_sim, capsys) -> None:
+    tensorfold_built()
+    capsys.readouterr()
     up = ["up", "--profile", "tf1017", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--no-probe", "--json"]
     assert main(up) == 0, capsys.readouterr().out[-2000:]
     capsys.readouterr()

@@ -2,10 +2,12 @@
 
 A TP lane is one program on several machines: a rank on another image id, NVIDIA driver or patch set
 computes something else (or fails NCCL registration late in a boot), so those differences fail before
-launch. A kernel update broke RoCE registration for spark-vllm-docker users (#392) but kernels also
-differ harmlessly, so kernel and docker differences warn. Clock skew is judged from each node's
-`collected_at` against the moment its answer arrived here (one round trip; the transit time makes the
-estimate a little low): above the inventory's `max_clock_skew_s`, logs and records stop lining up.
+launch. Where the adapter says each rank drives its own GPU (`ranks_share_driver` False: llama.cpp's
+rpc-servers), a driver or CUDA difference only warns; the image still fails. A kernel update broke
+RoCE registration for spark-vllm-docker users (#392) but kernels also differ harmlessly, so kernel and
+docker differences warn. Clock skew is judged from each node's `collected_at` against the moment its
+answer arrived here (one round trip; the transit time makes the estimate a little low): above the
+inventory's `max_clock_skew_s`, logs and records stop lining up.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import statistics
 from collections import Counter
 from collections.abc import Hashable
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding, Status
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.placement import Rank
@@ -82,6 +85,7 @@ ASPECTS: tuple[tuple[str, Status, str], ...] = (
      "before (spark-vllm-docker #392)"),
     ("docker", "warn", "run one docker version on every rank"),
 )
+DRIVER_ASPECTS = ("NVIDIA driver", "CUDA")
 
 
 def check(ctx: CheckContext) -> list[Finding]:
@@ -101,7 +105,10 @@ def check(ctx: CheckContext) -> list[Finding]:
     out: list[Finding] = []
     bad: dict[str, list[Finding]] = {r.node.name: [] for r, _ in ranks}
     unknown: dict[str, list[str]] = {r.node.name: [] for r, _ in ranks}
+    shared = engine_for(ctx.profile.engine).ranks_share_driver
     for what, status, remedy in ASPECTS:
+        if not shared and what in DRIVER_ASPECTS:
+            status = "warn"  # each rank drives its own GPU: the ranks need not share a driver
         values = seen[what]
         known = {n: v for n, v in values.items() if v is not None}
         for n, v in values.items():

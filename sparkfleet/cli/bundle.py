@@ -171,10 +171,10 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
 def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
     """Facts of the lane's nodes and the last log lines of the lane's containers on them, now."""
     from sparkfleet.cli.observe import _ours
-    from sparkfleet.fleet.commands import log_tail_command
     from sparkfleet.fleet.connect import transport_for
     from sparkfleet.fleet.facts import NodeFacts
     from sparkfleet.fleet.gather import facts_requests, gather
+    from sparkfleet.fleet.ops import LogTail
 
     nodes = [r.node for r in plan.ranks]
     transport = transport_for(nodes)
@@ -185,9 +185,9 @@ def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
             if c.get("profile") != profile.name or "id" not in c:
                 continue
             node = inventory.nodes[c["node"]]
-            res = transport.run([node], log_tail_command(c["id"], args.tail), timeout_s=args.timeout)[node.name]
-            live[f"rank{c['rank']}-{c['node']}-now"] = (res.stdout.splitlines() if res.ok
-                                                        else [f"(cannot read logs: {res.message})"])
+            tail = LogTail(c["id"], args.tail)
+            res = transport.run([node], tail.command(), timeout_s=args.timeout)[node.name]
+            live[f"rank{c['rank']}-{c['node']}-now"] = tail.parse(res)
     finally:
         transport.close()
     doc = {n: (f.model_dump(mode="json") if isinstance(f, NodeFacts) else {"error": f.error, "message": f.message})

@@ -28,7 +28,7 @@ from sparkfleet.cli.common import (
     spec,
 )
 from sparkfleet.findings import Finding, failed
-from sparkfleet.fleet.commands import drop_caches
+from sparkfleet.fleet.ops import drop_caches
 from sparkfleet.plan import Plan, make_plan
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory, Node

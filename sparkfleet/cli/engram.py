@@ -306,8 +306,8 @@ def _lane(args: argparse.Namespace) -> tuple[Any, Any, list]:
 def _logs(profile: Any, ranks: list, container: str | None) -> tuple[dict[int, str], list[Finding]]:
     """Each rank's Engram DISK mode lines from its container's log on its node."""
     from sparkfleet.engines.base import container_name
-    from sparkfleet.fleet.commands import engram_lines_command
     from sparkfleet.fleet.connect import transport_for
+    from sparkfleet.fleet.ops import EngramLines
 
     transport = transport_for([r.node for r in ranks])
     texts: dict[int, str] = {}
@@ -316,7 +316,7 @@ def _logs(profile: Any, ranks: list, container: str | None) -> tuple[dict[int, s
     def name(r: Any) -> str:
         return container.replace("{rank}", str(r.rank)) if container else container_name(profile, r.rank)
 
-    cmds = {r.node.name: engram_lines_command(name(r)) for r in ranks}
+    cmds = {r.node.name: EngramLines(name(r)).command() for r in ranks}
     try:
         results = transport.run_each([r.node for r in ranks], cmds, timeout_s=60.0)
         for r in ranks:

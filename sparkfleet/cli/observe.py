@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 
@@ -231,6 +230,9 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
 
 
 def run_logs(args: argparse.Namespace) -> int:
+    from sparkfleet.engines.logs import shown
+    from sparkfleet.fleet.ops import Logs, LogTail, NodeError
+
     sp, inv, nodes, transport, facts = _fleet(args)
     try:
         rows = _ours(facts)
@@ -244,33 +246,41 @@ def run_logs(args: argparse.Namespace) -> int:
                      if lost else "")
             raise UserError(f"no container of lane {args.profile!r} on the selected nodes that answered{where}"
                             if lost else f"no container of lane {args.profile!r} on the selected nodes")
+        # lines as the reader splits them (fleet/ops LogTail, Logs: on `\n` only), so a tqdm bar redrawn
+        # with `\r` is one line; people see what a terminal shows of it, scripts (--json) the line itself
         seen: dict[str, int] = {}
+        said: dict[str, str] = {}
         first = True
         while True:
             for r in sorted(mine, key=lambda x: x["rank"]):
-                opts = (f" --since {shlex.quote(args.since)}" if args.since and first else "")
-                tail = f" --tail {args.tail}" if args.tail and first else ""
-                cmd = f"docker logs{opts}{tail} {shlex.quote(r['id'])} 2>&1"
-                res = transport.run([inv.nodes[r["node"]]], cmd, timeout_s=60)[r["node"]]
-                lines = res.stdout.splitlines() if res.ok else [f"(cannot read logs: {res.message})"]
-                if not first:
-                    lines = lines[seen.get(r["id"], 0):]
-                    seen[r["id"]] = seen.get(r["id"], 0) + len(lines)
+                node = inv.nodes[r["node"]]
+                if first:
+                    tail = LogTail(r["id"], args.tail or None, args.since)
+                    lines = tail.parse(transport.run([node], tail.command(), timeout_s=60)[node.name])
+                else:  # the follow loop reads as `up` does: the complete lines after those already seen
+                    new = Logs(r["id"], seen[r["id"]])
+                    got = new.parse(transport.run([node], new.command(), timeout_s=60)[node.name])
+                    if isinstance(got, NodeError):  # said once, not every second
+                        lines = [] if said.get(r["id"]) == got.message else [f"(cannot read logs: {got.message})"]
+                        said[r["id"]] = got.message
+                    else:
+                        lines, said[r["id"]] = got, ""
+                        seen[r["id"]] += len(got)
                 for line in lines:
                     if args.json:
                         sys.stdout.write(json.dumps({"node": r["node"], "rank": r["rank"], "container": r["container"],
                                                      "line": line}) + "\n")
                     else:
-                        out.print(f"{r['node']}/r{r['rank']} | {line}", markup=False, highlight=False)
+                        out.print(f"{r['node']}/r{r['rank']} | {shown(line)}", markup=False, highlight=False)
                 if args.json:
                     sys.stdout.flush()
             if not args.follow:
                 return EXIT_OK
-            if first:  # from now on count every line, so only new ones print
+            if first:  # from now on count every complete line, so only new ones print
                 for r in mine:
-                    res = transport.run([inv.nodes[r["node"]]], f"docker logs {shlex.quote(r['id'])} 2>&1",
-                                        timeout_s=60)[r["node"]]
-                    seen[r["id"]] = len(res.stdout.splitlines())
+                    count = Logs(r["id"])
+                    got = count.parse(transport.run([inv.nodes[r["node"]]], count.command(), timeout_s=60)[r["node"]])
+                    seen[r["id"]] = len(got) if isinstance(got, list) else 0
                 first = False
             time.sleep(1.0)
     except KeyboardInterrupt:

@@ -83,6 +83,12 @@ def refusal(sp: Spec, loaded: Loaded) -> str | None:
     if patches:  # a set with no manifest or one the seeds do not list says so short; a file that differs, whole
         f = patches[0]
         return f"patch set {loaded.profile.patches!r} {f.observed}" if f.check == "patches" else f.message
+    from sparkfleet.enginebuild import load_pin
+    from sparkfleet.engines.registry import engine_for
+
+    build = engine_for(loaded.profile.engine).engine_build(loaded.profile)
+    if build is not None and load_pin(build) is None:  # up's engine_build step refuses it
+        return f"its engine is not built here (sparkfleet build --profile {loaded.profile.name})"
     return None
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sparkfleet import naming
+from sparkfleet.engines.build import EngineBuild
 from sparkfleet.engines.container import ContainerSpec, docker_argv, docker_script
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
@@ -120,6 +121,9 @@ class Engine:
     # the shared checks (sparkfleet/checks) that judge something only this engine does, by check name:
     # kv-sizing (KV sized by --gpu-memory-utilization), graph-memory, long-context
     guarded_by: ClassVar[frozenset[str]] = frozenset()
+    # the ranks are one CUDA program (NCCL between them), so a rank on another NVIDIA driver or CUDA fails the
+    # lane; False: each rank drives its own GPU (llama.cpp's rpc-servers), so a difference only warns (drift)
+    ranks_share_driver: ClassVar[bool] = True
     # why `engram-local` needs --source for this engine (its weights pack has no Engram shards), or None
     engram_source_needed: ClassVar[str | None] = None
 
@@ -145,6 +149,11 @@ class Engine:
     def log_for(self, p: Profile) -> LogVocabulary:
         """The lines this lane's ranks are read for: the engine's, and the profile's expect.log_lines."""
         return dataclasses.replace(self.log, expected=tuple(p.expect.log_lines))
+
+    def engine_build(self, profile: Profile) -> EngineBuild | None:
+        """The build every rank runs before this lane can serve (`sparkfleet build`), or None: the engine
+        comes in the image."""
+        return None
 
     def launches(self, ctx: LaneContext) -> list[Launch]:
         """Every rank's launch, in the order they start (waves)."""

@@ -131,6 +131,21 @@ def rpc_ports(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank])
                           where=at(loaded, "llamacpp", "rpc_ports", name))
 
 
+def fabric_ips(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """Across nodes every rank needs a fabric address: the workers' rpc-servers listen on theirs, and a head
+    without one would reach them over whatever route it has (the management network, or none), so the
+    tensors would not cross the fabric."""
+    if len(ranks) < 2:
+        return
+    for r in ranks:
+        if not r.node.fabric_ip:
+            what = ("llama-server would reach the rpc-servers' fabric addresses over another network "
+                    "(management), not the fabric" if r.rank == 0 else "its rpc-server listens on its fabric IP")
+            yield Finding("llamacpp-fabric", "fail", f"{r.node.name} (rank {r.rank}) has no fabric_ip: {what}",
+                          f"give {r.node.name} its fabric_ip in the inventory, or leave it out of the lane",
+                          node=r.node.name, field=f"nodes.{r.node.name}.fabric_ip")
+
+
 def image_set(engine: Engine, loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
     if loaded.profile.image is None:
         yield Finding("image", "warn", "no image: the shipped llama.cpp lanes name none (the seeds give none)",
@@ -148,7 +163,8 @@ class LlamaCpp(Engine):
     metrics = METRICS
     api_key_var = "LLAMA_API_KEY"
     ready_from_log = True
-    lane_rules = (gguf, context_size, jinja_for_tools, rpc_ports, image_set, reserved_rule)
+    ranks_share_driver = False  # each rpc-server runs its own ggml backend; ranks meet in ggml's RPC protocol
+    lane_rules = (gguf, context_size, jinja_for_tools, rpc_ports, fabric_ips, image_set, reserved_rule)
 
     def launches(self, ctx: LaneContext) -> list[Launch]:
         """rpc-server on every worker (wave 1), then llama-server on the head (wave 2)."""

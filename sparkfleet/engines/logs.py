@@ -27,11 +27,16 @@ PREFIX = re.compile(r"^\([^()\s]+(?: [^()\s]+)* pid=\d+\) ")  # vLLM's `(Name pi
 HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ")
 
 
+def shown(line: str) -> str:
+    """What a terminal shows of one log line: its last non-blank `\r` segment (tqdm redraws its bar after
+    a `\r`, and pads each display to the last one's length), colour kept."""
+    segments = [seg for seg in line.rstrip("\n").split("\r") if ANSI.sub("", seg).strip()]
+    return segments[-1] if segments else ""
+
+
 def text(line: str) -> str:
     """What one log line says: the last non-blank `\r` segment, ANSI colour and the process prefix removed."""
-    line = ANSI.sub("", line).rstrip("\n")
-    segments = [seg for seg in line.split("\r") if seg.strip()]
-    out = segments[-1] if segments else ""
+    out = shown(ANSI.sub("", line))
     while m := PREFIX.match(out):  # a wrapper applied twice (pre-0.20 decorate_logs) prefixes twice
         out = out[m.end():]
     return out.rstrip()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from sparkfleet.engines.base import Engine, LaneContext, Launch, at, container_name, gid_for, groups, labels
 from sparkfleet.engines.base import reserved as reserved_rule
+from sparkfleet.engines.build import BuildStep, EngineBuild, stage_of
 from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
@@ -76,6 +77,29 @@ class TensorFold(Engine):
 
     def model_label(self, profile: Profile) -> str:
         return super().model_label(profile) or (profile.tensorfold.model_dir if profile.tensorfold else "")
+
+    def engine_build(self, profile: Profile) -> EngineBuild | None:
+        """The seed's build, command for command (seed 002 Quick start 2; LCH-T1):
+            git clone -b deepseek-v41-zig-tp4 https://github.com/bertholomus/TensorFold && cd TensorFold
+            git checkout 5940208
+            git am "$REPO"/runs/2026-10-17-1017-tensorfold/patches/*.patch
+            zig build install native -Dtarget=aarch64-linux-gnu.2.28 -Doptimize=ReleaseFast ...
+        The clone goes to the build's staging dir instead of ./TensorFold (moved to tensorfold.build.dir once
+        every rank built the same bytes); `zig build install` installs under zig-out/ (Zig's default prefix)."""
+        b = profile.tensorfold.build if profile.tensorfold else None
+        if b is None:
+            return None
+        q = shlex.quote
+        zig = " ".join([q(b.zig), "build", *(q(s) for s in b.steps), *(q(o) for o in b.options)])
+        stage = stage_of(b.dir)
+        return EngineBuild(
+            engine=self.name, dir=b.dir,
+            fetch=BuildStep("git clone", f"git clone -b {q(b.branch)} {q(b.source)} {q(stage)}"),
+            steps=(BuildStep("git checkout", f"git checkout {q(b.commit)}"),
+                   # the glob stays outside the quotes: git am takes the set in name order, as the seed's does
+                   BuildStep("git am", f"git am {q(b.patches)}/*.patch"),
+                   BuildStep("zig build", zig)),
+            inputs=b.model_dump())
 
     def launches(self, ctx: LaneContext) -> list[Launch]:
         """One rank at a time from the highest rank down; rank 0 (the API) last (LCH-T5)."""

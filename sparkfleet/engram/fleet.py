@@ -22,9 +22,9 @@ from sparkfleet.engram import ranges
 from sparkfleet.engram.manifest import judge_lane, judge_rank
 from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.commands import read_file_command
 from sparkfleet.fleet.nodeside.engram_copy import STATUS
 from sparkfleet.fleet.op import OpGen
+from sparkfleet.fleet.ops import ReadFile
 from sparkfleet.fleet.ship import helper_ops, run_helper
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.naming import engram_manifest_path
@@ -257,7 +257,7 @@ def copy_dirs(profile: Profile, inventory, ranks: list[Rank], templates) -> dict
 def manifest_reads(dirs: dict[str, tuple[int, str]]) -> dict[str, str]:
     """node -> the command that prints its rank's engram-manifest.json (what judge_lane judges)."""
 
-    return {n: read_file_command(engram_manifest_path(d)) for n, (_, d) in dirs.items()}
+    return {n: ReadFile(engram_manifest_path(d)).command() for n, (_, d) in dirs.items()}
 
 
 def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list[Rank], templates,

@@ -11,16 +11,9 @@ import time
 from pathlib import Path
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.commands import (
-    LockAnswer,
-    LockStuck,
-    classify,
-    lock_release_command,
-    lock_take_command,
-    parse_lock_take,
-)
+from sparkfleet.fleet.ops import LockAnswer, LockRelease, LockStuck, LockTake, on
 from sparkfleet.naming import node_lock_path
-from sparkfleet.runner.ops import NodeCommands, run_now
+from sparkfleet.runner.ops import run_now
 from sparkfleet.schema.errors import Busy, UserError
 
 
@@ -192,12 +185,12 @@ class NodeLock:
     def _take(self) -> None:
 
         ctx = self.ctx
-        reply = run_now(ctx, NodeCommands("take the fleet lock", {n: lock_take_command(self.path, self.text)
-                                                                   for n in self.nodes}, timeout_s=30.0))
+        take = LockTake(self.path, self.text)
+        reply = run_now(ctx, on("take the fleet lock", dict.fromkeys(self.nodes, take), 30.0))
         if reply is None:  # --dry-run
             return
         me = parse_holder(self.text)
-        answers = {n: parse_lock_take(r) for n, r in reply.items()}
+        answers = {n: take.parse(r) for n, r in reply.items()}
         # a take that did not run, or ran and failed before it took (NodeError of a known kind), took nothing;
         # only an answer or a failure this code cannot read may leave this run's lock behind
         self.held = [n for n in self.nodes if getattr(answers.get(n), "kind", "failed") == "failed"]
@@ -211,12 +204,11 @@ class NodeLock:
                 if why:
                     stale[n] = (a.holder, why)
         if stale:
-            again = run_now(ctx, NodeCommands("take over a stale fleet lock", {
-                n: lock_take_command(self.path, self.text, stale=old) for n, (old, _) in stale.items()},
-                timeout_s=60.0)) or {}
+            over = {n: LockTake(self.path, self.text, stale=old) for n, (old, _) in stale.items()}
+            again = run_now(ctx, on("take over a stale fleet lock", over, 60.0)) or {}
             warned = []
             for n, res in again.items():
-                answers[n] = parse_lock_take(res)
+                answers[n] = over[n].parse(res)
                 if isinstance(answers[n], LockAnswer) and answers[n].taken:
                     warned.append(Finding("fleet-lock", "warn", f"took over a stale fleet lock ({stale[n][1]}): "
                                           f"{describe(n, self.path, stale[n][0])}", node=n))
@@ -249,9 +241,9 @@ class NodeLock:
         if not self.held:
             return
         nodes, self.held = self.held, []
-        reply = run_now(self.ctx, NodeCommands("give back the fleet lock", {
-            n: lock_release_command(self.path, self.text) for n in nodes}, timeout_s=30.0)) or {}
-        left = [e for e in (classify(r) for r in reply.values()) if e is not None]
+        give = LockRelease(self.path, self.text)
+        reply = run_now(self.ctx, on("give back the fleet lock", dict.fromkeys(nodes, give), 30.0)) or {}
+        left = [e for e in (give.parse(r) for r in reply.values()) if e is not None]
         if left:
             self.ctx.events.findings("lock", [Finding("fleet-lock", "warn", f"could not give back the fleet lock "
                                                       f"{self.path}: {e.message}", f"remove {self.path} on {e.node}",

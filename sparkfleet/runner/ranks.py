@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from sparkfleet.engines.logs import LogFacts, feed
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.fleet import commands as nodeops
+from sparkfleet.fleet import ops
 from sparkfleet.runner.context import RunContext, Started
-from sparkfleet.runner.ops import NodeCommands, StepGen, query
+from sparkfleet.runner.ops import NodeCommands, StepGen
 
-LOG_TAIL = nodeops.LOG_TAIL  # lines of each rank's log kept in the record when a launch fails
+LOG_TAIL = ops.LOG_TAIL  # lines of each rank's log kept in the record when a launch fails
 
 
 def _by_node(ctx: RunContext) -> dict[str, list[Started]]:
@@ -25,29 +25,29 @@ def follow(ctx: RunContext) -> StepGen:
     Returns ({rank: (node, ContainerState)}, [(rank, node, NodeError)]): a node whose docker could not
     answer is an error of its own (never an "unknown" state or log lines)."""
     by_node = _by_node(ctx)
-    results = yield query("inspect the ranks", {n: nodeops.inspect_command([s.id for s in ss])
-                                                for n, ss in by_node.items()}, 30)
+    inspect = {n: ops.Inspect(tuple((s.id, s.container) for s in ss)) for n, ss in by_node.items()}
+    results = yield ops.on("inspect the ranks", inspect, 30)
     states, errors = {}, []
     for n, ss in by_node.items():
-        parsed = nodeops.parse_inspect(results[n], [(s.id, s.container) for s in ss])
+        parsed = inspect[n].parse(results[n])
         for s in ss:
-            if isinstance(parsed, nodeops.NodeError):
+            if isinstance(parsed, ops.NodeError):
                 errors.append((s.rank, n, parsed))
             else:
                 states[s.rank] = (n, parsed[s.id])
     wanted = [s for s in ctx.started if s.rank in states and states[s.rank][1].status != "missing"]
-    cmds, rank_of = {}, {}
+    reads, rank_of = {}, {}
     for s in wanted:  # one log command per node (one rank per node in every lane sparkfleet runs)
         seen = ctx.log_facts.setdefault(s.rank, LogFacts()).lines_seen
-        cmds[s.node] = nodeops.logs_command(s.id, seen)
+        reads[s.node] = ops.Logs(s.id, seen)
         rank_of[s.node] = s.rank
-    logs = yield query("read the ranks' new log lines", cmds, 30)
+    logs = yield ops.on("read the ranks' new log lines", reads, 30)
     for n, res in logs.items():
         rank = rank_of[n]
-        lines = nodeops.parse_logs(res)
-        if isinstance(lines, nodeops.NodeError):
+        lines = reads[n].parse(res)
+        if isinstance(lines, ops.NodeError):
             if lines.kind == "no-such-container":  # gone between the two commands
-                states[rank] = (n, nodeops.ContainerState("missing"))
+                states[rank] = (n, ops.ContainerState("missing"))
             else:
                 errors.append((rank, n, lines))
             continue
@@ -80,30 +80,29 @@ def launch_failure(ctx: RunContext, states: dict) -> tuple[int, str, str] | None
 
 def stop_launch_commands(ctx: RunContext) -> NodeCommands:
     """Stop every rank this run started (they stay, stopped, for inspection)."""
-    return NodeCommands("stop every rank of this launch",
-                        {n: nodeops.stop_command([s.id for s in ss], remove=False) for n, ss in _by_node(ctx).items()},
-                        timeout_s=120)
+    return ops.on("stop every rank of this launch",
+                  {n: ops.Stop(tuple(s.id for s in ss), remove=False) for n, ss in _by_node(ctx).items()}, 120)
 
 
 def stop_run(ctx: RunContext) -> StepGen:
     """Stop every container of this run on every node of the lane, found by the run's label (not only what
     ctx.started recorded: a Ctrl-C inside a launch wave comes back after each node's `docker run` ended, but
     before the wave's ranks were recorded). Returns the nodes that could not be asked, with why."""
-    cmd = nodeops.lane_containers_command(ctx.profile.name, running_only=False, run_id=ctx.record.run_id)
-    listed = yield query("list this run's containers", {n.name: cmd for n in ctx.nodes}, 30)
+    mine = ops.LaneContainers(ctx.profile.name, running_only=False, run_id=ctx.record.run_id)
+    listed = yield ops.on("list this run's containers", {n.name: mine for n in ctx.nodes}, 30)
     found, lost = {}, {}
     for n, res in (listed or {}).items():
-        ids = nodeops.parse_container_ids(res)
-        if isinstance(ids, nodeops.NodeError):
+        ids = mine.parse(res)
+        if isinstance(ids, ops.NodeError):
             lost[n] = ids.message
             ids = []
         ids = list(dict.fromkeys([*ids, *(s.id for s in _by_node(ctx).get(n, []) if n not in lost)]))
         if ids:
             found[n] = ids
     if found:
-        stopped = yield NodeCommands("stop every rank of this run", {
-            n: nodeops.stop_command(ids, remove=False) for n, ids in found.items()}, timeout_s=120)
-        for e in nodeops.failures(stopped or {}):
+        stopped = yield ops.on("stop every rank of this run", {
+            n: ops.Stop(tuple(ids), remove=False) for n, ids in found.items()}, 120)
+        for e in ops.failures(stopped or {}):
             lost[e.node or "?"] = e.message
     return lost
 

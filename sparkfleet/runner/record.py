@@ -128,6 +128,7 @@ class RecordData(BaseModel):
     fabric_probe: Doc | None = None
     nccl: Doc | None = None
     patches: PatchesRecord | None = None
+    engine_build: Doc | None = None  # digest, pin (key), dir, nodes: what each rank's built engine hashed to
     engram: dict[int, str] | None = None  # rank -> node-local | nfs
     engram_manifests: dict[str, str] | None = None  # rank -> sha256 of its copy's manifest
     engram_ranges: str | None = None  # "harvested" when the harvest decided the rows

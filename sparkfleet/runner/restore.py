@@ -22,10 +22,10 @@ from sparkfleet.diff import diff_launches
 from sparkfleet.engines.base import Launch
 from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.commands import read_file_command
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import resolve_gid_indexes
 from sparkfleet.fleet.op import OpGen, query
+from sparkfleet.fleet.ops import ReadFile
 from sparkfleet.naming import RUN_LABEL, engram_manifest_path
 from sparkfleet.patches.manifest import PatchManifest
 from sparkfleet.patches.sync import inspect_ops
@@ -231,7 +231,7 @@ def pin_drift(ctx: RunContext, point: RestorePoint) -> OpGen[list[Finding] | Non
 
     nodes = {x.node: ctx.inventory.nodes[x.node] for x in point.launches}
     gids = resolve_gid_indexes(list(nodes.values()), ctx.facts)
-    engram_cmds = {x.node: read_file_command(engram_manifest_path(x.engram_dir))
+    engram_cmds = {x.node: ReadFile(engram_manifest_path(x.engram_dir)).command()
                    for x in point.launches if x.engram_dir and x.engram_manifest_sha256}
     engram_now = yield query("read the recorded Engram manifests", engram_cmds, 30)
     if engram_now is None or not ctx.facts:

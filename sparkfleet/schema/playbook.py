@@ -16,6 +16,7 @@ STEPS: dict[str, str] = {
     "fabric_probe": "measure every pair of ranks over their fabric IPs (RTT, bandwidth); a link far off fails",
     "nccl": "an all-reduce across the ranks in the lane's image; fail when NCCL falls back to sockets",
     "patches": "verify the patch set on every rank; a missing file or wrong hash aborts",
+    "engine_build": "verify every rank holds the pinned engine build (sparkfleet build); another one aborts",
     "drop_caches": "drop the page cache on every node",
     "probe": "load every rank's GPU and judge clock latch and slow state under load; a latched rank stops the run",
     "engram": "verify node-local Engram copies; report node-local or NFS per rank",

@@ -122,12 +122,42 @@ class Mount(Strict):
         return v
 
 
+class TensorFoldBuild(Strict):
+    """How every rank builds the engine (seed 002 Quick start 2: clone the branch, check out the commit,
+    `git am` the patches, `zig build <steps> <options>`); `sparkfleet build` runs it, `up` checks its pin."""
+
+    source: str  # the fork's git URL
+    branch: str
+    commit: str
+    patches: str  # the node dir holding the *.patch files `git am` applies (in name order)
+    dir: str  # where the clone is built on every node (zig-out/ under it is the artefact)
+    zig: str = "zig"  # the Zig 0.17.0 the recipe's setup.sh fetches
+    steps: list[str] = Field(default_factory=lambda: ["install", "native"])
+    options: list[str] = Field(default_factory=list)  # -D options, as the seed prints them
+
+    @field_validator("patches", "dir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/") or ".." in v.split("/") or v.rstrip("/") in ("", "/"):
+            raise ValueError("must be an absolute node path (without '..'), not /")
+        return v.rstrip("/")
+
+    @field_validator("options")
+    @classmethod
+    def _d_options(cls, v: list[str]) -> list[str]:
+        for o in v:
+            if not o.startswith("-D") or len(o) < 3:
+                raise ValueError(f"{o!r}: each option is a -DNAME[=VALUE] (what `zig build` takes)")
+        return v
+
+
 class TensorFold(Strict):
     recipe_dir: str  # where the recipe (scripts/serve.sh) lives on every node
     model_dir: str  # weights directory on every node (NFS on workers)
     args: dict[str, Any] = Field(default_factory=dict)  # serve settings, flag-dict form
     # what each rank's container runs in the foreground; default: bash <recipe_dir>/scripts/serve.sh start
     rank_command: list[str] | None = None
+    build: TensorFoldBuild | None = None  # the engine build `sparkfleet build` runs on every rank
 
 
 class LlamaCpp(Strict):

@@ -21,7 +21,7 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.profile import Profile
-from sparkfleet.sim import llama, shim, values
+from sparkfleet.sim import llama, shim, tfbuild, values
 from sparkfleet.sim.paths import inside
 
 SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init",
@@ -173,23 +173,29 @@ def repository(ref: str) -> str:
     return (head + "/" if head else "") + last.split(":", 1)[0]
 
 
-def image_record(ref: str, digests: list[str]) -> dict:
-    """One image as `docker image inspect` shows it; a pinned profile digest is the image's RepoDigest."""
+def image_record(ref: str, digests: list[str], engine_version: str | None = None) -> dict:
+    """One image as `docker image inspect` shows it; a pinned profile digest is the image's RepoDigest. The
+    vLLM version a profile declares for it is its label (shim.engine.ENGINE_VERSION_LABEL)."""
     if not digests:
         digests = ["sha256:" + hashlib.sha256(f"sparkfleet-sim digest {ref}".encode()).hexdigest()]
+    labels = {shim.engine.ENGINE_VERSION_LABEL: engine_version} if engine_version else None
     return {"Id": image_id(ref), "RepoTags": [ref], "RepoDigests": [f"{repository(ref)}@{d}" for d in digests],
-            "Created": values.IMAGE_CREATED, "Size": values.IMAGE_SIZE, "Architecture": "arm64", "Os": "linux"}
+            "Created": values.IMAGE_CREATED, "Size": values.IMAGE_SIZE, "Architecture": "arm64", "Os": "linux",
+            "Config": {"Labels": labels}}
 
 
 def docker_state(profiles: list[Profile]) -> dict:
     images: dict[str, list[str]] = {}
+    versions: dict[str, str] = {}  # ref -> the vLLM version the first profile naming it declares
     for p in profiles:
         if p.image:
             digests = images.setdefault(p.image.ref, [])
             if p.image.digest and p.image.digest not in digests:
                 digests.append(p.image.digest)
-    return {"daemon": "up", "next_seq": 1, "images": [image_record(r, d) for r, d in images.items()],
-            "containers": []}
+            if p.image.engine_version:
+                versions.setdefault(p.image.ref, p.image.engine_version)
+    return {"daemon": "up", "next_seq": 1, "containers": [],
+            "images": [image_record(r, d, versions.get(r)) for r, d in images.items()]}
 
 
 def storage_paths(node: Node, profiles: list[Profile]) -> tuple[list[str], list[str]]:
@@ -360,6 +366,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
     place_checkpoints(root, node, profiles, {} if checkpoints is None else checkpoints)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
     install_shims(node_dir / "bin", netns=netns)
+    tfbuild.place(root, node, profiles, node_dir / "bin", home_dir())  # TensorFold's build stand-ins (sim/tfbuild.py)
     shim.render(root)
 
 

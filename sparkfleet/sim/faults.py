@@ -442,3 +442,36 @@ UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }
+
+
+# -- node-lost: a worker node's power goes while it serves (added for vLLM's multi-node /health, issue 24) --------
+
+
+def _power(t: Target, what: str) -> None:
+    """`sim-fault node-lost|node-back` inside the node (sim/shim/faults.py POWER)."""
+    from sparkfleet.sim import node
+
+    if t.dir is None:
+        return
+    proc = node.run_in(t.dir, ["/usr/bin/python3", f"{node.SHIM_DIR}/sim-fault", what])
+    if proc is None or proc.returncode != 0:
+        raise UserError(f"{t.node}: sim-fault {what} failed: {proc.stderr.decode().strip() if proc else ''}")
+
+
+def _node_lost(t: Target, params: dict[str, Any]) -> None:
+    """The ranks stop dead first (docker there still says running), then the node drops off the network: no
+    probe can read it, and its peers see no connection close."""
+    _power(t, "node-lost")
+    t.disconnect()
+
+
+def _node_back(t: Target, params: dict[str, Any]) -> None:
+    t.reconnect()
+    _power(t, "node-back")
+
+
+KINDS["node-lost"] = Kind("node-lost", "the node loses power while serving: its lane ranks stop dead (no process "
+                          "exits, no connection closes) and it cannot be reached; heal: it is back, without them")
+APPLY["node-lost"] = _nothing
+ACT["node-lost"] = _node_lost
+UNACT["node-lost"] = _node_back

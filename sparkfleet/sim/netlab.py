@@ -6,6 +6,8 @@
   network never carries it); each node's fabric interface, named as the inventory's rdma.fabric_iface,
   holds the node's fabric IP (/24) with the lab's jumbo MTU, so a process on one node reaches another
   node's fabric IP. Faults change these links for real (tc tbf for slow-link, the MTU for mtu-mismatch).
+  A node with a fabric IP and no RDMA (the Station: a TCP port on the fabric) gets the same link, its
+  interface named values.PLAIN_FABRIC_IFACE (its inventory names none).
 
 Names are fixed (one simulated lab per machine); `remove` deletes exactly these names.
 """
@@ -16,7 +18,8 @@ import ipaddress
 import subprocess
 
 from sparkfleet.schema.errors import UserError
-from sparkfleet.schema.inventory import Inventory
+from sparkfleet.schema.inventory import Inventory, Node
+from sparkfleet.sim import values
 
 PREFIX = "sfsim"
 MGMT_BRIDGE = "sfsim0"
@@ -32,6 +35,14 @@ def netns_name(node: str) -> str:
 
 def mgmt_ip(index: int) -> str:
     return str(MGMT_NET.network_address + 11 + index)
+
+
+def fabric_iface(node: Node) -> str | None:
+    """The node's fabric interface in the lab: the inventory's rdma.fabric_iface, or for a node with a fabric
+    IP and no RDMA the sim's name for it; None when the node has no fabric IP."""
+    if not node.fabric_ip:
+        return None
+    return node.rdma.fabric_iface if node.rdma else values.PLAIN_FABRIC_IFACE
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -73,15 +84,15 @@ def create(inv: Inventory, names: list[str]) -> None:
         _ip("-n", ns, "addr", "add", f"{mgmt_ip(i)}/{MGMT_NET.prefixlen}", "dev", "mgmt0")
         _ip("-n", ns, "link", "set", "mgmt0", "up")
         n = inv.nodes[name]
-        if n.rdma is None or not n.fabric_ip:
+        iface = fabric_iface(n)
+        if iface is None:
             continue
         fab_end = f"{PREFIX}f{i}"
-        _ip("-n", FABRIC_NS, "link", "add", fab_end, "type", "veth", "peer", "name", n.rdma.fabric_iface,
-            "netns", ns)
+        _ip("-n", FABRIC_NS, "link", "add", fab_end, "type", "veth", "peer", "name", iface, "netns", ns)
         _ip("-n", FABRIC_NS, "link", "set", fab_end, "mtu", str(FABRIC_MTU), "master", FABRIC_BRIDGE, "up")
-        _ip("-n", ns, "link", "set", n.rdma.fabric_iface, "mtu", str(FABRIC_MTU))
-        _ip("-n", ns, "addr", "add", f"{n.fabric_ip}/24", "dev", n.rdma.fabric_iface)
-        _ip("-n", ns, "link", "set", n.rdma.fabric_iface, "up")
+        _ip("-n", ns, "link", "set", iface, "mtu", str(FABRIC_MTU))
+        _ip("-n", ns, "addr", "add", f"{n.fabric_ip}/24", "dev", iface)
+        _ip("-n", ns, "link", "set", iface, "up")
 
 
 def remove() -> bool:
@@ -106,10 +117,19 @@ def exec_argv(node: str) -> list[str]:
 
 def rx_bytes(node: str) -> dict[str, int]:
     """Bytes each of the node's interfaces has received, from the kernel's counters in its namespace."""
+    return _counters(node, "rx")
+
+
+def tx_bytes(node: str) -> dict[str, int]:
+    """Bytes each of the node's interfaces has sent, from the kernel's counters in its namespace."""
+    return _counters(node, "tx")
+
+
+def _counters(node: str, way: str) -> dict[str, int]:
     import json
 
     links = json.loads(_ip("-n", netns_name(node), "-s", "-j", "link", "show").stdout)
-    return {link["ifname"]: int(link["stats64"]["rx"]["bytes"]) for link in links}
+    return {link["ifname"]: int(link["stats64"][way]["bytes"]) for link in links}
 
 
 def fabric_peer(node: str, iface: str) -> str:

@@ -171,5 +171,8 @@ SLOW_LINK_RATE = "100mbit"  # slow-link default: tc tbf's rate, far below the 20
 # 1500 link, and on the lab's MTU 9000 fabric tbf drops every full-size frame, so the link stalls in TCP
 # retransmits (minutes for a few MiB) instead of running at the rate. 128 KiB holds 14 jumbo frames.
 SLOW_LINK_TBF = ("burst", "128kb", "latency", "400ms")
+# The fabric interface of a node whose inventory gives a fabric IP but no RDMA (the Station's TCP port on the
+# Sparks' fabric): the inventory names no interface then, so the sim does (a generic Linux name).
+PLAIN_FABRIC_IFACE = "eth1"
 MTU_MISMATCH = 1500  # mtu-mismatch default: the Ethernet default, against the lab's jumbo 9000
 DRIFTED_DRIVER = {"gb10": "580.82.07", "gb300": "590.44.01"}  # driver-drift default: another driver version

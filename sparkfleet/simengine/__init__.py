@@ -14,7 +14,7 @@ Launch (one process per rank; workers first, then the head, as the seeds did)::
         [--fault F ...] [--leak-file FILE] [--log FILE] [--step-ms MS] [--prefill-tokens-per-s TPS] \\
         [--num-speculative-tokens K] [--max-num-seqs N] [--text-only] [--no-tools] [--thinking-default] \\
         [--peer-timeout S] [--rendezvous-timeout S] [--keep-alive-on-engine-death] \\
-        [--decode-tokens-per-s R]
+        [--decode-tokens-per-s R] [--execute-model-timeout S] [--ringbuffer-warning-interval S]
 
 or `--config FILE.json` with the same options as keys (`world_size`, `served_names`: [...],
 `engram_ranges`: "1:0:96000000" or [[1, 0, 96000000]], `faults`: [...]); flags override the file.
@@ -24,11 +24,19 @@ Rendezvous (rendezvous.py): rank 0 listens on master-addr:master-port; workers c
 the head listens), join, and boot when the whole world has joined. The head serves only after every
 worker reported ready. A head that is already serving still accepts joins, so a relaunched worker that
 finds an old head on the port joins it and cannot tell (the seeds' relaunch race); the new head then
-fails to bind the master port (`DistNetworkError ... EADDRINUSE`). When the head goes away a worker
-prints an NCCL error and exits 1; when the head shuts down it tells the workers, which exit 0. When a
-worker goes away the head prints an NCCL error and exits 1 (or, with --keep-alive-on-engine-death,
-keeps `/v1/models` up while `/health` answers 503). A rank notices a dead peer --peer-timeout (10 s)
-after it died, as NCCL does at its next collective, so the rank that crashed logs its fatal line first.
+fails to bind the master port (`DistNetworkError ... EADDRINUSE`). When the head shuts down it tells
+the workers, which exit 0. During boot a rank notices a dead peer --peer-timeout (10 s) after it died,
+as NCCL does at its next collective (the rank that crashed logs its fatal line first), prints an NCCL
+error and exits 1.
+
+While serving, multi-node vLLM as its source behaves (main.py cites file and function):
+- a worker gone (killed, or frozen) is noticed by nothing on the head: `/health` stays 200 (it only asks
+  whether the engine core errored). The next request's step waits for that worker; after
+  --execute-model-timeout (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 300 s) the engine core dies on
+  `TimeoutError: RPC call to execute_model timed out.`, the waiting requests get a bare 500 (no body)
+  and the server exits 1 (with --keep-alive-on-engine-death it stays: `/v1/models` 200, `/health` 503,
+  requests 500). While the step waits, shm_broadcast's long-wait line every --ringbuffer-warning-interval.
+- a headless worker whose head died blocks: it prints nothing of vLLM's and exits only when stopped.
 `kv_tokens` of 0 or less means the default (1,000,000).
 
 Startup lines, in order, spread over --boot-seconds (worker lines are prefixed `(Worker_TP<r> pid=N)`,
@@ -54,7 +62,8 @@ head engine lines `(EngineCore_DP0 pid=N)`, API lines `(APIServer pid=N)`)::
     Starting vLLM API server 0 on http://H:PORT, Available routes are:, Route: ...  (head)
     INFO:     Application startup complete.                                         (head; /health is 200 now)
 
-HTTP (head only): GET /health (503 while booting or after the engine died, 200 serving), /v1/models,
+HTTP (head only; the port refuses connections while booting): GET /health (200 serving, 503 after the
+engine died), /v1/models,
 /metrics (vLLM names, labels model_name and engine), /version; POST /tokenize (vLLM's: the prompt's
 token count), /v1/chat/completions and /v1/completions, streamed as SSE with several tokens per event
 (one speculative step) and, with stream_options.include_usage, a final usage chunk. With --api-key-env

@@ -78,6 +78,13 @@ class Config:
     tools: bool = True
     thinking_default: bool = False
     keep_alive_on_engine_death: bool = False
+    # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (vllm/envs.py, 300 in 0.11.0-0.20.0): how long the head's executor waits
+    # for a step's answer (MultiprocExecutor.execute_model, v1/executor/multiproc_executor.py) before
+    # "RPC call to execute_model timed out." kills the engine core
+    execute_model_timeout: float = 300.0
+    # VLLM_RINGBUFFER_WARNING_INTERVAL (vllm/envs.py, 60): while a step waits, the long-wait line every so often
+    # (MessageQueue.acquire_read, distributed/device_communicators/shm_broadcast.py)
+    ringbuffer_warning_interval: float = 60.0
     stats_interval: float = 10.0
 
     def has(self, fault: str) -> bool:
@@ -147,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     a("--no-tools", dest="tools", action="store_false", default=None, help="no tool parser: auto tool choice is 400")
     a("--thinking-default", action="store_true", default=None)
     a("--keep-alive-on-engine-death", action="store_true", default=None)
+    a("--execute-model-timeout", type=float, help="vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (default 300): a step "
+      "a worker never answers kills the engine this long after it was sent")
+    a("--ringbuffer-warning-interval", type=float, help="vLLM's VLLM_RINGBUFFER_WARNING_INTERVAL (default 60)")
     a("--stats-interval", type=float)
     return p
 

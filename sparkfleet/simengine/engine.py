@@ -66,7 +66,7 @@ class Engine:
 
     def __init__(self, capacity: int, max_num_seqs: int, num_spec_tokens: int, step_s: float,
                  prefill_tps: float, metrics: Metrics, garbage: bool = False, cache_blocks: int = 200_000,
-                 token_rate: float = 0.0) -> None:
+                 token_rate: float = 0.0, gate: Callable[[], bool] | None = None) -> None:
         self.capacity = max(capacity, 1)
         self.max_num_seqs = max(max_num_seqs, 1)
         self.k = max(num_spec_tokens, 0)
@@ -84,6 +84,9 @@ class Engine:
         # > 0: pace each stream at exactly token_rate tokens/s after its first token (a known rate for
         # benchmark tests) instead of step_s per step
         self.token_rate = token_rate
+        # A step that needs every rank (the head of a multi-node lane): True once they all took part; False
+        # when the engine died while it waited
+        self.gate = gate
 
     # ------------------------------------------------------------------------------------ state
 
@@ -166,6 +169,8 @@ class Engine:
         admitted = time.monotonic()
         reason = "abort"
         try:
+            if self.gate is not None and not self.gate():
+                raise EngineDead("engine is dead")
             hit = self._cached_tokens(job.block_hashes, job.prompt_tokens)
             m.add("vllm:prefix_cache_queries", job.prompt_tokens)
             m.add("vllm:prefix_cache_hits", hit)

@@ -34,6 +34,52 @@ MOE_0_13 = {"MARLIN": "Using Marlin backend", "TRITON": "Using Triton backend",
             "FLASHINFER_CUTLASS_MXFP4_MXFP8": "Using FlashInfer MXFP4 MXFP8 CUTLASS backend for SM100"}
 
 
+PY = "/usr/lib/python3.12"
+# What the engine core's logger.exception prints when a step's RPC times out (v1/engine/core.py:868
+# run_engine_core, 0.13.0): the TimeoutError of MessageQueue.acquire_read chained under the executor's own
+# (multiproc_executor.py:340 get_response). Frames are 0.13.0's lines; Python 3.12's stdlib.
+RPC_TIMEOUT_CAUSE = [
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 336, "get_response", "status, result = mq.dequeue("),
+    (f"{SITE}/vllm/distributed/device_communicators/shm_broadcast.py", 616, "dequeue",
+     "with self.acquire_read(timeout, cancel, indefinite) as buf:"),
+    (f"{PY}/contextlib.py", 137, "__enter__", "return next(self.gen)"),
+    (f"{SITE}/vllm/distributed/device_communicators/shm_broadcast.py", 536, "acquire_read", "raise TimeoutError"),
+]
+RPC_TIMEOUT_FRAMES = [
+    (f"{SITE}/vllm/v1/engine/core.py", 859, "run_engine_core", "engine_core.run_busy_loop()"),
+    (f"{SITE}/vllm/v1/engine/core.py", 886, "run_busy_loop", "self._process_engine_step()"),
+    (f"{SITE}/vllm/v1/engine/core.py", 919, "_process_engine_step", "outputs, model_executed = self.step_fn()"),
+    (f"{SITE}/vllm/v1/engine/core.py", 351, "step", "model_output = future.result()"),
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 80, "result", "return super().result()"),
+    (f"{PY}/concurrent/futures/_base.py", 449, "result", "return self.__get_result()"),
+    (f"{PY}/concurrent/futures/_base.py", 401, "__get_result", "raise self._exception"),
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 84, "wait_for_response",
+     "response = self.aggregate(get_response())"),
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 340, "get_response",
+     'raise TimeoutError(f"RPC call to {method} timed out.") from e'),
+]
+# v1/engine/exceptions.py:12 (0.13.0): EngineDeadError's message
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+def traceback_lines(frames: list[tuple[str, int, str, str]]) -> list[str]:
+    out = ["Traceback (most recent call last):"]
+    for path, line, func, code in frames:
+        out += [f'  File "{path}", line {line}, in {func}', f"    {code}"]
+    return out
+
+
+def long_wait_line(interval: float, version: str) -> str:
+    """MessageQueue.acquire_read's line while a read waits (distributed/device_communicators/shm_broadcast.py:
+    long_wait_time_msg, :81 in 0.13.0; 0.11.0 logs its own wording inline, :398)."""
+    if version_tuple(version) < (0, 11, 1):
+        return (f"No available shared memory broadcast block found in {interval:g} seconds. This typically happens "
+                "when some processes are hanging or doing some time-consuming work (e.g. compilation)")
+    return (f"No available shared memory broadcast block found in {interval:g} seconds. This typically happens "
+            "when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv "
+            "cache quantization).")
+
+
 class Stop(Exception):
     """A clean stop: SIGTERM, or the head said shutdown."""
 
@@ -116,13 +162,13 @@ class Rank:
             self.log.info(proc, "simengine", f"SIMULATION: injected faults: {', '.join(c.faults)}")
 
     def exception(self, proc: str, where: str, message: str, frames: list[tuple[str, int, str, str]],
-                  last: str) -> None:
+                  last: str, cause: tuple[list[tuple[str, int, str, str]], str] | None = None) -> None:
         """logger.exception(message): one ERROR record with the traceback in it, so every line of it carries
-        the header (logging_utils/formatter.py:76) and the process prefix."""
-        tb = ["Traceback (most recent call last):"]
-        for path, line, func, code in frames:
-            tb += [f'  File "{path}", line {line}, in {func}', f"    {code}"]
-        self.log.error(proc, where, "\n".join([message, *tb, last]))
+        the header (logging_utils/formatter.py:76) and the process prefix. `cause`: the exception it was
+        raised from (`raise ... from e`), printed first, as Python prints a chain."""
+        chain = [*traceback_lines(cause[0]), cause[1], "", "The above exception was the direct cause of the "
+                 "following exception:", ""] if cause else []
+        self.log.error(proc, where, "\n".join([message, *chain, *traceback_lines(frames), last]))
 
     # ------------------------------------------------------------------------------------ phases
 
@@ -424,7 +470,8 @@ class HeadRank(Rank):
         uv = None if c.tensorfold else api
         log.line(uv, f"INFO:     Started server process [{log.pid}]")
         log.line(uv, "INFO:     Waiting for application startup.")
-        self.app.start_serving(self.lane_kv)
+        # a multi-node vLLM head: every request's step needs each remote worker (the rendezvous' step round trip)
+        self.app.start_serving(self.lane_kv, self._step_gate if c.world_size > 1 and not c.tensorfold else None)
         log.line(uv, "INFO:     Application startup complete.")
         assert self.httpd is not None
         self.httpd.server_activate()  # uvicorn listens after the lifespan startup (server.py startup)
@@ -432,7 +479,7 @@ class HeadRank(Rank):
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
         threading.Thread(target=self._stats, daemon=True).start()
         self.serving_since = time.monotonic()
-        reported = 0
+        reported, warned, stuck_at = 0, 0, None
         while not self.stop.wait(0.1):
             if self.hang.is_set() or (self.rdv and self.rdv.any_hung()):
                 self.app.hung.set()
@@ -441,18 +488,73 @@ class HeadRank(Rank):
                 self.death_lines()
                 self.app.engine_died()
                 return 1
-            lost = self.lost()
-            if len(lost) > reported:
-                self.report_lost(lost[reported])
-                reported = len(lost)
-                self.app.engine_died()
+            if c.tensorfold:  # the sim's own rule for TensorFold (no source to follow): a dead peer ends the lane
+                lost = self.lost()
+                if len(lost) > reported:
+                    self.report_lost(lost[reported])
+                    reported = len(lost)
+                    self.app.engine_died()
+                    if not c.keep_alive_on_engine_death:
+                        return 1
+                continue
+            lost = rdv.lost()
+            for m in lost[reported:]:
+                # vLLM prints nothing here: the executor's monitor waits on this node's worker processes only
+                # (MultiprocExecutor.start_worker_monitor, v1/executor/multiproc_executor.py:216, 0.13.0)
+                log.info(self.engine_proc, "simengine", f"SIMULATION: rank {m.rank} (pid {m.pid} on {m.link.peer}) "
+                         "closed its connection; vLLM's head notices nothing until a step needs that rank")
+            reported = len(lost)
+            since = rdv.stuck_since() if self.app.state == "serving" else None
+            if since != stuck_at:  # a new wait: MessageQueue.acquire_read counts its warnings per read
+                stuck_at, warned = since, 0
+            if since is None:
+                continue
+            waited = time.monotonic() - since
+            if waited > c.ringbuffer_warning_interval * (warned + 1) and waited < c.execute_model_timeout:
+                warned += 1  # shm_broadcast.py:542 (0.13.0), under the engine core, which reads the step's answer
+                log.info(self.engine_proc, "shm_broadcast.py:542",
+                         long_wait_line(c.ringbuffer_warning_interval, c.vllm_version))
+            if waited >= c.execute_model_timeout:
+                self.step_timed_out()
                 if not c.keep_alive_on_engine_death:
-                    return 1
+                    return self.exit_after_engine_death(uv)
         if not c.tensorfold:
             log.info(api, "launcher.py:80", "Shutting down FastAPI HTTP server.")
         log.line(uv, "INFO:     Shutting down")  # uvicorn/server.py
         log.line(uv, f"INFO:     Finished server process [{log.pid}]")
         return 1 if self.app.state == "dead" else 0
+
+    def _step_gate(self) -> bool:
+        """A request's step: every remote worker must take part; waits while one cannot (engine.Engine.gate)."""
+        assert self.rdv is not None
+        return self.rdv.step(lambda: self.stop.is_set() or self.app.state == "dead")
+
+    def step_timed_out(self) -> None:
+        """A step no remote worker answered for VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: the executor's TimeoutError
+        kills the engine core (v1/engine/core.py:868, 0.13.0), which tells the API server it is dead
+        (_send_engine_dead); the server's output handler fails (v1/engine/async_llm.py:538 output_handler, the
+        EngineDeadError raised by core_client.py:895 get_output_async), and every request waiting gets
+        EngineDeadError. The client's process monitor prints nothing then: engine_dead is already set
+        (core_client.py:600 monitor_engine_cores)."""
+        self.exception(self.engine_proc, "core.py:868", "EngineCore encountered a fatal error.", RPC_TIMEOUT_FRAMES,
+                       "TimeoutError: RPC call to execute_model timed out.", cause=(RPC_TIMEOUT_CAUSE, "TimeoutError"))
+        self.exception("APIServer", "async_llm.py:538", "AsyncLLM output_handler failed.", [
+            (f"{SITE}/vllm/v1/engine/async_llm.py", 490, "output_handler",
+             "outputs = await engine_core.get_output_async()"),
+            (f"{SITE}/vllm/v1/engine/core_client.py", 895, "get_output_async",
+             "raise self._format_exception(outputs) from None"),
+        ], f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}")
+        self.app.engine_died()
+
+    def exit_after_engine_death(self, uv: str | None) -> int:
+        """The requests that met the dead engine are answered (500, no body), then uvicorn exits: the launcher's
+        exception handler (entrypoints/launcher.py:128 terminate_if_errored, or its 5 s watchdog_loop) sets
+        should_exit, and uvicorn shuts down (uvicorn/server.py Server.shutdown, lifespan/on.py shutdown)."""
+        self.app.drained(5.0)
+        for text in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                     f"Finished server process [{self.log.pid}]"):
+            self.log.line(uv, f"INFO:     {text}")
+        return 1
 
     def _aborting(self) -> bool:
         return self.stop.is_set() or bool(self.lost())
@@ -501,6 +603,7 @@ class WorkerRank(Rank):
     def __init__(self, cfg: Config, log: Log) -> None:
         super().__init__(cfg, log)
         self.link: Worker | None = None
+        self.told_head_lost = False
 
     def check(self) -> None:
         super().check()
@@ -508,6 +611,16 @@ class WorkerRank(Rank):
             return
         if self.link.shutdown.is_set():
             raise Stop
+        if self.link.head_lost.is_set() and self.serving_since is not None and not self.cfg.tensorfold:
+            # A serving headless worker waits for the head's next broadcast with no timeout
+            # (WorkerProc.worker_busy_loop: rpc_broadcast_mq.dequeue(cancel=..., indefinite=True),
+            # v1/executor/multiproc_executor.py:810, 0.13.0), and no collective runs to fail: it blocks, printing
+            # nothing, until it is stopped (run_headless's SIGTERM handler, entrypoints/cli/serve.py:104).
+            if not self.told_head_lost:
+                self.told_head_lost = True
+                self.log.info(self.worker_proc, "simengine", "SIMULATION: the head's connection closed; this "
+                              "headless worker waits for the head's next step and does not exit")
+            return
         if self.link.head_lost.is_set() and time.monotonic() - self.link.lost_at >= self.cfg.peer_timeout:
             self.log.info(self.worker_proc, "simengine", "SIMULATION: the head went away; this rank notices at its "
                           "next collective")

@@ -4,6 +4,12 @@ Rank 0 listens on master-addr:master-port; every worker connects, says `join`, a
 `welcome`, then `go` once the whole world has joined. Workers report their KV size and `ready`;
 the head answers `shutdown` when it stops. The protocol is JSON lines.
 
+While serving, each request's first engine step is a round trip to every worker (`step` n, answered
+`stepped` n): vLLM's head broadcasts every step's scheduler output to all ranks and the step's
+collectives need them all (MultiprocExecutor.collective_rpc, v1/executor/multiproc_executor.py). A
+worker that is gone (its connection closed) or frozen (a node that lost power: nothing closes) never
+answers, so the step waits; nothing else on the head notices (see main.py HeadRank).
+
 As in the seeds' relaunch race, a head that is already serving still accepts joins: a new worker
 that finds an old head on the port gets the same `welcome`/`go` a fresh head would send, so it
 cannot tell it joined the wrong lane.
@@ -72,6 +78,7 @@ class Member:
     ready: bool = False
     lost_at: float | None = None  # monotonic time its connection closed
     hung: bool = False  # the rank-hang fault: this worker stopped taking part in steps
+    stepped: int = 0  # the last engine step this worker answered
 
 
 @dataclass
@@ -81,6 +88,8 @@ class HeadState:
     lost: list[Member] = field(default_factory=list)
     go: bool = False
     closing: bool = False
+    steps: int = 0  # engine steps sent
+    pending: dict[int, float] = field(default_factory=dict)  # step -> when it was sent, until all answered
 
 
 class Head:
@@ -145,6 +154,8 @@ class Head:
                     member.ready = True
                 elif msg.get("op") == "hang":
                     member.hung = True
+                elif msg.get("op") == "stepped":
+                    member.stepped = max(member.stepped, int(msg.get("n", 0)))
                 self.cond.notify_all()
         with self.cond:
             if not self.state.closing:
@@ -188,6 +199,31 @@ class Head:
         now = time.monotonic()
         with self.cond:
             return [m for m in self.state.lost if m.lost_at is not None and now - m.lost_at >= after]
+
+    def step(self, abort: Callable[[], bool]) -> bool:
+        """One engine step's round trip to every worker of the world: True once all answered. It blocks while
+        one does not (gone or frozen), as vLLM's step does, until abort() says stop (then False)."""
+        with self.cond:
+            self.state.steps += 1
+            n = self.state.steps
+            world = self._world()
+            self.state.pending[n] = time.monotonic()
+        for m in world:
+            m.link.send({"op": "step", "n": n})
+        with self.cond:
+            try:
+                while not all(m.stepped >= n for m in world):
+                    if abort():
+                        return False
+                    self.cond.wait(0.05)
+                return True
+            finally:
+                del self.state.pending[n]
+
+    def stuck_since(self) -> float | None:
+        """When the oldest step still unanswered by some worker was sent (monotonic), or None."""
+        with self.cond:
+            return min(self.state.pending.values(), default=None)
 
     def send_go(self) -> None:
         with self.cond:
@@ -258,6 +294,8 @@ class Worker:
                 self.welcome.set()
             elif op == "go":
                 self.go.set()
+            elif op == "step":  # this rank's part of an engine step (answered while the process runs)
+                self.link.send({"op": "stepped", "n": msg.get("n", 0)})
             elif op == "shutdown":
                 self.shutdown.set()
                 return

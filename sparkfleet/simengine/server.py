@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -66,11 +67,30 @@ class App:
         self.proc = "APIServer"
         self.hung = threading.Event()  # rank-hang: requests are taken but no token is ever produced
         self.released = threading.Event()  # set at shutdown, so hung request threads end
+        self.inflight = 0  # requests being handled (the head waits for them to be answered before it exits)
+        self.inflight_cond = threading.Condition()
 
-    def start_serving(self, kv_tokens: int) -> None:
+    def request(self, delta: int) -> None:
+        with self.inflight_cond:
+            self.inflight += delta
+            self.inflight_cond.notify_all()
+
+    def drained(self, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until no request is being handled."""
+        deadline = time.monotonic() + timeout
+        with self.inflight_cond:
+            while self.inflight > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.inflight_cond.wait(left)
+            return True
+
+    def start_serving(self, kv_tokens: int, gate: Callable[[], bool] | None = None) -> None:
         self.engine = Engine(kv_tokens, self.cfg.max_num_seqs, self.cfg.num_speculative_tokens,
                              self.cfg.step_ms / 1000, self.cfg.prefill_tokens_per_s, self.metrics,
-                             garbage=self.cfg.has("garbage-tokens"), token_rate=self.cfg.decode_tokens_per_s)
+                             garbage=self.cfg.has("garbage-tokens"), token_rate=self.cfg.decode_tokens_per_s,
+                             gate=gate)
         if self.cfg.has("memory-leak"):
             self._write_leak()
         self.state = "serving"
@@ -174,10 +194,11 @@ class Handler(BaseHTTPRequestHandler):
         self.app.log.line(self.app.proc, f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" '
                           f"{status} {phrase}")
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
+    def _send(self, status: int, body: bytes, ctype: str | None) -> None:
         self.responded = True
         self.send_response(status)
-        self.send_header("content-type", ctype)
+        if ctype is not None:  # a bare Response(status_code=...) has no content-type
+            self.send_header("content-type", ctype)
         self.send_header("content-length", str(len(body)))
         self.send_header(SIM_HEADER, "1")
         self.end_headers()
@@ -232,6 +253,19 @@ class Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
     def _route(self, method: str) -> None:
+        self.app.request(+1)
+        try:
+            self._route_counted(method)
+        finally:
+            self.app.request(-1)
+
+    def _engine_dead(self) -> None:
+        """What a request gets once the engine core is dead: the launcher's handler for EngineDeadError
+        answers a bare 500, no body (entrypoints/launcher.py:167-176 runtime_exception_handler, 0.13.0; the
+        same in 0.11.0-0.20.0), and tells uvicorn to exit unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH."""
+        self._send(500, b"", None)
+
+    def _route_counted(self, method: str) -> None:
         self.responded = False  # once a status line went out, errors can only close the connection
         path = self.path.split("?", 1)[0]
         app = self.app
@@ -247,7 +281,11 @@ class Handler(BaseHTTPRequestHandler):
                 return
             body = self._read_body() if method == "POST" else {}
             if path == "/health":
-                self._send(200 if app.state == "serving" else 503, b"", "application/json")
+                # entrypoints/serve/instrumentator/health.py:22-29 (0.13.0; openai/api_server.py:345 in 0.11.0):
+                # 200 unless check_health() raises EngineDeadError, and AsyncLLM.check_health (v1/engine/
+                # async_llm.py:719) only asks whether the engine core has errored. It never asks the workers:
+                # with a remote worker gone the head answers 200 until a step needs that worker and times out.
+                self._send(200 if app.state == "serving" else 503, b"", None)
                 return
             if app.state == "booting":
                 # The engine is still loading: nothing but /health answers (503) until it is ready.
@@ -268,8 +306,7 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/v1/models":
                 self._json(200, {"object": "list", "data": [self._model_card(n) for n in app.cfg.served_names]})
             elif app.state == "dead" or app.engine is None:
-                self._json(500, {"error": {"message": "EngineCore encountered an issue. See stack trace for the "
-                                           "root cause.", "type": "EngineDeadError", "param": None, "code": 500}})
+                self._engine_dead()  # AsyncLLM.generate raises EngineDeadError when errored (async_llm.py)
             elif path == "/v1/chat/completions":
                 self._completion(body, chat=True)
             else:
@@ -364,7 +401,15 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         except EngineDead:
-            raise ApiError(500, "EngineCore encountered an issue.", "EngineDeadError") from None
+            if app.state != "dead":  # the server is stopping (SIGTERM): the request is dropped, not answered
+                self.close_connection = True
+                return
+            # v1/engine/async_llm.py:456 (0.13.0), as generate() meets EngineDeadError; the request id is vLLM's
+            # chatcmpl-/cmpl- form
+            app.log.info(app.proc, "async_llm.py:456", f"Request {'chatcmpl' if chat else 'cmpl'}-"
+                         f"{uuid.uuid4().hex} failed (engine dead).")
+            self._engine_dead()
+            return
         if not leaked and outcome.get("reason") not in (None, "abort"):
             app.leak()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sparkfleet.fleet.connect import transport_for
 from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.ops import LogTail, Look, Stopped
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import ApiClient
 from sparkfleet.metrics.records import RunIndex
@@ -35,7 +36,6 @@ from sparkfleet.runner.record import Record, new_run_id
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
-from sparkfleet.watch import ops
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
 from sparkfleet.watch.probe import Probe, Prober, RankState
@@ -274,9 +274,9 @@ class Watcher:
 
         path = node_lock_path()
         me = parse_holder(holder_text("", self.command, self.profile.name))
-        results = _run_each(self.transport, self.inventory, {r.node.name: ops.look_command(self.profile.name, path)
-                                                             for r in self.ranks})
-        looks = {n: ops.parse_look(res) for n, res in results.items()}
+        look = Look(self.profile.name, path)
+        results = _run_each(self.transport, self.inventory, {r.node.name: look.command() for r in self.ranks})
+        looks = {n: look.parse(res) for n, res in results.items()}
         for n, look in looks.items():
             holder = parse_holder(look.lock) if look.lock else {}
             if look.lock and holder.get("lane", self.profile.name) == self.profile.name \
@@ -407,9 +407,9 @@ class Watcher:
         incident.steps.append({"step": "stop", "status": "ok" if rec.outcome == "ok" else "fail",
                                "summary": rec.reason or "every rank stopped, head first", "run_id": rec.run_id})
         if not self.dry_run:  # docker's own FinishedAt per rank: what the order really was
-            results = _run_each(self.transport, self.inventory, {r.node.name: ops.stopped_command(self.profile.name)
-                                                                 for r in self.ranks})
-            incident.data["stopped"] = {n: ops.parse_stopped(res) for n, res in results.items()}
+            stopped = Stopped(self.profile.name)
+            results = _run_each(self.transport, self.inventory, {r.node.name: stopped.command() for r in self.ranks})
+            incident.data["stopped"] = {n: stopped.parse(res) for n, res in results.items()}
         self.say("stopped", f"{'would stop' if self.dry_run else 'stopped'} every rank, head first (run "
                  f"{rec.run_id}): {why}", run_id=rec.run_id)
         if rec.outcome == "interrupted":
@@ -434,9 +434,9 @@ class Watcher:
         """Each rank's last log lines, by the container the last probe saw (one command per node)."""
         last = self.history[-1] if self.history else None
         ranks: dict[str, RankState] = {r.node: r for r in (last.ranks if last else ()) if r.container}
-        cmds = {n: ops.log_tail_command(r.container or "") for n, r in ranks.items()}
-        results = _run_each(self.transport, self.inventory, cmds)
-        return {str(ranks[n].rank): ops.parse_log_tail(res) for n, res in results.items()}
+        tails = {n: LogTail(r.container or "") for n, r in ranks.items()}
+        results = _run_each(self.transport, self.inventory, {n: t.command() for n, t in tails.items()})
+        return {str(ranks[n].rank): tails[n].parse(res) for n, res in results.items()}
 
 
 def _rank_dict(r: RankState) -> dict:

@@ -11,7 +11,7 @@ import httpx
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
-from sparkfleet.fleet import commands as nodeops
+from sparkfleet.fleet import ops
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult
@@ -68,7 +68,7 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
         for x in batch:
             res = results[x.node]
             if not res.ok:
-                bad = nodeops.failures({x.node: res})
+                bad = ops.failures({x.node: res})
                 return StepResult("fail", f"rank {x.rank} on {x.node} did not start: "
                                   f"{res.message or res.stderr.strip()[-300:]}", bad)
             cid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else x.container
@@ -83,7 +83,7 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
                     yield stop_launch_commands(ctx)  # the head would fail on the missing rank: stop them all
                     return StepResult("fail", f"rank {x.rank} on {x.node} did not come up: "
                                       f"{res.message or res.stderr.strip()[-300:]}; every rank of this launch "
-                                      "was stopped", nodeops.failures({x.node: res}))
+                                      "was stopped", ops.failures({x.node: res}))
     if dry:
         return StepResult("ok", "would start " + ", ".join(f"rank {x.rank} on {x.node}" for x in chosen),
                           data={"launches": [x.as_dict() for x in chosen]})

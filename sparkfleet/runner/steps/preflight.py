@@ -10,9 +10,9 @@ from sparkfleet.checks import nccl as judge
 from sparkfleet.checks import probe as clock_probe
 from sparkfleet.checks.fabric_probe import suspects, verdict
 from sparkfleet.findings import Finding, failed
-from sparkfleet.fleet import commands as nodeops
 from sparkfleet.fleet import fabric_probe as fp
 from sparkfleet.fleet import nccl as allreduce
+from sparkfleet.fleet import ops
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import facts_requests, gather_ops, resolve_gid_indexes
 from sparkfleet.fleet.transport import Result
@@ -37,7 +37,7 @@ def facts(ctx: RunContext, st: Step) -> StepGen:
     ctx.gid_index = resolve_gid_indexes(ctx.nodes, ctx.facts)
     ctx.record.data["facts"] = {n: (f.model_dump(mode="json") if isinstance(f, NodeFacts) else
                                     {"error": f.error, "message": f.message}) for n, f in ctx.facts.items()}
-    bad = nodeops.failures({n: f for n, f in ctx.facts.items() if isinstance(f, Result)})
+    bad = ops.failures({n: f for n, f in ctx.facts.items() if isinstance(f, Result)})
     if bad:
         return StepResult("fail", f"{len(bad)} node(s) did not answer", bad)
     sim = any(isinstance(f, NodeFacts) and f.simulated for f in ctx.facts.values())
@@ -88,7 +88,7 @@ def probe(ctx: RunContext, st: Step) -> StepGen:
     for n in judged:
         res = results[n.name]
         run = clock_probe.parse_output(res.stdout) if res.ok else {
-            "error": (nodeops.classify(res) or nodeops.NodeError(n.name, "failed", "", "")).message}
+            "error": (ops.classify(res) or ops.NodeError(n.name, "failed", "", "")).message}
         runs[n.name] = run
         findings += clock.from_probe(n.name, ctx.inventory.hardware(n), run)
     ctx.record.data["probe"] = {name: clock_probe.verdict(run, **clock.thresholds(ctx.inventory.hardware(

@@ -9,12 +9,12 @@ from sparkfleet.engram import ranges as engram_ranges
 from sparkfleet.engram.fleet import manifest_reads
 from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
-from sparkfleet.fleet import commands as nodeops
+from sparkfleet.fleet import ops
 from sparkfleet.patches import manifest as pm
 from sparkfleet.patches import sync
 from sparkfleet.runner import restore as rp
 from sparkfleet.runner.context import RunContext
-from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
+from sparkfleet.runner.ops import StepGen, StepResult, query
 from sparkfleet.runner.steps.preflight import gather_facts
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.playbook import Step
@@ -44,16 +44,16 @@ def patches(ctx: RunContext, st: Step) -> StepGen:
 
 
 def drop_caches(ctx: RunContext, st: Step) -> StepGen:
-    results = yield NodeCommands("drop the page cache", {n.name: nodeops.DROP_CACHES for n in ctx.nodes},
-                                 timeout_s=nodeops.DROP_TIMEOUT_S)
+    drop = ops.DropCaches()
+    results = yield ops.on("drop the page cache", {n.name: drop for n in ctx.nodes}, drop.timeout_s)
     if results is None:
         return StepResult("ok", "would drop the page cache on every node")
-    done = {n: v for n, v in ((n, nodeops.parse_drop_caches(r)) for n, r in results.items()) if v is not None}
+    done = {n: v for n, v in ((n, drop.parse(r)) for n, r in results.items()) if v is not None}
     ctx.caches_dropped = done
     bad = [Finding("drop-caches", "fail", f"could not drop the page cache: {v if v is not True else ''}",
                    "sparkfleet needs root on the node for this (as the seeds' launcher had)", node=n)
            for n, v in done.items() if v is not True]
-    bad += nodeops.failures({n: r for n, r in results.items() if n not in done})
+    bad += ops.failures({n: r for n, r in results.items() if n not in done})
     if bad:
         return StepResult("fail", "could not drop caches everywhere", bad)
     return StepResult("ok", f"dropped the page cache on {len(done)} node(s)")
@@ -94,13 +94,13 @@ def engram(ctx: RunContext, st: Step) -> StepGen:
                       "node-local on every rank" if not nfs else f"ranks on NFS: {', '.join(nfs)}", findings)
 
 
-def _rail2_commands(ctx: RunContext, add: bool) -> dict[str, str]:
+def _rail2_commands(ctx: RunContext, add: bool) -> dict[str, ops.Rail2Alias]:
     r2 = ctx.profile.rail2
     cmds = {}
     for name in (r2.nodes if r2 else []):
         node = ctx.node(name)
         if node.rail2_alias and node.rdma and node.rdma.rail2_iface:
-            cmds[name] = nodeops.rail2_alias_command(node.rail2_alias, node.rdma.rail2_iface, add)
+            cmds[name] = ops.Rail2Alias(node.rail2_alias, node.rdma.rail2_iface, add)
     return cmds
 
 
@@ -111,10 +111,10 @@ def rail2_up(ctx: RunContext, st: Step) -> StepGen:
     missing = [n for n in ctx.profile.rail2.nodes if n not in cmds]
     if missing:
         return StepResult("fail", f"no rail2_alias/rail2_iface in the inventory for {', '.join(missing)}")
-    results = yield NodeCommands("add the rail-2 aliases", cmds)
+    results = yield ops.on("add the rail-2 aliases", cmds, 120)
     if results is None:
         return StepResult("ok", "would add the rail-2 aliases on " + ", ".join(cmds))
-    bad = nodeops.failures(results)
+    bad = ops.failures(results)
     if bad:
         return StepResult("fail", "could not add the rail-2 aliases", bad)
     ctx.record.data["rail2"] = {n: ctx.node(n).rail2_alias for n in cmds}
@@ -125,10 +125,10 @@ def rail2_down(ctx: RunContext, st: Step) -> StepGen:
     if ctx.profile.rail2 is None:
         return StepResult("skip", "the lane uses one rail")
     cmds = _rail2_commands(ctx, add=False)
-    results = yield NodeCommands("remove the rail-2 aliases", cmds)
+    results = yield ops.on("remove the rail-2 aliases", cmds, 120)
     if results is None:
         return StepResult("ok", "would remove the rail-2 aliases on " + ", ".join(cmds))
-    bad = nodeops.failures(results)
+    bad = ops.failures(results)
     return StepResult("fail" if bad else "ok", "rail-2 aliases removed on " + ", ".join(cmds), bad)
 
 

@@ -5,31 +5,31 @@ from __future__ import annotations
 import time
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet import commands as nodeops
+from sparkfleet.fleet import ops
 from sparkfleet.fleet.op import placeholder
 from sparkfleet.runner.context import RunContext
-from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
+from sparkfleet.runner.ops import StepGen, StepResult
 from sparkfleet.schema.playbook import Step
 
 
 def lane_containers(ctx: RunContext, running_only: bool, nodes: list[str] | None = None) -> StepGen:
     """This lane's container ids per node, by label (one `docker ps` per node); node failures as NodeErrors."""
-    cmd = nodeops.lane_containers_command(ctx.profile.name, running_only)
+    lane = ops.LaneContainers(ctx.profile.name, running_only)
     names = [n.name for n in ctx.nodes] if nodes is None else nodes
-    results = yield query("list the lane's containers", {n: cmd for n in names})
+    results = yield ops.on("list the lane's containers", dict.fromkeys(names, lane), 60)
     if results is None:  # --dry-run: not read; the stop command names what it would have found
         return {n: [placeholder(f"ids of the lane's containers on {n}")] for n in names}, {}
     found, bad = {}, {}
     for name, res in results.items():
-        ids = nodeops.parse_container_ids(res)
-        if isinstance(ids, nodeops.NodeError):
+        ids = lane.parse(res)
+        if isinstance(ids, ops.NodeError):
             bad[name] = ids
         elif ids:
             found[name] = ids
     return found, bad
 
 
-def unreached(ctx: RunContext, bad: dict[str, nodeops.NodeError]) -> tuple[list[Finding], dict]:
+def unreached(ctx: RunContext, bad: dict[str, ops.NodeError]) -> tuple[list[Finding], dict]:
     """One finding per node that could not be asked (unreachable, docker not answering): the rank of this
     lane that may still run there, and the remedy; and the record's `unreachable` entry."""
     ranks = {r.node.name: r.rank for r in ctx.plan.ranks}
@@ -63,11 +63,11 @@ def stop(ctx: RunContext, st: Step) -> StepGen:
     n = sum(len(v) for v in found.values())
     if found:
         # down: the head first, so workers see it go rather than a half-dead lane serving
-        results = yield NodeCommands("stop the lane's containers", {
-            x: nodeops.stop_command(found[x], remove=not keep) for x in order}, serial=head_first)
+        stops = {x: ops.Stop(tuple(found[x]), remove=not keep) for x in order}
+        results = yield ops.on("stop the lane's containers", stops, 120, serial=head_first)
         if results is None:
             return StepResult("ok", "would stop this lane's containers on " + ", ".join(order))
-        failed = {x: e for x, e in ((x, nodeops.classify(r)) for x, r in results.items()) if e is not None}
+        failed = {x: e for x, e in ((x, stops[x].parse(r)) for x, r in results.items()) if e is not None}
         if any(e.kind != "reach" for e in failed.values()):
             return StepResult("fail", "could not stop every container", [e.finding() for e in failed.values()])
         bad.update(failed)

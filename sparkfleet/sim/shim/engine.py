@@ -28,6 +28,28 @@ SUPERVISOR = ("import signal, subprocess, sys\n"
               "open(sys.argv[1], 'w').write(str(rc))\n")
 
 
+# The image label saying which vLLM an image holds (the lab writes it from the profile's image.engine_version,
+# sim/build.py image_record): the sim engine prints that version's lines. Docker merges an image's labels
+# into its containers', so the container's own labels are looked at first.
+ENGINE_VERSION_LABEL = "sparkfleet-sim.engine-version"
+# vLLM's environment variables (vllm/envs.py) the sim engine honours, as its flags
+VLLM_ENV_FLAGS = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "--execute-model-timeout",
+                  "VLLM_RINGBUFFER_WARNING_INTERVAL": "--ringbuffer-warning-interval"}
+
+
+def engine_version(root: Path, container: dict) -> str | None:
+    """The vLLM version the container's image declares (ENGINE_VERSION_LABEL), or None."""
+    labels = container["Config"].get("Labels") or {}
+    if labels.get(ENGINE_VERSION_LABEL):
+        return labels[ENGINE_VERSION_LABEL]
+    if not container.get("Image"):
+        return None
+    for image in load(root, "docker.json").get("images", []):
+        if image.get("Id") == container.get("Image"):
+            return ((image.get("Config") or {}).get("Labels") or {}).get(ENGINE_VERSION_LABEL)
+    return None
+
+
 def _vllm_flags(cmd: list[str]) -> dict[str, list[str]]:
     """A vLLM command line as {flag: values} (values run until the next --flag)."""
     out: dict[str, list[str]] = {}
@@ -127,6 +149,12 @@ def vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[s
             argv += ["--engram-node-local", "--engram-dir", local]
     if env.get("VLLM_API_KEY"):
         argv += ["--api-key-env", "VLLM_API_KEY"]
+    version = engine_version(root, container)
+    if version:
+        argv += ["--vllm-version", version]
+    for var, flag in VLLM_ENV_FLAGS.items():
+        if env.get(var):
+            argv += [flag, env[var]]
     for fault in sorted(faults):
         if fault in ENGINE_FAULT_NAMES:
             argv += ["--fault", fault]

@@ -1,0 +1,28 @@
+"""Node operations, one object each (see base.py): docker, the fleet lock, files, network, the kernel.
+
+`from sparkfleet.fleet import ops` and `ops.LaneContainers(profile).command()`; the modules below
+import from each other's modules, never from this package, so nothing loops.
+"""
+
+from sparkfleet.fleet.ops.base import REMEDIES, Done, NodeError, Op, classify, failures, on
+from sparkfleet.fleet.ops.docker import (
+    LOG_TAIL,
+    ContainerState,
+    EngramLines,
+    Inspect,
+    LaneContainers,
+    Logs,
+    LogTail,
+    Stop,
+    Stopped,
+)
+from sparkfleet.fleet.ops.files import ReadFile
+from sparkfleet.fleet.ops.lock import LockAnswer, LockRelease, LockStuck, LockTake, Look, Seen
+from sparkfleet.fleet.ops.net import Rail2Alias
+from sparkfleet.fleet.ops.system import DropCaches, drop_caches
+
+__all__ = [
+    "LOG_TAIL", "REMEDIES", "ContainerState", "Done", "DropCaches", "EngramLines", "Inspect", "LaneContainers",
+    "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError", "Op",
+    "Rail2Alias", "ReadFile", "Seen", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
+]
