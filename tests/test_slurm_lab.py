@@ -66,7 +66,9 @@ def _inventory(sim, tmp_path: Path, name: str, edit) -> str:
 
 def _plan(inventory: str, capsys) -> tuple[int, dict]:
     code = main(["plan", "--profile", "dcp2", "--inventory", inventory, "--json"])
-    return code, json.loads(capsys.readouterr().out)
+    got = capsys.readouterr()
+    assert got.out, got.err
+    return code, json.loads(got.out)
 
 
 def _fails(plan: dict) -> list[tuple[str, str | None, str]]:
@@ -96,7 +98,7 @@ def test_plan_refuses_an_account_the_partition_does_not_allow(slurm_lab, tmp_pat
 def test_plan_refuses_a_node_slurm_does_not_know(slurm_lab, tmp_path, capsys) -> None:
     def rename(d: dict) -> None:  # the inventory calls spark4 by another name than Slurm's NodeName
         d["nodes"]["spark5"] = {**d["nodes"].pop("spark4"), "name": "spark5"}
-        d["groups"]["sparks"] = ["spark5" if n == "spark4" else n for n in d["groups"]["sparks"]]
+        d["groups"] = {g: ["spark5" if n == "spark4" else n for n in ns] for g, ns in d["groups"].items()}
 
     code, plan = _plan(_inventory(slurm_lab, tmp_path, "nonode", rename), capsys)
     assert code == 2 and _fails(plan) == [("slurm-node", "spark5", "node spark5 is not a node of this Slurm "
