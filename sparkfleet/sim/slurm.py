@@ -42,14 +42,15 @@ ACCOUNT = "sim"  # the account the restricted partition admits (AllowAccounts), 
 # purpose, so it notices within seconds. A site keeps the default or sets what its network can bear.
 SLURMD_TIMEOUT_S = 10
 START_TIMEOUT_S = 30.0
-# slurmd 22.05 always loads a cgroup plugin (there is no CgroupPlugin=disabled before 23.02) and autodetects
-# v1 by a tmpfs at /sys/fs/cgroup; the node's /sys is a directory of its own tree, so it gets an empty tmpfs
-# there, in the node's mount namespace only, unless the node already has one (a node with its own dockerd
-# gets the host's cgroups bound there). proctrack/linuxproc and task/none create no cgroups; the v1 plugin
-# stats its systemd hierarchy.
-CGROUP_MOUNT = ("mountpoint -q /sys/fs/cgroup || { mkdir -p /sys/fs/cgroup && "
-                "mount -t tmpfs -o size=1m,mode=755 sfsim-cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd && "
-                "mount -t cgroup -o none,name=systemd sfsim-cgroup /sys/fs/cgroup/systemd; }")
+# slurmd 22.05 always loads a cgroup plugin (there is no CgroupPlugin=disabled before 23.02; autodetect looks
+# only at /sys/fs/cgroup, so cgroup.conf names cgroup/v1), and v1 stats the systemd hierarchy under its
+# CgroupMountpoint. The node's /sys is
+# the sim's own tree (its shims rewrite it), so the mount point is in the node's own /run (cgroup.conf, next
+# to slurm.conf, names it), mounted in the node's mount namespace only. proctrack/linuxproc and task/none
+# create no cgroups.
+CGROUP_DIR = "/run/sparkfleet-sim-cgroup"
+CGROUP_MOUNT = (f"mkdir -p {CGROUP_DIR} && mount -t tmpfs -o size=1m,mode=755 sfsim-cgroup {CGROUP_DIR} && "
+                f"mkdir {CGROUP_DIR}/systemd && mount -t cgroup -o none,name=systemd sfsim-cgroup {CGROUP_DIR}/systemd")
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 
 
@@ -121,11 +122,14 @@ def prepare(inv: Inventory, names: list[str]) -> dict[str, Any]:
     key.chmod(0o400)
     conf = render_conf(inv, names, socket.gethostname().split(".")[0], str(netlab.MGMT_NET.network_address + 1), d)
     conf_path().write_text(conf)
+    cgroup = f"# SIMULATION: see sparkfleet/sim/slurm.py\nCgroupPlugin=cgroup/v1\nCgroupMountpoint={CGROUP_DIR}\n"
+    (d / "cgroup.conf").write_text(cgroup)
     for name in names:
         fs = paths.node_root(name)
         inside = paths.inside(fs, str(conf_path()))
         inside.parent.mkdir(parents=True, exist_ok=True)
         inside.write_text(conf)
+        inside.with_name("cgroup.conf").write_text(cgroup)
         for sub in ("var/spool/slurmd", "var/log/munge", "var/lib/munge", MUNGE_SOCKET_DIR.lstrip("/")):
             (fs / sub).mkdir(parents=True, exist_ok=True)
         shutil.copy(key, fs / "var/lib/munge/munge.key")
