@@ -67,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--factor", type=float, help="slow-boot: how many times longer the boot takes (default 10)")
     f.add_argument("--sticky", action="store_true", default=None,
                    help="rank-vanish, rank-hang, serve-crash: every later launch on the node too, until healed")
+    f.add_argument("--off", type=float, help="power-cycle: seconds before the node boots again (default 10)")
     add_json(f)
     f.set_defaults(func=run_fault)
 
@@ -165,7 +166,7 @@ def run_fault(args: argparse.Namespace) -> int:
     sim = lab.require()
     params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port, "rate": args.rate,
               "mtu": args.mtu, "driver": args.driver, "factor": args.factor,
-              "sticky": args.sticky}
+              "sticky": args.sticky, "off": args.off}
     recorded = sim.fault(args.node, args.kind, **params)
     if args.json:
         print_json({"simulation": True, "node": args.node, "fault": args.kind, "params": recorded})

@@ -103,7 +103,7 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
     key = _api_key(ctx)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     station = [r.node for r in ctx.plan.ranks if r.node.hardware in engine.autotune_hardware]
-    started_at = time.time() - 60  # hash dirs the tuner makes for this launch are newer than this
+    started_at = time.time() - 60  # hash dirs the tuner makes for this launch are younger than now - this
     if station:
         from sparkfleet.runner import autotune
 
@@ -120,7 +120,8 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
             watch.update(polls=len(polls), poll_started=[round(t, 3) for t in polls[-20:]])
             if station:  # seed new autotune hash dirs before the tuner reads them (LCH-G2)
                 seeded = yield NodeCommands("seed the autotune cache", {
-                    n.name: autotune.seed_command(n.storage.cache_dir, started_at) for n in station}, timeout_s=30)
+                    n.name: autotune.seed_command(n.storage.cache_dir, time.time() - started_at) for n in station},
+                    timeout_s=30)
                 for n, res in (seeded or {}).items():
                     for d in (autotune.parse(res.stdout)["seeded"] if res.ok else []):
                         ctx.events.emit("message", text=f"seeded autotune cache {d} on {n}")
