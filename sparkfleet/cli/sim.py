@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--transport", choices=("local", "ssh"), default="local",
                     help="local: commands enter each node directly; ssh: a real sshd inside each node (as root: "
                     "in the node's own network namespace) (default: local)")
+    up.add_argument("--launcher", choices=("ssh", "slurm"), default="ssh",
+                    help="slurm: a real Slurm (munged, slurmctld here, one slurmd per node) and an inventory with "
+                    "launcher: slurm; needs --transport ssh as root (default: ssh)")
     up.add_argument("--force", action="store_true", help="tear down an existing simulated lab first")
     up.set_defaults(func=run_up)
 
@@ -77,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    sim = lab.up(args.inventory, transport=args.transport, ops_root=args.root, force=args.force)
+    sim = lab.up(args.inventory, transport=args.transport, ops_root=args.root, force=args.force,
+                 launcher=args.launcher)
     status = sim.status()
     if args.json:
         print_json(status)
@@ -90,6 +94,8 @@ def run_up(args: argparse.Namespace) -> int:
     say(f"inventory: {status['inventory']}  (pass it as --inventory sim)")
     if status["known_hosts"]:
         say(f"host keys pinned in {status['known_hosts']}")
+    if status.get("slurm"):
+        say(f"slurm: {status['slurm']['conf']} (partition {status['slurm']['partition']})")
     for part in sim.manifest.get("without_root", []):
         say(f"needs root, so not here: {part}")
     for skipped in sim.manifest.get("skipped_profiles", []):
