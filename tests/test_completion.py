@@ -79,7 +79,7 @@ def test_completion_in_the_real_shell(shell: str, env: dict, capsys, tmp_path: P
     assert got == {tuple(words): want for words, want in CASES}
     # -o/--set and the other options of a command come from its parser
     assert sorted(_complete(shell, script, ["sparkfleet", "up", "--s"], env)) == [
-        "--save-as", "--set", "--soak-minutes", "--stop-on-gate-failure"]  # --keep-on-gate-failure: --k
+        "--save-as", "--set", "--soak-minutes", "--stall-after", "--stop-on-gate-failure"]  # --keep-on-gate-failure: --k
 
 
 def test_every_command_is_in_the_script(capsys) -> None:

@@ -42,3 +42,17 @@ def test_down_limit_touches_only_the_named_nodes_under_dry_run(capsys) -> None:
     assert main(["down", "--profile", "dcp2", "--limit", "bluey", "--dry-run", "--json"]) == 0
     events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert {e["node"] for e in events if e["event"] == "would"} == {"bluey"}
+
+
+def test_watch_waits_for_a_silent_node_before_any_restart_even_when_another_rank_exited() -> None:
+    from sparkfleet.watch.policy import Settings, Tracker
+    from sparkfleet.watch.probe import Probe, RankState
+
+    t = Tracker(Settings(failures=1))
+    ranks = (RankState(0, "reddie", "exited"), RankState(2, "bluey", "unknown", error="No route to host"))
+    v = t.observe(Probe(at=1.0, ok=False, why="no answer", latency_s=None, health=None, ranks=ranks))
+    assert (v.action, v.node, v.why) == ("wait", "bluey", "waiting for bluey (rank 2) to answer before restarting "
+                                         "the group: No route to host")
+    back = (RankState(0, "reddie", "exited"), RankState(2, "bluey", "exited"))
+    v = t.observe(Probe(at=2.0, ok=False, why="no answer", latency_s=None, health=None, ranks=back))
+    assert (v.action, v.reason) == ("restart", "rank-exited")

@@ -72,13 +72,14 @@ def _run_task(tmp_path: Path, launches: list, inv: Inventory, node: str) -> tupl
     log.write_text("")
     (bin_dir / "docker").write_text(
         "#!/bin/bash\n"
-        f"for a in \"$@\"; do printf '%s\\0' \"$a\"; done >> {shlex.quote(str(log))}; echo >> {shlex.quote(str(log))}\n"
+        # one write per call (O_APPEND: whole), so the task's two background calls never interleave
+        f"line=\"\"; for a in \"$@\"; do line+=\"$a\"$'\\x1f'; done; printf '%s\\n' \"$line\" >> {shlex.quote(str(log))}\n"
         "case \"$1\" in run) echo cid-$RANDOM ;; inspect) echo 7 ;; esac\n")
     (bin_dir / "docker").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": node}
     proc = subprocess.run(["bash", "-c", task_script(launches, inv)], env=env, capture_output=True, text=True,
                           timeout=60)
-    calls = [line.split("\0")[:-1] for line in log.read_text().splitlines()]
+    calls = [line.split("\x1f")[:-1] for line in log.read_text().splitlines()]
     return proc.returncode, calls
 
 

@@ -41,6 +41,10 @@ SCRAPE_TRIES = 3  # a /metrics scrape that fails is tried this often before the 
 SCRAPE_RETRY_S = 0.5
 SETTLE_S = 2.0  # how long the last scrape waits for the engine's counters to catch up with our requests
 LAG_SHARE = 0.02  # a cell whose client loop lagged more than this share of its wall time is named in the caveats
+# Policy, not a seed figure: repetitions of a cell whose aggregate rates differ by more than this factor are two
+# modes, not one noisy number (the seeds' C4 read 122 and 189, a factor 1.55; FM-53).
+MODES_RATIO = 1.2
+GAUGE_EVERY_S = 0.25  # how often a cell's batch samples the engine's running / waiting gauges (FM-54)
 SIM_OWNER = "sparkfleet-sim"  # /v1/models owned_by of the sim engine (sparkfleet/simengine)
 
 
@@ -52,6 +56,8 @@ class BenchOptions:
     prefill_tokens: tuple[int, ...] = DEFAULT_PREFILL_TOKENS
     decode: bool = True  # the concurrency sweep (off: --prefill only)
     warmup: bool = True
+    repeat: int = 1  # each cell measured this many times back to back (FM-53)
+    max_num_seqs: int | None = None  # the lane's --max-num-seqs, from its profile (FM-54)
     ignore_eos: bool = False  # forced output lengths (every stream runs to its budget)
     max_tokens: int | None = None  # overrides every prompt's budget (quick looks, tests)
     model: str | None = None  # default: the first model /v1/models lists
@@ -65,6 +71,8 @@ class BenchOptions:
             raise ValueError("concurrency values must be 1 or more")
         if any(n < 16 for n in self.prefill_tokens):
             raise ValueError("prefill lengths must be at least 16 tokens")
+        if self.repeat < 1:
+            raise ValueError("repeat must be 1 or more")
         if self.max_tokens is not None and self.max_tokens < 2:
             raise ValueError("max_tokens must be at least 2 (decode needs tokens after the first)")
 
@@ -111,6 +119,9 @@ class Cell:
     engine_requests: float | None = None  # /metrics delta over the cell
     engine_tokens: float | None = None
     acceptance: dict | None = None
+    rep: int = 1  # which repetition of the cell this is (bench --repeat)
+    running_max: float | None = None  # the engine's most running requests seen while the batch ran (/metrics)
+    waiting_max: float | None = None  # ... and most waiting: requests the engine queued (FM-54)
     streams: list[StreamRecord] = field(default_factory=list)
 
     @property
@@ -154,7 +165,11 @@ class BenchResult:
         return all(c.ok for c in self.cells) and all(p.error is None for p in self.prefill)
 
     def cell(self, category: str, concurrency: int) -> Cell | None:
+        """The cell's first repetition (the one the report's tables and brackets read)."""
         return next((c for c in self.cells if c.category == category and c.concurrency == concurrency), None)
+
+    def reps(self, category: str, concurrency: int) -> list[Cell]:
+        return [c for c in self.cells if c.category == category and c.concurrency == concurrency]
 
     def as_dict(self) -> dict:
         doc = asdict(self)
@@ -251,6 +266,29 @@ class LoopLag:
             t0 = time.perf_counter()
             await asyncio.sleep(self.INTERVAL)
             self.worst = max(self.worst, time.perf_counter() - t0 - self.INTERVAL)
+
+
+class Gauges:
+    """The engine's running / waiting gauges, sampled while a batch runs: one scrape at a time, each tried once
+    (a missed sample only leaves the maximum lower), until `stop`."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench, self.stop = bench, False
+        self.running: float | None = None
+        self.waiting: float | None = None
+
+    async def watch(self) -> None:
+        client = self.bench.client
+        while not self.stop and self.bench.metrics_ok:
+            try:
+                status, text, _ = await client.get_text("/metrics")
+                snap = vllm_metrics.parse(text) if status == 200 else None
+            except (RequestFailed, ValueError):
+                snap = None
+            if snap is not None and "running" in snap.gauges:
+                self.running = max(self.running or 0.0, snap.gauges["running"])
+                self.waiting = max(self.waiting or 0.0, snap.gauges.get("waiting", 0.0))
+            await asyncio.sleep(GAUGE_EVERY_S)
 
 
 class Bench:
@@ -356,7 +394,12 @@ class Bench:
         if before is not None:
             cell.busy_before = before.gauges.get("running", 0.0) + before.gauges.get("waiting", 0.0)
         cpu0 = time.process_time()
+        gauges = Gauges(self)
+        sampler = asyncio.ensure_future(gauges.watch())
         released, results, cell.client_lag_s = await self.batch(bodies)
+        gauges.stop = True
+        await sampler
+        cell.running_max, cell.waiting_max = gauges.running, gauges.waiting
         cell.client_cpu_s = time.process_time() - cpu0
         ended = [r.ended for r in results if isinstance(r, Timed)]
         cell.streams = [stream_record(r, released, StreamRecord(category, p.id, concurrency, i))
@@ -456,9 +499,11 @@ class Bench:
             if opts.decode:
                 for c in opts.concurrency:
                     for category in self.pset.categories:
-                        cell = await self.cell(model, category, c)
-                        result.cells.append(cell)
-                        self.progress("cell", cell)
+                        for n in range(1, opts.repeat + 1):  # back to back: a mode that flips shows up here
+                            cell = await self.cell(model, category, c)
+                            cell.rep = n
+                            result.cells.append(cell)
+                            self.progress("cell", cell)
             if opts.prefill:
                 result.prefill = await self.prefill(model)
             result.traffic, after = await self.traffic(before, self.client.requests_sent - sent0,
@@ -533,9 +578,16 @@ def caveats(result: BenchResult) -> list[str]:
     if result.simulated:
         out.append("THE ENDPOINT IS A SIMULATION (sparkfleet sim engine): these numbers say nothing about "
                    "hardware.")
-    if result.cells:
+    repeat = int(result.options.get("repeat") or 1)
+    if result.cells and repeat == 1:
         out.append("One batch per cell: every number is a single measurement. The GB10 slow state alone can move "
-                   "a cell by up to ~1.5x (counting at C1: 62.2 in one run, 92.2 back to back).")
+                   "a cell by up to ~1.5x (counting at C1: 62.2 in one run, 92.2 back to back); a cell can also "
+                   "be bimodal, which only repetitions show (`--repeat 2`, docs/failure-modes.md FM-53).")
+    elif result.cells:
+        out.append(f"Every cell was measured {repeat} times back to back; the tables show the first repetition, "
+                   "results.json holds every one.")
+        out.extend(modes(result))
+    out.extend(capped(result))
     probe = result.probe
     if probe is None:
         out.append("Clock latch / slow state: not probed before this run (run `sparkfleet bench --probe` or "
@@ -576,3 +628,37 @@ def caveats(result: BenchResult) -> list[str]:
         out.append("Prefill: one cold request per length (fresh nonce and filler, no prefix-cache hit); "
                    "tok/s = prompt tokens / TTFT.")
     return out
+
+
+def modes(result: BenchResult) -> list[str]:
+    """A caveat per cell whose repetitions fall into two modes (fastest / slowest aggregate > MODES_RATIO)."""
+    out = []
+    for key in dict.fromkeys((c.category, c.concurrency) for c in result.cells):
+        rates = [c.aggregate_tps for c in result.reps(*key) if c.ok and c.aggregate_tps]
+        if len(rates) >= 2 and max(rates) > MODES_RATIO * min(rates):
+            shown = " / ".join(f"{r:.1f}" for r in rates)
+            out.append(f"{key[0]} C{key[1]} is bimodal: {shown} tok/s aggregate over {len(rates)} repetitions "
+                       f"(fastest {max(rates) / min(rates):.2f}x the slowest, over {MODES_RATIO:g}x): two modes, "
+                       "not one figure; do not average them (docs/failure-modes.md FM-53).")
+    return out
+
+
+def capped(result: BenchResult) -> list[str]:
+    """Cells above the lane's --max-num-seqs, or where the engine queued requests: they read the cap (FM-54)."""
+    cap = result.options.get("max_num_seqs")
+    over = sorted({c.concurrency for c in result.cells if cap and c.concurrency > cap})
+    queued = sorted({c.concurrency for c in result.cells if c.waiting_max})
+    if not over and not queued:
+        return []
+    seen: dict[int, tuple[float, float]] = {}
+    for c in result.cells:  # the most the engine held at each concurrency, over categories and repetitions
+        if c.running_max is not None:
+            r, w = seen.get(c.concurrency, (0.0, 0.0))
+            seen[c.concurrency] = (max(r, c.running_max), max(w, c.waiting_max or 0.0))
+    engine = "; ".join(f"C{k}: at most {r:.0f} running, {w:.0f} waiting" for k in sorted(set(over) | set(queued))
+                       if k in seen for r, w in [seen[k]])
+    why = (f"above the lane's --max-num-seqs {cap}" if over else "where the engine queued requests") + \
+        f": C{', C'.join(map(str, sorted(set(over) | set(queued))))}"
+    return [f"Cells {why} (the engine's /metrics: {engine or 'not read'}). The engine runs at most its cap at "
+            "once and queues the rest, so these cells read the cap (a flat line), not the lane at that "
+            "concurrency (docs/failure-modes.md FM-54)."]

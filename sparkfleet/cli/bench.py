@@ -68,6 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="force every stream to its budget (ignore_eos)")
     p.add_argument("--max-tokens", type=int, metavar="N", help="override every prompt's budget")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="measure every cell N times back to back; cells whose repetitions differ by more than "
+                   "1.2x are named bimodal (default 1)")
     p.add_argument("--probe", action="store_true",
                    help="run the clock latch / slow-state probe on the lane's nodes first and record it; a "
                    "latched rank refuses the bench (its figures would be the latched node's, FM-09)")
@@ -218,11 +221,20 @@ def _bench_options(args: argparse.Namespace, loaded: Loaded, key: str | None) ->
             categories=tuple(s.strip() for s in args.categories.split(",") if s.strip()) if args.categories else None,
             prefill=args.prefill or args.prefill_only, decode=not args.prefill_only,
             prefill_tokens=parse_ints(args.prefill_tokens, "--prefill-tokens", suffix_k=True),
-            warmup=not args.no_warmup, ignore_eos=args.ignore_eos, max_tokens=args.max_tokens,
+            warmup=not args.no_warmup, repeat=args.repeat, max_num_seqs=max_num_seqs(loaded),
+            ignore_eos=args.ignore_eos, max_tokens=args.max_tokens,
             model=loaded.profile.served_names[0] if loaded.profile.served_names else None,
             api_key=key, timeout_s=args.timeout)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def max_num_seqs(loaded: Loaded) -> int | None:
+    """The lane's --max-num-seqs, as its profile sets it (None when unset: the engine's default is not known)."""
+    from sparkfleet.checks.graphs import number
+
+    n = number(loaded.profile.flags.get("--max-num-seqs"))
+    return int(n) if n else None
 
 
 def run_bench_cmd(args: argparse.Namespace) -> int:

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(p)
     add_inventory(p)
     add_json(p)
-    p.add_argument("--profile", "-p", required=True)
+    p.add_argument("--profile", "-p", required=True, help="the lane whose engine to build on every rank")
     add_dry_run(p)
     p.set_defaults(func=run)
 

@@ -41,6 +41,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll", type=seconds, default=1.0, metavar="SECONDS",
                    help="poll interval while waiting (default 1)")
     p.add_argument("--boot-budget", type=seconds, metavar="SECONDS", help="override the profile's boot budget")
+    p.add_argument("--stall-after", type=seconds, metavar="SECONDS",
+                   help="a boot that logs nothing this long is judged by its CPU use, and stopped if idle "
+                        "(default: the profile's expect.stall_s, else 600)")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
     add_progress(p)
 
@@ -152,8 +155,9 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       save_as=getattr(args, "save_as", None),
                       keep=getattr(args, "keep", False),
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", True),
-                      boot_budget_s=args.boot_budget, poll_s=args.poll, endpoint=args.endpoint,
-                      fabric_probe=getattr(args, "fabric_probe", True), no_probe=getattr(args, "no_probe", False),
+                      boot_budget_s=args.boot_budget, stall_s=args.stall_after, poll_s=args.poll,
+                      endpoint=args.endpoint, fabric_probe=getattr(args, "fabric_probe", True),
+                      no_probe=getattr(args, "no_probe", False),
                       probe_seconds=probe_seconds(args), **extra)
 
 

@@ -19,6 +19,7 @@ from sparkfleet.cli.common import (
     spec,
 )
 from sparkfleet.plan import make_plan
+from sparkfleet.slurm.ops import refusals_now
 
 ORDER = 10
 
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         against = compare(other, Side("profile", args.profile, args.profile, [x.as_dict() for x in plan.launches]))
     else:
         plan = make_plan(loaded, inventory, playbook, sp.root)
+    plan.findings += refusals_now(inventory, [r.node.name for r in plan.ranks])  # launcher: slurm (issue 30)
     if args.json:
         print_json(plan.as_dict() | ({"against": against} if against is not None else {}))
         return EXIT_USAGE if plan.refused else EXIT_OK

@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--transport", choices=("local", "ssh"), default="local",
                     help="local: commands enter each node directly; ssh: a real sshd inside each node (as root: "
                     "in the node's own network namespace) (default: local)")
+    up.add_argument("--launcher", choices=("ssh", "slurm"), default="ssh",
+                    help="slurm: a real Slurm (munged, slurmctld here, one slurmd per node) and an inventory with "
+                    "launcher: slurm; needs --transport ssh as root (default: ssh)")
     up.add_argument("--force", action="store_true", help="tear down an existing simulated lab first")
     up.add_argument("--docker", choices=lab.DOCKER_MODES, default=None,
                     help="daemon: a real Docker daemon inside each node (root; Debian docker.io); shim: the "
@@ -72,10 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--rate", help="slow-link: tc tbf rate (e.g. 100mbit)")
     f.add_argument("--mtu", type=int, help="mtu-mismatch: the node's fabric MTU")
     f.add_argument("--driver", help="driver-drift: the driver version nvidia-smi reports")
-    f.add_argument("--seconds", type=float, help="daemon-slow: how late the node's docker answers")
     f.add_argument("--factor", type=float, help="slow-boot: how many times longer the boot takes (default 10)")
+    f.add_argument("--seconds", type=float, help="silent-tune: how long the rank stays silent (default 30); "
+                   "daemon-slow: how late the node's docker answers")
     f.add_argument("--sticky", action="store_true", default=None,
                    help="rank-vanish, rank-hang, serve-crash: every later launch on the node too, until healed")
+    f.add_argument("--off", type=float, help="power-cycle: seconds before the node boots again (default 10)")
     add_json(f)
     f.set_defaults(func=run_fault)
 
@@ -88,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_up(args: argparse.Namespace) -> int:
     sim = lab.up(args.inventory, transport=args.transport, ops_root=args.root, force=args.force,
-                 docker=args.docker)
+                 docker=args.docker, launcher=args.launcher)
     status = sim.status()
     if args.json:
         print_json(status)
@@ -102,6 +107,8 @@ def run_up(args: argparse.Namespace) -> int:
     say(f"inventory: {status['inventory']}  (pass it as --inventory sim)")
     if status["known_hosts"]:
         say(f"host keys pinned in {status['known_hosts']}")
+    if status.get("slurm"):
+        say(f"slurm: {status['slurm']['conf']} (partition {status['slurm']['partition']})")
     for part in sim.manifest.get("without_root", []):
         say(f"needs root, so not here: {part}")
     for skipped in sim.manifest.get("skipped_profiles", []):
@@ -182,8 +189,8 @@ def run_status(args: argparse.Namespace) -> int:
 def run_fault(args: argparse.Namespace) -> int:
     sim = lab.require()
     params = {"mhz": args.mhz, "gib": args.gib, "what": args.what, "port": args.port, "rate": args.rate,
-              "mtu": args.mtu, "driver": args.driver, "factor": args.factor, "seconds": args.seconds,
-              "sticky": args.sticky}
+              "mtu": args.mtu, "driver": args.driver, "factor": args.factor,
+              "seconds": args.seconds, "sticky": args.sticky, "off": args.off}
     recorded = sim.fault(args.node, args.kind, **params)
     if args.json:
         print_json({"simulation": True, "node": args.node, "fault": args.kind, "params": recorded})

@@ -19,8 +19,8 @@ SHAPE_FLAGS = ("--cudagraph-capture-sizes", "--compilation-config", "--speculati
 
 # Runs on the node (stdlib only).
 SEED_SCRIPT = r'''
-import json, os, shutil, sys
-cache, since = sys.argv[1], float(sys.argv[2])
+import json, os, shutil, sys, time
+cache, since = sys.argv[1], time.time() - float(sys.argv[2])  # the node's own clock, not the controller's
 found = []
 for d, dirs, files in os.walk(cache):
     if d[len(cache):].count(os.sep) > 6:
@@ -42,8 +42,11 @@ print(json.dumps(out))
 '''
 
 
-def seed_command(cache_dir: str, since: float) -> str:
-    return f"python3 -c {shlex.quote(SEED_SCRIPT)} {shlex.quote(cache_dir)} {since:.3f}"
+def seed_command(cache_dir: str, age_s: float) -> str:
+    """Seed hash dirs made in the last `age_s` seconds, judged by the node's own clock in the same round trip:
+    a Station whose clock is behind the controller's (FM-40) stamps its new dirs in its own time, so a
+    controller timestamp would make them look old and never seed them. A duration needs no common clock."""
+    return f"python3 -c {shlex.quote(SEED_SCRIPT)} {shlex.quote(cache_dir)} {age_s:.3f}"
 
 
 def parse(stdout: str) -> dict:

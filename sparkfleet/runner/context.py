@@ -33,6 +33,7 @@ class RunOptions:
     stop_on_gate_failure: bool = True  # False: up --keep-on-gate-failure (the lane stays up, said loudly)
     force: bool = False  # restore: go on despite drifted pins
     boot_budget_s: float | None = None  # overrides the profile's expect.boot_budget_s
+    stall_s: float | None = None  # up --stall-after: overrides the profile's expect.stall_s (runner/progress.py)
     poll_s: float = 1.0
     endpoint: str | None = None  # the head's API base URL, when the default guess is wrong
     restore_point: dict | None = None  # restore: the recorded pins

@@ -24,6 +24,7 @@ from sparkfleet.runner.steps import DRY, STEPS
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
+from sparkfleet.slurm.ops import refusals_now
 
 
 class Terminated(KeyboardInterrupt):
@@ -64,6 +65,8 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     run_id = new_run_id()
     record = Record(run_id, playbook.name, loaded.profile.name, inventory.name, command)
     plan = make_plan(loaded, inventory, playbook, spec.root, run_id=run_id)
+    plan.findings += refusals_now(inventory, [r.node.name for r in plan.ranks],  # launcher: slurm (issue 30)
+                                  dry_run=options.dry_run and not options.dry_reads)
     record.data["plan_findings"] = [f.as_dict() for f in plan.findings]
     record.data["overrides"] = plan.overrides  # -o KEY=VALUE: restore reloads the profile with them
 

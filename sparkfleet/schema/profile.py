@@ -106,6 +106,8 @@ class Expect(Strict):
     engram_node_local: bool = False
     mem_available_floor_gb: dict[str, float] = Field(default_factory=dict)  # head / workers / host
     boot_budget_s: int | None = Field(None, gt=0)
+    # a boot with no new line on any rank this long is judged by its processes' CPU use (FM-42); default 600 s
+    stall_s: int | None = Field(None, gt=0)
     log_lines: list[str] = Field(default_factory=list)  # other lines that must appear (regex)
 
 

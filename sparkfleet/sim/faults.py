@@ -7,11 +7,15 @@ rest move something aside and back (a storage dir, the whole sandbox) or stop an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -491,6 +495,153 @@ HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
 }
 
 
+# -- power-cycle (FM-25 in its serving form): the node loses power and comes back --------------------------
+
+POWER_OFF_S = 10.0  # sim input: how long a power-cycled node stays off unless --off says (a real boot: minutes)
+BOOT_UPTIME_S = 41.87  # sim input: /proc/uptime's seconds once a power-cycled node answers again
+POWER_EXIT_CODE = 255  # what `docker ps -a` shows for a container that was running when the host lost power
+# (dockerd's restore finds no task for it and marks it stopped with exit status 255; no --restart on a lane)
+
+
+def _power_cycle(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    off = float(params.get("off", POWER_OFF_S))
+    if not off >= 0:
+        raise UserError(f"power-cycle --off {off:g}: expected 0 or more seconds before the node is back")
+    return {"off": off, "off_at": time.time(), "back": False}
+
+
+def _power_off(t: Target, params: dict[str, Any]) -> None:
+    """Cut the power: every process of the node ends at once (its init and pid namespace: engines, sshd,
+    earlyoom, dockerd); what lives in RAM is lost (/run, the page cache, runtime addresses); /nvme, /var
+    and the rest of its disks are kept. A detached "power supply" boots it after --off seconds."""
+    from sparkfleet.sim import node
+
+    if t.dir is None or node.running_pid(t.dir) is None:
+        raise UserError(f"{t.node} is not running: nothing to power-cycle")
+    node.stop(t.dir)
+    root = t.root()
+    with shim.locked(root):
+        _lose_ram(root)
+        shim.render(root)
+    if params["off"] > 0:
+        supply = subprocess.Popen([sys.executable, "-m", "sparkfleet.sim.faults", "power-on", t.node,
+                                   str(params["off"])], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        _set_power(root, supply=supply.pid)
+    else:
+        _boot(t.node)
+
+
+def _lose_ram(root: Path) -> None:
+    """What a power loss takes from the node's state: tmpfs (/run), the page cache, `ip addr add` aliases,
+    and the docker stand-in's running containers (dockerd marks them exited when it starts again)."""
+    run = root / "run"
+    if run.is_dir():
+        for entry in run.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    (run / "sshd").mkdir(parents=True, exist_ok=True)  # systemd-tmpfiles makes sshd's privsep dir at boot
+    (root / shim.STATE / "net.json").unlink(missing_ok=True)
+    (root / shim.STATE / "init.ready").unlink(missing_ok=True)
+    node_state = shim.load(root, "node.json")
+    node_state["meminfo"]["cached_kb"] = round(values.MEM_CACHED_GIB * 1024 * 1024)
+    cpus = values.HARDWARE[node_state["hardware"]]["cpus"]
+    node_state["uptime"] = f"{BOOT_UPTIME_S:.2f} {BOOT_UPTIME_S * cpus * values.IDLE_FRACTION:.2f}"
+    shim.save(root, "node.json", node_state)
+    if not (root / shim.STATE / "docker.json").is_file():
+        return  # a real dockerd keeps its own state and does its own restore
+    docker = shim.load(root, "docker.json")
+    now = shim.state.rfc3339(time.time())
+    kept = []
+    for c in docker["containers"]:
+        if c["State"]["Running"]:
+            if c["HostConfig"].get("AutoRemove"):
+                continue  # --rm: dockerd removes it on restore
+            c["State"].update({"Status": "exited", "Running": False, "Pid": 0, "ExitCode": POWER_EXIT_CODE,
+                               "FinishedAt": now})
+            c["NetworkSettings"]["Ports"] = {}
+        kept.append(c)
+    docker["containers"] = kept
+    shim.save(root, "docker.json", docker)
+
+
+def _set_power(root: Path, **changes: Any) -> None:
+    with shim.locked(root):
+        faults = shim.load(root, "faults.json")
+        if "power-cycle" in faults["faults"]:
+            faults["faults"]["power-cycle"].update(changes)
+            shim.save(root, "faults.json", faults)
+
+
+def _boot(name: str) -> None:
+    """Power the node on: its init again (earlyoom, sshd) in the same network namespace, as `sim up` starts it."""
+    import json
+
+    from sparkfleet.sim import netlab, node, paths, sshd
+
+    nd = paths.node_dir(name)
+    if node.running_pid(nd) is not None:
+        return
+    manifest = json.loads(paths.manifest_path().read_text())
+    info = manifest["nodes"][name].get("ssh")
+    argv = [sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]] if info else None
+    node.start(nd, name, netns=netlab.netns_name(name) if manifest.get("netns") else None, sshd=argv)
+    if info:
+        sshd.wait_banner(name, info["host"], info["port"])
+    _set_power(paths.node_root(name), back=True, back_at=time.time(), supply=None)
+
+
+def _power_on(t: Target, params: dict[str, Any]) -> None:
+    """heal: the node is back at once (its power supply, if still waiting, is ended first)."""
+    from sparkfleet.sim import node
+
+    supply = params.get("supply")
+    if supply and _is_supply(int(supply), t.node):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(supply), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _is_supply(int(supply), t.node):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(supply), os.WNOHANG)
+            time.sleep(0.02)
+    if t.dir is not None and node.running_pid(t.dir) is None:
+        _boot(t.node)
+
+
+def _is_supply(pid: int, name: str) -> bool:
+    """Whether pid is still this node's power supply (pids get reused)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and b"power-on" in argv and name.encode() in argv
+
+
+def _supply_main(argv: list[str]) -> int:
+    """`python -m sparkfleet.sim.faults power-on NODE SECONDS`: the power comes back after SECONDS."""
+    name, seconds = argv[1], float(argv[2])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    time.sleep(seconds)
+    from sparkfleet.sim import paths
+
+    if paths.node_dir(name).is_dir():  # the lab may have been torn down meanwhile
+        _boot(name)
+    return 0
+
+
+KINDS["power-cycle"] = Kind(
+    "power-cycle", f"the node loses power: every process and container on it ends (containers: Exited "
+    f"({POWER_EXIT_CODE})), /run, the page cache and runtime addresses are lost, /nvme is kept; it boots again "
+    f"(sshd, earlyoom, uptime from 0) after --off seconds (default {POWER_OFF_S:g}), or at once on heal (FM-25)",
+    ("off",))
+APPLY["power-cycle"] = _power_cycle
+ACT["power-cycle"] = _power_off
+UNACT["power-cycle"] = _power_on
+
+
 # -- node-lost: a worker node's power goes while it serves (added for vLLM's multi-node /health, issue 24) --------
 
 
@@ -522,3 +673,33 @@ KINDS["node-lost"] = Kind("node-lost", "the node loses power while serving: its 
 APPLY["node-lost"] = _nothing
 ACT["node-lost"] = _node_lost
 UNACT["node-lost"] = _node_back
+
+
+# -- a silent boot (FM-42): the head logs nothing for a while, busy or idle -----------------------------------
+
+SILENT_TUNE_S = 30.0  # the sim's default: long enough to outlast a short stall window, short for a test
+
+
+def _silent_tune(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    seconds = params.get("seconds")
+    if seconds is not None and not float(seconds) > 0:
+        raise UserError(f"silent-tune --seconds {seconds}: expected seconds above 0")
+    return {"seconds": float(seconds if seconds is not None else SILENT_TUNE_S)}
+
+
+KINDS.update({k.name: k for k in (
+    Kind("silent-tune", "sim engine fault for the next launch on this node: after loading its weights the rank "
+         "logs nothing for --seconds (default 30) while it keeps a CPU busy, as the Station's autotune does, then "
+         "boots on (FM-42)", ("seconds",)),
+    Kind("boot-stall", "sim engine fault for the next launch on this node: after loading its weights the rank "
+         "logs nothing and uses no CPU until it is stopped (a hung boot, FM-42)"),
+    Kind("bimodal", "sim engine fault for the next launch on this node: every other burst of requests (each time "
+         "the engine goes from idle to busy) decodes 1.55x slower, as the seeds' C4 cell read 189 and 122 tok/s "
+         "(FM-53)"),
+)})
+ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall", "bimodal"}
+APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing, "bimodal": _nothing})
+
+
+if __name__ == "__main__":
+    sys.exit(_supply_main(sys.argv[1:]))

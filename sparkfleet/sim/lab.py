@@ -25,6 +25,7 @@ from sparkfleet.root import find_root
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.sim import build, dockerd, faults, netlab, node, paths, shim, sshd
+from sparkfleet.sim import slurm as sim_slurm
 
 TransportKind = Literal["local", "ssh"]
 
@@ -136,7 +137,7 @@ class Sim:
         return {"simulation": True, "dir": str(self.dir), "transport": self.transport,
                 "inventory": str(self.inventory_path), "source_inventory": self.manifest["source_inventory"],
                 "created_at": self.manifest["created_at"], "known_hosts": self.manifest.get("known_hosts"),
-                "nodes": nodes}
+                "nodes": nodes, **({"slurm": self.manifest["slurm"]} if self.manifest.get("slurm") else {})}
 
     def down(self) -> bool:
         return down()
@@ -176,6 +177,7 @@ def down() -> bool:
     host keys, remove its directory. True if anything was there. Also cleans up after a half-finished `up`."""
     d = paths.sim_dir()
     had = d.exists()
+    sim_slurm.stop(None)  # slurmctld and munged on this machine, by their pid files (issue 30)
     if paths.nodes_dir().is_dir():
         for nd in sorted(p for p in paths.nodes_dir().iterdir() if p.is_dir()):
             dockerd.stop(nd)  # a node with its own daemon: its containers and daemons first, then the node
@@ -223,8 +225,10 @@ def _ssh_config(nodes: list[str], netns: bool) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _inventory_yaml(inv: Inventory, transport: TransportKind, ssh: dict[str, dict[str, Any]]) -> str:
+def _inventory_yaml(inv: Inventory, transport: TransportKind, ssh: dict[str, dict[str, Any]],
+                    slurm: dict[str, Any] | None = None) -> str:
     data = inv.model_dump(mode="json", exclude_none=True)
+    data.update(sim_slurm.inventory_keys(slurm))
     data["name"] = "sim"
     data["example"] = False  # addresses, keys and wrappers below are the simulation's own, not placeholders
     user = getpass.getuser()
@@ -269,10 +273,10 @@ def default_docker() -> str:
 
 
 def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: str | Path | None = None,
-       force: bool = False, docker: str | None = None) -> Sim:
+       force: bool = False, docker: str | None = None, launcher: str = "ssh") -> Sim:
     """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file) and start its nodes.
     `docker`: "daemon" gives every node its own real dockerd (root); "shim" the docker stand-in; None:
-    $SPARKFLEET_SIM_DOCKER, else shim."""
+    $SPARKFLEET_SIM_DOCKER, else shim. `launcher`: "slurm" adds a real Slurm (sim/slurm.py)."""
     docker = docker or default_docker()
     if transport not in ("local", "ssh"):
         raise UserError(f"unknown transport {transport!r} (local or ssh)")
@@ -300,6 +304,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
     spec = Spec(find_root(str(ops_root) if ops_root else None))
     inv = spec.inventory(inventory)
     lanes = build.load_lanes(spec)
+    if launcher == "slurm" and not netns:
+        raise UserError("--launcher slurm needs --transport ssh as root (each slurmd in its node's own network)")
     if netns:
         netlab.check_free()
     paths.nodes_dir().mkdir(parents=True)
@@ -312,6 +318,7 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         ssh = _ssh_config(names, netns) if transport == "ssh" else {}
         if netns:
             netlab.create(inv, names)
+        slurm = sim_slurm.prepare(inv, names) if launcher == "slurm" else None
         for n in inv.nodes.values():
             nd = paths.node_dir(n.name)
             ns = netlab.netns_name(n.name) if netns else None
@@ -331,7 +338,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         if ssh:
             sshd.pin_host_keys(paths.known_hosts_path(), {name: (info["host"], info["port"], info["host_key"])
                                                           for name, info in ssh.items()})
-        paths.sim_inventory_path().write_text(_inventory_yaml(inv, transport, ssh))
+        slurm = sim_slurm.start(names) if slurm else None
+        paths.sim_inventory_path().write_text(_inventory_yaml(inv, transport, ssh, slurm))
         manifest = {
             "simulation": True, "transport": transport, "source_inventory": str(spec.inventory_path(inventory)),
             "ops_root": str(spec.root), "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -340,6 +348,7 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
             "without_root": without_root(transport, root),
             "nodes": {n.name: {"hardware": n.hardware, **({"ssh": ssh[n.name]} if ssh else {})}
                       for n in inv.nodes.values()},
+            **({"slurm": slurm} if slurm else {}),
         }
         shim.write_bytes(paths.manifest_path(), (json.dumps(manifest, indent=2) + "\n").encode())
         sim = Sim(manifest)

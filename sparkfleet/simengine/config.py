@@ -25,6 +25,9 @@ FAULTS = (
     "stream-usage-missing",  # streams never carry the final usage chunk
     "memory-leak",  # every served request adds --leak-mb-per-request to --leak-file
     "engram-layer-nfs",  # the last Engram layer is read from the model directory (NFS), the others node-local
+    "silent-tune",  # after the weights, no line for --silent-tune-seconds while a CPU is kept busy (FM-42)
+    "boot-stall",  # after the weights, no line and no CPU until stopped (FM-42)
+    "bimodal",  # every other burst of requests (idle to busy) runs 1.55x slower (FM-53)
 )
 DEFAULT_KV_TOKENS = 1_000_000
 KV_LOW_FACTOR = 0.6  # kv-low: the rank finds 60% of the KV memory it was configured for
@@ -57,6 +60,7 @@ class Config:
     rehome_layers: int | None = None
     boot_seconds: float = 5.0
     slow_boot_factor: float = 10.0
+    silent_tune_seconds: float = 30.0
     rendezvous_timeout: float = 600.0
     # How long a rank takes to notice a peer died: NCCL only finds out at its next collective (real
     # timeouts are minutes). Long enough that the crashed rank's own fatal line is always logged first.
@@ -133,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--rehome-layers", type=int, help="print 'rehome done layers=N' (Station pin-hot hook)")
     a("--boot-seconds", type=float)
     a("--slow-boot-factor", type=float)
+    a("--silent-tune-seconds", type=float, help="silent-tune: seconds of silence with a busy CPU")
     a("--rendezvous-timeout", type=float)
     a("--peer-timeout", type=float, help="seconds before a rank notices a dead peer (default 10)")
     a("--api-key-env", help="name of the env var holding the API key (the key itself never goes on argv)")

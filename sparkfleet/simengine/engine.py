@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from sparkfleet.simengine.metrics import Metrics
 
 BLOCK = 128  # tokens per KV block; the Spark lanes run --block-size 128
+# the bimodal fault's slow mode: the seeds' bimodal C4 cell read 189 and 122 tok/s (189 / 122 = 1.55)
+BIMODAL_SLOW = 1.55
 ACCEPT_P = 0.72  # chance each draft position is accepted, given the ones before it were
 
 
@@ -46,6 +48,7 @@ class Job:
 class _Seat:
     reserved: int = 0  # KV tokens held
     active: bool = False  # counted in `running`
+    slow: bool = False  # the bimodal fault's slow mode
 
 
 class EngineDead(RuntimeError):
@@ -66,7 +69,7 @@ class Engine:
 
     def __init__(self, capacity: int, max_num_seqs: int, num_spec_tokens: int, step_s: float,
                  prefill_tps: float, metrics: Metrics, garbage: bool = False, cache_blocks: int = 200_000,
-                 token_rate: float = 0.0, gate: Callable[[], bool] | None = None) -> None:
+                 token_rate: float = 0.0, gate: Callable[[], bool] | None = None, bimodal: bool = False) -> None:
         self.capacity = max(capacity, 1)
         self.max_num_seqs = max(max_num_seqs, 1)
         self.k = max(num_spec_tokens, 0)
@@ -87,6 +90,9 @@ class Engine:
         # A step that needs every rank (the head of a multi-node lane): True once they all took part; False
         # when the engine died while it waited
         self.gate = gate
+        # the bimodal fault: every other burst of requests (the engine going from idle to busy) runs slow
+        self.bimodal = bimodal
+        self.bursts = 0
 
     # ------------------------------------------------------------------------------------ state
 
@@ -102,6 +108,10 @@ class Engine:
     def _admit(self, seat: _Seat, need: int, front: bool) -> None:
         """Queue, then wait until this seat is first in line and fits (slots and KV)."""
         with self.cond:
+            if not front:  # a new request (not one back from preemption): it belongs to the current burst
+                if self.running == 0 and not self.waiting:
+                    self.bursts += 1
+                seat.slow = self.bimodal and self.bursts % 2 == 0
             if front:
                 self.waiting.appendleft(seat)
             else:
@@ -196,14 +206,15 @@ class Engine:
                 if paced:
                     if i > 0:
                         # An absolute deadline, so a late wake-up delays one step and is not carried forward.
-                        delay = anchor_t + (i + n - anchor_i) / self.token_rate - time.monotonic()
+                        rate = self.token_rate / (BIMODAL_SLOW if seat.slow else 1.0)
+                        delay = anchor_t + (i + n - anchor_i) / rate - time.monotonic()
                         if delay > 0:
                             time.sleep(delay)
                 else:
                     with self.cond:
                         running = self.running
                     # Batched decode slows a little with every extra running request.
-                    time.sleep(self.step_s * (1 + 0.04 * max(running - 1, 0)))
+                    time.sleep(self.step_s * (1 + 0.04 * max(running - 1, 0)) * (BIMODAL_SLOW if seat.slow else 1.0))
                 now = time.monotonic()
                 if self.k and drafted:
                     m.draft(n - 1)

@@ -149,6 +149,20 @@ class Rank:
                 return
             self.stop.wait(min(left, 0.05))
 
+    def silent_phase(self) -> None:
+        """silent-tune: no line for --silent-tune-seconds while one CPU stays busy (the Station's autotune at
+        100% GPU, FM-42); boot-stall: no line and no CPU until stopped (a hung boot). Both stay stoppable."""
+        if self.cfg.has("boot-stall"):
+            self.stop.wait()
+            self.check()
+        if self.cfg.has("silent-tune"):
+            deadline = time.monotonic() + self.cfg.silent_tune_seconds
+            while time.monotonic() < deadline:
+                self.check()
+                spin = time.monotonic() + 0.05
+                while time.monotonic() < spin:  # busy, as a tuner's host thread spinning on the GPU is
+                    pass
+
     def banner(self, proc: str) -> None:
         c = self.cfg
         if c.tensorfold:  # the seeds show no TensorFold boot lines: these are the sim's own
@@ -239,6 +253,7 @@ class Rank:
         log.info(p, "default_loader.py:309", f"Loading weights took {time.monotonic() - loaded:.2f} seconds")
         log.info(p, "gpu_model_runner.py:3660", f"Model loading took {c.model_gib:.4f} GiB memory and "
                  f"{time.monotonic() - loaded:.6f} seconds")
+        self.silent_phase()
         self.pause(0.1)
         kv = int(c.kv_tokens * (KV_LOW_FACTOR if c.has("kv-low") else 1.0))
         low = KV_LOW_FACTOR if c.has("kv-low") else 1

@@ -90,7 +90,7 @@ class App:
         self.engine = Engine(kv_tokens, self.cfg.max_num_seqs, self.cfg.num_speculative_tokens,
                              self.cfg.step_ms / 1000, self.cfg.prefill_tokens_per_s, self.metrics,
                              garbage=self.cfg.has("garbage-tokens"), token_rate=self.cfg.decode_tokens_per_s,
-                             gate=gate)
+                             gate=gate, bimodal=self.cfg.has("bimodal"))
         if self.cfg.has("memory-leak"):
             self._write_leak()
         self.state = "serving"

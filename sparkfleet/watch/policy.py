@@ -1,6 +1,7 @@
 """What watch decides, as pure functions over probes, times and records: no I/O here.
 
-- A lane is failing after K consecutive failed probes, or at once when a rank exited or vanished.
+- A lane is failing after K consecutive failed probes, or at once when a rank exited or vanished; while
+  a rank's node does not answer (powered off, rebooting), watch waits for it and spends no restart.
 - The memory guard: a rank whose MemAvailable stays under its line (the lane's floor, or earlyoom's
   SIGTERM line plus margin) for longer than a grace period makes watch stop the lane head first.
 - The restart budget: at most N restarts per window, with a growing backoff between them; a spent
@@ -21,7 +22,7 @@ from sparkfleet.watch.status import REASONS
 
 __all__ = ["REASONS", "Budget", "Settings", "Tracker", "Verdict", "foreign_ranks", "lane_removed", "operator_run"]
 
-Action = Literal["ok", "suspect", "restart", "memory-stop"]
+Action = Literal["ok", "suspect", "wait", "restart", "memory-stop"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,12 @@ class Tracker:
 
     def observe(self, probe: Probe) -> Verdict:
         now = probe.at
+        silent = [r for r in probe.ranks if r.state == "unknown"]
+        failing = not probe.ok or any(r.state in GONE or r.state == "vanished" for r in probe.ranks)
+        if silent and failing:  # a restart now would fail at its stop step and leave the lane stopped
+            r = silent[0]  # (a node powered off or lost): wait for it, spending nothing
+            return Verdict("wait", why=f"waiting for {r.node} (rank {r.rank}) to answer before restarting the "
+                           f"group: {r.error or 'no answer'}", node=r.node)
         for r in probe.ranks:
             if r.state in GONE:
                 return Verdict("restart", "rank-exited", f"rank {r.rank} on {r.node} {r.state}", r.node)

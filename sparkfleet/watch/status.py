@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # watch's states, in the order they are exported (one series each, 1 on the current one)
-STATES = ("watching", "suspect", "backoff", "restarting", "stopped", "stood-down", "ended")
+STATES = ("watching", "suspect", "waiting", "backoff", "restarting", "stopped", "stood-down", "ended")
 REASONS = ("probe-failed", "rank-exited", "rank-vanished", "memory")  # why a restart (or stop) began
 
 

@@ -180,8 +180,10 @@ class Watcher:
                 self.look_again(removed=True)  # who did it, while their run still holds the lock
             self.own_leftovers = False
             verdict = self.tracker.observe(probe)
-            if verdict.action in ("ok", "suspect"):
-                self.set_state("watching" if verdict.action == "ok" else "suspect", verdict.why)
+            if verdict.action in ("ok", "suspect", "wait"):
+                if verdict.action == "wait" and self.status.state != "waiting":
+                    self.say("waiting", verdict.why, node=verdict.node)
+                self.set_state({"ok": "watching", "wait": "waiting"}.get(verdict.action, "suspect"), verdict.why)
             else:
                 outcome = self.handle(verdict, facts)
                 if outcome is not None:

@@ -13,8 +13,9 @@ from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.fleet import ops
 from sparkfleet.plan import make_plan
+from sparkfleet.runner import progress
 from sparkfleet.runner.context import RunContext, Started
-from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult
+from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
 from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands
 from sparkfleet.schema.playbook import Step
 
@@ -97,7 +98,7 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
 
 def wait_ready(ctx: RunContext, st: Step) -> StepGen:
     """Poll the head's /health and /v1/models; follow every rank; fast-fail on a vanished or exited rank,
-    a fatal line, or a node whose docker stopped answering."""
+    a fatal line, a node whose docker stopped answering, or a lane silent and idle for its stall window."""
     if not ctx.started:
         return StepResult("fail", "no rank was started by this run")
     budget = ctx.options.boot_budget_s or ctx.profile.expect.boot_budget_s or 900
@@ -108,7 +109,7 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
     key = _api_key(ctx)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     station = [r.node for r in ctx.plan.ranks if r.node.hardware in engine.autotune_hardware]
-    started_at = time.time() - 60  # hash dirs the tuner makes for this launch are newer than this
+    started_at = time.time() - 60  # hash dirs the tuner makes for this launch are younger than now - this
     if station:
         from sparkfleet.runner import autotune
 
@@ -117,15 +118,19 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
             ctx.events.emit("message", text=f"kernel shapes changed since the last good run ({', '.join(changed)}): "
                             "seeding the autotune cache cannot help; the first boot retunes (75-90 min, LCH-G3)")
             ctx.record.data["autotune_shape_changes"] = changed
+    stall_s = ctx.options.stall_s or ctx.profile.expect.stall_s or progress.STALL_S
+    silence = progress.Silence(stall_s, time.time())
     with httpx.Client(timeout=5.0, headers=headers) as http:
         polls: list[float] = []  # when each poll began (the last few go into the record)
-        ctx.record.data["wait_ready"] = watch = {"poll_s": ctx.options.poll_s, "polls": 0, "poll_started": []}
+        ctx.record.data["wait_ready"] = watch = {"poll_s": ctx.options.poll_s, "polls": 0, "poll_started": [],
+                                                 "stall_s": stall_s}
         while True:
             polls.append(time.time())
             watch.update(polls=len(polls), poll_started=[round(t, 3) for t in polls[-20:]])
             if station:  # seed new autotune hash dirs before the tuner reads them (LCH-G2)
                 seeded = yield NodeCommands("seed the autotune cache", {
-                    n.name: autotune.seed_command(n.storage.cache_dir, started_at) for n in station}, timeout_s=30)
+                    n.name: autotune.seed_command(n.storage.cache_dir, time.time() - started_at) for n in station},
+                    timeout_s=30)
                 for n, res in (seeded or {}).items():
                     for d in (autotune.parse(res.stdout)["seeded"] if res.ok else []):
                         ctx.events.emit("message", text=f"seeded autotune cache {d} on {n}")
@@ -151,10 +156,36 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
             if ready:
                 ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
                 return StepResult("ok", f"serving at {base} ({why})")
+            silence.lines(sum(lf.lines_seen for lf in ctx.log_facts.values()), time.time())
+            if silence.due(time.time()):
+                verdict = silence.sample(time.time(), (yield from _cpu(ctx)))
+                if verdict:
+                    watch["silent"] = [{"kind": v.kind, "silent_s": round(v.silent_s, 1),
+                                        "window_s": round(v.window_s, 1), "cpu_s": {str(r): s for r, s in
+                                                                                    v.cpu_s.items()}}
+                                       for v in silence.verdicts[-10:]]
+                    if verdict.kind == "stalled":
+                        return (yield from _fail_launch(ctx, verdict.text()))
+                    ctx.events.emit("message", text=verdict.text())
             if time.time() > deadline:
                 return (yield from _fail_launch(ctx, f"not healthy after {budget:.0f} s (the profile's boot budget): "
                                                 f"{why}"))
             time.sleep(ctx.options.poll_s)
+
+
+def _cpu(ctx: RunContext) -> StepGen:
+    """CPU seconds used so far by each started rank's processes (None where they could not be read)."""
+    by_node: dict[str, list[Started]] = {}
+    for s in ctx.started:
+        by_node.setdefault(s.node, []).append(s)
+    results = yield query("read the ranks' CPU time", {n: progress.cpu_command([s.id for s in ss])
+                                                        for n, ss in by_node.items()}, 30)
+    out: dict[int, float | None] = {}
+    for n, ss in by_node.items():
+        res = (results or {}).get(n)
+        used = progress.parse_cpu(res, [s.id for s in ss]) if res is not None else {}
+        out.update({s.rank: used.get(s.id) for s in ss})
+    return out
 
 
 def _api_ready(http: httpx.Client, base: str, names: set[str]) -> tuple[bool, str]:

@@ -10,6 +10,7 @@ from sparkfleet.engram.fleet import manifest_reads
 from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import ops
+from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.patches import manifest as pm
 from sparkfleet.patches import sync
 from sparkfleet.runner import restore as rp
@@ -149,6 +150,12 @@ def pins(ctx: RunContext, st: Step) -> StepGen:
         return StepResult("ok", f"would verify every pin of {point.name!r} against the fleet (not read under "
                           "--dry-run)", changes)
     ctx.record.data["pins"] = {"drift": [f.message for f in drift], "today": [f.message for f in changes]}
+    silent = sorted({f.node for f in drift if f.node and not isinstance(ctx.facts.get(f.node), NodeFacts)})
+    if silent and not ctx.options.force:  # a node that did not answer is not a drifted pin: say which it is
+        rest = len(drift) - len(silent)
+        return StepResult("fail", f"{', '.join(silent)} did not answer, so no pin of {point.name!r} can be checked "
+                          "there" + (f"; {rest} pin(s) drifted elsewhere" if rest else "") + ": nothing was stopped",
+                          drift + changes)
     if drift and not ctx.options.force:
         return StepResult("fail", f"{len(drift)} pin(s) drifted since {point.name!r} was recorded: nothing was "
                           "stopped", drift + changes)

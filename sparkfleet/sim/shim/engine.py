@@ -167,6 +167,8 @@ def vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[s
             argv += ["--fault", fault]
     if (faults.get("slow-boot") or {}).get("factor") is not None:
         argv += ["--slow-boot-factor", str(faults["slow-boot"]["factor"])]
+    if (faults.get("silent-tune") or {}).get("seconds") is not None:
+        argv += ["--silent-tune-seconds", str(faults["silent-tune"]["seconds"])]
     return argv
 
 
@@ -354,7 +356,7 @@ def copy_covers(root: Path, copy_dir: str, revision: str | None, fmt: str | None
 ENGINE_FAULT_NAMES = frozenset({
     "worker-crash", "slow-boot", "kv-low", "missing-patch", "engine-fatal", "engine-warning", "garbage-tokens",
     "count-off-by-one", "needle-blind", "no-tool-calls", "nondeterministic", "auth-open", "stream-usage-missing",
-    "memory-leak", "engram-layer-nfs"})
+    "memory-leak", "engram-layer-nfs", "silent-tune", "boot-stall", "bimodal"})
 
 
 RANK_FAULTS = ("rank-vanish", "rank-hang", "serve-crash")  # act on a running rank, or on the next launch
