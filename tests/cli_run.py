@@ -42,20 +42,32 @@ def record_of(events: list[dict]) -> dict:
     return json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{run_id}.json").read_text())
 
 
-def lane_containers(sim, profile: str, nodes: tuple[str, ...] = LAB_NODES) -> dict[str, list[dict]]:
-    """Every node's containers of a lane (as `docker inspect` shows them, oldest first), straight from the
-    node's docker: its real daemon, or the shim's state."""
-    out = {}
-    for node in nodes:
-        if sim.docker == "daemon":
-            ids = sim.exec(node, ["docker", "ps", "-aq", "--no-trunc", "--filter",
-                                  f"label=sparkfleet.profile={profile}"]).stdout.decode().split()
-            found = json.loads(sim.exec(node, ["docker", "inspect", *ids]).stdout) if ids else []
-            out[node] = sorted(found, key=lambda c: c["Created"])
-            continue
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == profile]
-    return out
+def node_containers(sim, node: str) -> list[dict]:
+    """Every container of a node as `docker inspect` shows it, oldest first, straight from the node's docker:
+    its real daemon (sim up --docker daemon), or the shim's state."""
+    if sim.docker == "daemon":
+        ids = sim.exec(node, ["docker", "ps", "-aq", "--no-trunc"]).stdout.decode().split()
+        found = json.loads(sim.exec(node, ["docker", "inspect", *ids]).stdout) if ids else []
+        return sorted(found, key=lambda c: c["Created"])
+    return json.loads((sim.state_dir(node) / "docker.json").read_text())["containers"]
+
+
+def lane_containers(sim, profile: str | None, nodes: tuple[str, ...] = LAB_NODES) -> dict[str, list[dict]]:
+    """Every node's containers of a lane (profile None: of any lane), oldest first (node_containers)."""
+    return {node: [c for c in node_containers(sim, node)
+                   if (c["Config"]["Labels"] or {}).get("sparkfleet.profile") == profile
+                   or (profile is None and "sparkfleet.profile" in (c["Config"]["Labels"] or {}))]
+            for node in nodes}
+
+
+def container_log(sim, node: str, cid: str) -> str:
+    """A container's log, stdout and stderr in the order written: the real daemon's json-file log (each
+    record's `log`), or the shim's log file."""
+    if sim.docker == "daemon":
+        path = sim.exec(node, ["docker", "inspect", "-f", "{{.LogPath}}", cid]).stdout.decode().strip()
+        lines = (sim.root(node) / path.lstrip("/")).read_text(errors="replace").splitlines()
+        return "".join(json.loads(line)["log"] for line in lines if line)
+    return (sim.state_dir(node) / "logs" / f"{cid}.log").read_text(errors="replace")
 
 
 def lane_states(sim, profile: str = "dcp2") -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ from sparkfleet.bench import bracket as br
 from sparkfleet.bench.promptsets import PromptSet
 from sparkfleet.bench.runner import BenchOptions, BenchResult, Cell, run_bench
 from sparkfleet.cli.main import main
-from sparkfleet.sim import shim
+from tests import cli_run
 from tests.conftest import engram_copies
 from tests.test_simengine_util import Lane, free_port
 
@@ -230,8 +230,7 @@ def test_bracket_cli_on_the_sim_lab_fails_a_slow_candidate_and_ends_with_the_con
                      "--gates", "models", "--poll", "0.2", "--probe-seconds", "1", "--json", "--out",
                      str(tmp_path / "out")])
         res = json.loads(capsys.readouterr().out)
-        docker = {n: json.loads((sim.root(n) / shim.STATE / "docker.json").read_text())["containers"]
-                  for n in ("reddie", "asusi", "bluey", "spark4")}
+        docker = {n: cli_run.node_containers(sim, n) for n in ("reddie", "asusi", "bluey", "spark4")}
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
         # the control serves: bench it by its profile alone (endpoint from the inventory), probing first
         from sparkfleet.checks import probe

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
+from tests import cli_run
 
 NODES = ("reddie", "asusi", "bluey", "spark4")  # tf1017's ranks 0..3
 BUILT = "opt/deepseek-v4.1-tensorfold-tp4-4xgb10/TensorFold"  # tensorfold.build.dir, under a node's root
@@ -43,11 +44,8 @@ def pins() -> list[Path]:
 
 
 def lane_containers(sim) -> list[str]:
-    out = []
-    for node in NODES:
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out += [node for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile")]
-    return out
+    """One entry per lane container on a node (any lane)."""
+    return [node for node, cs in cli_run.lane_containers(sim, None, NODES).items() for _ in cs]
 
 
 def stages(root: Path) -> list[str]:

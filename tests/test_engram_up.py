@@ -20,6 +20,7 @@ from sparkfleet.engram import ranges
 from sparkfleet.naming import ENGRAM_MANIFEST
 from sparkfleet.opsdir import Spec
 from sparkfleet.sim import values
+from tests import cli_run
 from tests.conftest import REPO, engram_copies
 
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's model.revision
@@ -79,11 +80,8 @@ def break_copy(sim, node: str, **fields) -> None:
 
 def containers(sim, lane: str = "dcp2") -> dict[str, list[str]]:
     """node -> the lane's containers in the node's docker state (ids)."""
-    out = {}
-    for node in ("reddie", "asusi", "bluey", "spark4", "station"):
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out[node] = [c["Id"] for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == lane]
-    return out
+    return {node: [c["Id"] for c in cs] for node, cs in
+            cli_run.lane_containers(sim, lane, ("reddie", "asusi", "bluey", "spark4", "station")).items()}
 
 
 def fails_before_launch(evs: list[dict], node: str, rank: int, why: str) -> None:

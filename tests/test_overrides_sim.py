@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from sparkfleet.cli.main import main
+from tests import cli_run
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--json"]  # the clock probe has tests of its own
 OVERRIDES = ["-o", "flags.--gpu-memory-utilization=0.78", "--set", "env.NCCL_DEBUG=INFO"]
@@ -21,9 +22,9 @@ def _result(capsys) -> dict:
 def _launched(sim) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Each node's running dcp2 container: its argv and env, from the sim's docker state."""
     out = {}
-    for node in ("reddie", "asusi", "bluey", "spark4"):
-        for c in json.loads((sim.state_dir(node) / "docker.json").read_text())["containers"]:
-            if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2" and c["State"]["Status"] == "running":
+    for node, cs in cli_run.lane_containers(sim, "dcp2").items():
+        for c in cs:
+            if c["State"]["Status"] == "running":
                 env = dict(e.partition("=")[::2] for e in c["Config"]["Env"] or [])
                 out[node] = ((c["Config"].get("Entrypoint") or []) + (c["Config"].get("Cmd") or []), env)
     return out

@@ -15,6 +15,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.patches import manifest as pm
 from sparkfleet.sim import lab
+from tests import cli_run
 from tests.conftest import REPO, engram_copies
 
 NODES = ("reddie", "asusi", "bluey", "spark4")  # dcp2's ranks
@@ -46,11 +47,8 @@ def cli(capsys, *argv: str) -> tuple[int, list[dict]]:
 
 
 def containers(sim) -> list[str]:
-    out = []
-    for node in NODES:
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out += [node for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile")]
-    return out
+    """One entry per lane container on a node (any lane)."""
+    return [node for node, cs in cli_run.lane_containers(sim, None, NODES).items() for _ in cs]
 
 
 def test_push_copies_only_what_differs_and_up_refuses_a_rank_whose_copy_changed(ops, capsys) -> None:

@@ -21,6 +21,7 @@ import yaml
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
 from sparkfleet.sim.paths import sim_inventory_path
+from tests import cli_run
 from tests.cli_run import findings, result, run, step
 from tests.conftest import copy_ops, engram_copies
 
@@ -57,12 +58,8 @@ def point(state: Path) -> dict:
 
 
 def lane_containers(sim) -> dict[str, list[tuple[str, str, str]]]:
-    out = {}
-    for node in NODES:
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out[node] = sorted((c["Id"], c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"])
-                           for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2")
-    return out
+    return {node: sorted((c["Id"], c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs)
+            for node, cs in cli_run.lane_containers(sim, "dcp2", NODES).items()}
 
 
 def run_record(state: Path, events: list[dict]) -> dict:

@@ -16,6 +16,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.nodeside import engram_copy as ec
 from sparkfleet.sim import values
+from tests import cli_run
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--json"]
 NODES = ("reddie", "asusi", "bluey", "spark4")  # ranks 0..3 of dcp2 on the lab inventory
@@ -113,17 +114,11 @@ def test_node_local_engram_only_where_the_copy_covers_the_rows(sim, capsys) -> N
 
 
 def _head_log_lines(sim, node: str) -> str:
-    """The node's running dcp2 container's log (the sim's docker log file)."""
-    docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-    [c] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
-    return (sim.state_dir(node) / "logs" / f"{c['Id']}.log").read_text()
+    """The node's running dcp2 container's log."""
+    [c] = cli_run.lane_containers(sim, "dcp2", (node,))[node]
+    return cli_run.container_log(sim, node, c["Id"])
 
 
 def _lane_states(sim) -> dict[str, list[str]]:
-    """node -> the state of each dcp2 container in the node's docker state."""
-    out = {}
-    for node in NODES:
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out[node] = [c["State"]["Status"] for c in docker["containers"]
-                     if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
-    return out
+    """node -> the state of each dcp2 container on the node."""
+    return {node: [c["State"]["Status"] for c in cs] for node, cs in cli_run.lane_containers(sim, "dcp2", NODES).items()}

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
+from tests import cli_run
 from tests.conftest import REPO
 from tests.watchproc import FAST, WatchProc
 
@@ -46,12 +47,8 @@ def state() -> Path:
 
 
 def containers(sim) -> dict[str, list[dict]]:
-    """Every node's dcp2 containers, straight from the sim's docker state."""
-    out = {}
-    for node in NODES:
-        docker = json.loads((sim.state_dir(node) / "docker.json").read_text())
-        out[node] = [c for c in docker["containers"] if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"]
-    return out
+    """Every node's dcp2 containers, straight from the node's docker."""
+    return cli_run.lane_containers(sim, "dcp2", NODES)
 
 
 def record(run_id: str) -> dict:

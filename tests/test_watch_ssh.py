@@ -19,6 +19,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
+from tests import cli_run
 from tests.conftest import REPO, engram_copies, tensorfold_built
 from tests.watchproc import FAST, WatchProc
 
@@ -72,9 +73,8 @@ def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over
     assert sorted((c["node"], c["rank"], c["state"]) for c in status["containers"]) == [
         ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
     assert status["lanes"]["dcp2"]["health"] == 200
-    docker = json.loads((ssh_sim.state_dir("reddie") / "docker.json").read_text())
-    assert [c["Config"]["Labels"]["sparkfleet.run"] for c in docker["containers"]
-            if c["Config"]["Labels"].get("sparkfleet.profile") == "dcp2"] == [served["run_id"]]
+    assert [c["Config"]["Labels"]["sparkfleet.run"]
+            for c in cli_run.lane_containers(ssh_sim, "dcp2", ("reddie",))["reddie"]] == [served["run_id"]]
     assert main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"]) == 0
     capsys.readouterr()
 
@@ -105,8 +105,7 @@ def test_a_loopback_bound_head_is_probed_through_the_ssh_tunnel_and_restarted(ss
     assert ssh_sim.inventory().nodes["reddie"].ssh.host != "127.0.0.1"  # the head is not this machine
     assert failure["reason"] == "rank-vanished" and failure["why"] == "rank 1's container on asusi is gone"
     assert after["ok"] and after["health"] == 200  # the new head answers through the same tunnel
-    docker = json.loads((ssh_sim.state_dir("reddie") / "docker.json").read_text())
-    assert [c["Config"]["Labels"]["sparkfleet.run"] for c in docker["containers"]
-            if c["Config"]["Labels"].get("sparkfleet.profile") == "tf1017"] == [served["run_id"]]
+    assert [c["Config"]["Labels"]["sparkfleet.run"]
+            for c in cli_run.lane_containers(ssh_sim, "tf1017", ("reddie",))["reddie"]] == [served["run_id"]]
     assert main(["down", "--profile", "tf1017", "--inventory", "sim", "--json"]) == 0
     capsys.readouterr()
