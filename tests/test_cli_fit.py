@@ -192,7 +192,7 @@ def test_plan_overrides_are_applied_shown_and_in_json(capsys) -> None:
 
 @pytest.mark.parametrize("override, message", [
     ("expect.kv_tokenz=1", "sparkfleet: -o expect.kv_tokenz=1: expect.kv_tokenz: no field 'kv_tokenz' in expect "
-     "(fields: kv_tokens, moe_backend, engram_node_local, mem_available_floor_gb, boot_budget_s, log_lines)"),
+     "(fields: kv_tokens, moe_backend, engram_node_local, mem_available_floor_gb, boot_budget_s, stall_s, log_lines)"),
     ("tp=four", "sparkfleet: -o tp=four: tp: Input should be a valid integer, unable to parse string as an "
      "integer (got 'four')"),
     ("flags.gpu=1", "sparkfleet: -o flags.gpu=1: flags.gpu: 'gpu' is not a flag name (expected --name)"),
