@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sparkfleet.sim import llama
 from sparkfleet.sim.image import VERSION_FILE
-from sparkfleet.sim.shim import STATE, engine_standin_argv, load
+from sparkfleet.sim.shim import engine_standin_argv, load
 from sparkfleet.sim.shim.docker import gpu_load, gpu_load_seconds
 from sparkfleet.sim.shim.engine import ENGINE_VERSION_LABEL, RANK_SIGNALS, rank_faults_due
 
@@ -91,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
     env["PYTHONPATH"] = cfg["package_root"]
     env["PYTHONUNBUFFERED"] = "1"
-    if not (ROOT / STATE).is_dir():
-        return 2
     os.execve(engine[0], engine, env)
     return 127  # not reached
 
