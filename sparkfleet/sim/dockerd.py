@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -148,14 +147,3 @@ def remove_cgroups(parent: str) -> list[Path]:
         if not top.exists():
             gone.append(top)
     return gone
-
-
-def remove_data(node_dir: Path) -> None:
-    """The daemon's data-root can hold read-only dirs (vfs layers): make them writable, then remove."""
-    data = node_dir / "fs" / "var" / "lib" / "docker"
-    if data.exists():
-        for dirpath, dirs, _files in os.walk(data):
-            for d in dirs:
-                with contextlib.suppress(OSError):
-                    os.chmod(os.path.join(dirpath, d), 0o700)
-        shutil.rmtree(data, ignore_errors=True)

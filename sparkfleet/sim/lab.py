@@ -183,7 +183,6 @@ def down() -> bool:
             dockerd.stop(nd)  # a node with its own daemon: its containers and daemons first, then the node
             node.stop(nd)
             dockerd.remove_cgroups(dockerd.cgroup_parent(nd.name))
-            dockerd.remove_data(nd)
     had = netlab.remove() or had
     if not had:
         return False
