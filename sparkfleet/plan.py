@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.engines.base import LaneContext, Launch
+from sparkfleet.engines.base import LaneContext, Launch, bind_gids
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding, failed
 from sparkfleet.patches.manifest import mounts_for
@@ -27,6 +27,12 @@ class Plan:
     findings: list[Finding] = field(default_factory=list)
     overrides: dict = field(default_factory=dict)  # -o KEY=VALUE the profile was loaded with, {KEY: value}
 
+    def bind_gids(self, gid_index: dict[str, int]) -> None:
+        """Put the GID indexes facts resolved into the launches rendered with their slots (make_plan's
+        `late_gids`): the plan a run made before facts becomes the one it launches, rendered once."""
+        self.launches = bind_gids(self.launches, gid_index)
+        self.steps = bind_gids(self.steps, gid_index)
+
     @property
     def refused(self) -> bool:
         return failed(self.findings)
@@ -46,14 +52,16 @@ class Plan:
 
 
 def make_plan(loaded: Loaded, inventory: Inventory, playbook: Playbook, root: Path,
-              run_id: str = "plan", gid_index: dict[str, int] | None = None) -> Plan:
-    """Validate the lane, render every rank's launch, and lay them out along the playbook."""
+              run_id: str = "plan", gid_index: dict[str, int] | None = None, late_gids: bool = False) -> Plan:
+    """Validate the lane, render every rank's launch, and lay them out along the playbook. With `late_gids`
+    (a run, before its facts), an `auto` GID index not in `gid_index` is left as a slot for Plan.bind_gids."""
     p = loaded.profile
     ranks = place(loaded, inventory)
     findings = lint(loaded, inventory, ranks)
     patch_mounts, patch_findings = mounts_for(p.patches, root)
     findings += patch_findings
-    ctx = LaneContext(p, inventory, ranks, root / "templates", run_id, dict(gid_index or {}), patch_mounts)
+    ctx = LaneContext(p, inventory, ranks, root / "templates", run_id, dict(gid_index or {}), patch_mounts,
+                      late_gids)
     launches = engine_for(p.engine).launches(ctx)
     nodes = [r.node.name for r in ranks]
     steps: list[dict] = []

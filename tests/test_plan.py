@@ -260,3 +260,31 @@ def test_tensorfold_rank_command_overrides_the_serve_script(capsys) -> None:
         assert argv[argv.index("nvcr.io/nvidia/pytorch:26.07-py3") + 1:] == [
             "python3", "-m", "tensorfold.serve", "--config", "x y"]
         assert s["script"].endswith("nvcr.io/nvidia/pytorch:26.07-py3 \\\npython3 -m tensorfold.serve --config 'x y'")
+
+
+@pytest.mark.parametrize("profile", SERVABLE)
+def test_a_run_s_plan_bound_after_facts_is_the_plan_rendered_with_them(profile: str) -> None:
+    """A run renders its plan once, before facts, with each `auto` GID index as a slot; binding the indexes facts
+    resolve gives exactly what rendering with them gives (argv, env, shell, files, container spec, plan steps),
+    binding none gives the plain plan (`auto`), and no slot is left either way."""
+    import dataclasses
+
+    sp = Spec(Path(__file__).resolve().parent.parent)
+    loaded, inventory, playbook = sp.profile(profile), sp.inventory("lab"), sp.playbook("up")
+    gids = {n: 1 + i for i, n in enumerate(inventory.nodes)}  # not the inventory's fixed values, to be seen
+    gids.update({n.name: int(n.rdma.gid_index) for n in inventory.nodes.values()
+                 if n.rdma is not None and n.rdma.gid_index != "auto"})
+
+    def shape(plan) -> dict:
+        return {"plan": plan.as_dict(), "launches": [dataclasses.asdict(x) for x in plan.launches]}
+
+    for given in (gids, {}):
+        late = make_plan(loaded, inventory, playbook, sp.root, run_id="r1", late_gids=True)
+        slots = "@sparkfleet-gid:" in json.dumps(shape(late), default=str)
+        late.bind_gids(given)
+        got = shape(late)
+        assert "@sparkfleet-gid:" not in json.dumps(got, default=str)
+        assert got == shape(make_plan(loaded, inventory, playbook, sp.root, run_id="r1", gid_index=given))
+    auto = any(n.rdma is not None and n.rdma.gid_index == "auto" for n in inventory.nodes.values())
+    if profile in ("dcp2", "tf1017"):  # lanes whose launch carries the GID: the slot was there to bind
+        assert auto and slots

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sparkfleet import naming
 from sparkfleet.engines.build import EngineBuild
@@ -28,6 +29,8 @@ from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.profile import Profile
 from sparkfleet.schema.yamlsrc import locate
 
+T = TypeVar("T")
+
 
 @dataclass
 class LaneContext:
@@ -40,6 +43,8 @@ class LaneContext:
     run_id: str = "plan"
     gid_index: dict[str, int] = field(default_factory=dict)  # resolved `auto` GID indexes, by node
     patch_mounts: list[tuple[str, str]] = field(default_factory=list)  # (relative source, target)
+    # an `auto` GID index not in gid_index renders as its slot (gid_slot), bound once facts resolve it (bind_gids)
+    late_gids: bool = False
 
     @property
     def head(self) -> Node:
@@ -199,10 +204,45 @@ def labels(ctx: LaneContext, rank: int) -> dict[str, str]:
 
 
 def gid_for(ctx: LaneContext, node: Node) -> str:
-    """The node's RoCE v2 IPv4 GID index; `auto` until facts resolve it."""
+    """The node's RoCE v2 IPv4 GID index; `auto` until facts resolve it (its slot, with `late_gids`)."""
     if node.name in ctx.gid_index:
         return str(ctx.gid_index[node.name])
+    if ctx.late_gids and node.rdma is not None and node.rdma.gid_index == "auto":
+        return gid_slot(node.name)
     return str(node.rdma.gid_index) if node.rdma else "auto"
+
+
+def gid_slot(node: str) -> str:
+    """Where a node's `auto` GID index stands in a launch rendered before facts (shell-safe: shlex.quote
+    leaves it bare, as it leaves the index that replaces it; node names are [a-z0-9_-])."""
+    return f"@sparkfleet-gid:{node}@"
+
+
+SLOT = re.compile(r"@sparkfleet-gid:([a-z0-9][a-z0-9_-]*)@")
+
+
+def bind_gids(value: T, gid_index: dict[str, int]) -> T:
+    """`value` (a Launch, a ContainerSpec, a plan step: strings, lists, dicts and dataclasses of them) with each
+    GID slot replaced by the node's resolved index, or `auto` where facts did not resolve it: exactly what
+    rendering with those indexes gives (tests/test_plan.py holds that), without rendering again."""
+    def sub(m: re.Match[str]) -> str:
+        return str(gid_index[m.group(1)]) if m.group(1) in gid_index else "auto"
+
+    def bind(v: Any) -> Any:
+        if isinstance(v, str):
+            return SLOT.sub(sub, v) if "@sparkfleet-gid:" in v else v
+        if isinstance(v, list):
+            return [bind(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(bind(x) for x in v)
+        if isinstance(v, dict):
+            return {bind(k): bind(x) for k, x in v.items()}
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return dataclasses.replace(v, **{f.name: bind(getattr(v, f.name))
+                                             for f in dataclasses.fields(v) if f.init})
+        return v
+
+    return bind(value)
 
 
 def groups(flags: dict, lists: str = "nargs") -> list[list[str]]:

@@ -77,7 +77,7 @@ class RunContext:
     facts_after_load: dict[str, NodeFacts | Result] = field(default_factory=dict)
     gate_results: list[GateResult] = field(default_factory=list)
     caches_dropped: dict | None = None  # node -> True, or why the drop failed
-    rendered: bool = False  # plan re-rendered with this run's id and resolved GID indexes
+    rendered: bool = False  # the launches are bound and recorded (ctx.launches); restore adopts its own
     tunnel: str | None = None  # the head's base URL once decided (an SSH local forward stays open till the end)
     closers: ExitStack = field(default_factory=ExitStack)  # what the run opened (tunnels): closed at its end
     executor: Executor = field(init=False)  # the one place this run's node commands run (or are shown)

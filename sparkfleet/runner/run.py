@@ -64,7 +64,8 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     state = state_dir()
     run_id = new_run_id()
     record = Record(run_id, playbook.name, loaded.profile.name, inventory.name, command)
-    plan = make_plan(loaded, inventory, playbook, spec.root, run_id=run_id)
+    # the run's one plan: `auto` GID indexes stay slots until the facts step binds them (Plan.bind_gids)
+    plan = make_plan(loaded, inventory, playbook, spec.root, run_id=run_id, late_gids=True)
     plan.findings += refusals_now(inventory, [r.node.name for r in plan.ranks],  # launcher: slurm (issue 30)
                                   dry_run=options.dry_run and not options.dry_reads)
     record.data["plan_findings"] = [f.as_dict() for f in plan.findings]

@@ -12,22 +12,21 @@ from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.fleet import ops
-from sparkfleet.plan import make_plan
 from sparkfleet.runner import progress
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
 from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands
+from sparkfleet.runner.served import launch_records
 from sparkfleet.schema.playbook import Step
 
 
 def _render(ctx: RunContext) -> None:
-    """Re-render the plan with this run's id (container labels) and the GID indexes the facts resolved."""
+    """The run's one plan (rendered with its run id) carries the GID indexes facts resolved: the facts step
+    bound them; a playbook without one launches with `auto`, as rendered. What the run keeps for restore is
+    built here, once, from the launches it starts."""
     if not ctx.rendered:
-        ctx.plan = make_plan(ctx.loaded, ctx.inventory, ctx.playbook, ctx.spec.root,
-                             run_id=ctx.record.run_id, gid_index=ctx.gid_index)
+        ctx.plan.bind_gids(ctx.gid_index)  # nothing left to bind after the facts step
         ctx.rendered = True
-        from sparkfleet.runner.served import launch_records
-
         ctx.launches = launch_records(ctx)
         ctx.record.data["launches"] = [x.model_dump(mode="json") for x in ctx.launches]
 

@@ -31,10 +31,12 @@ def gather_facts(ctx: RunContext, with_lane: bool = True) -> Generator[NodeComma
 def facts(ctx: RunContext, st: Step) -> StepGen:
 
     ctx.facts = yield from gather_facts(ctx)
-    if not ctx.facts:  # --dry-run: the helper was not run
+    if not ctx.facts:  # --dry-run: the helper was not run; the launches show `auto`
+        ctx.plan.bind_gids({})
         return StepResult("ok", f"would gather facts on {len(ctx.nodes)} node(s) (--dry-run=facts gathers them, "
                           "read-only)")
     ctx.gid_index = resolve_gid_indexes(ctx.nodes, ctx.facts)
+    ctx.plan.bind_gids(ctx.gid_index)  # every later step (check, nccl, launch) reads the launches as they run
     ctx.record.data["facts"] = {n: (f.model_dump(mode="json") if isinstance(f, NodeFacts) else
                                     {"error": f.error, "message": f.message}) for n, f in ctx.facts.items()}
     bad = ops.failures({n: f for n, f in ctx.facts.items() if isinstance(f, Result)})
