@@ -1,5 +1,5 @@
 """`--dry-run` touches nothing: nodes whose shell records every command they receive get none from
-`up/down/check --nccl/patches push/engram-local --dry-run`, SSH nodes get no connection, and
+`up/down/restore/check --nccl --fabric/patches push/engram-local --dry-run`, SSH nodes get no connection, and
 `--dry-run=facts` sends them only reads."""
 
 from __future__ import annotations
@@ -69,16 +69,26 @@ def test_up_dry_run_sends_nothing_and_shows_every_step_s_commands(rec, capsys) -
     assert [e for e in seen if e["event"] == "result"][0]["outcome"] == "ok"
 
 
-def test_down_check_nccl_patches_push_engram_local_dry_run_send_nothing(rec, capsys) -> None:
+def test_down_restore_check_nccl_patches_push_engram_local_dry_run_send_nothing(rec, capsys) -> None:
     ops, log = rec
     root = ["--root", str(ops), "-i", "rec"]
     assert main(["down", "--profile", "dcp2", *root, "--dry-run", "--json"]) == 0
     down = events(capsys)
     assert {"stop the lane's containers"} <= {e["what"] for e in down if e["event"] == "would"}
-    assert main(["check", "--profile", "dcp2", *root, "--nccl", "--dry-run", "--json"]) == 0
+    assert main(["restore", "dcp2", *root, "--dry-run", "--json"]) == 0
+    restored = events(capsys)
+    assert {"take the fleet lock", "stop the lane's containers", "run facts.py"} <= \
+        {e["what"] for e in restored if e["event"] == "would"}
+    assert [e for e in restored if e["event"] == "result"][0]["outcome"] == "ok"
+    assert main(["check", "--profile", "dcp2", *root, "--nccl", "--fabric", "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["contacted"] == [] and [c["node"] for c in doc["nccl"]["commands"]] == \
         ["reddie", "asusi", "bluey", "spark4"]
+    # the executor showed the all-reduce it would run, exactly the commands the report names, and the probe
+    shown = [(w["node"], w["command"]) for w in doc["would"] if w["what"] == "NCCL all-reduce in the lane's image"]
+    assert shown == [(c["node"], c["command"]) for c in doc["nccl"]["commands"]]
+    rounds = [w for w in doc["would"] if w["what"].startswith("fabric probe round")]
+    assert len(rounds) == 6 and all(json.loads(w["stdin"])["mode"] == "drive" for w in rounds)
     (ops / "profiles/dcp2-patched.yaml").write_text("extends: dcp2\npatches: probe\n")
     assert main(["patches", "push", "--profile", "dcp2-patched", *root, "--dry-run", "--json"]) == 0
     pushed = events(capsys)

@@ -192,31 +192,48 @@ def test_a_second_measurement_keeps_the_better_figures_and_only_suspects_are_mea
     assert x.rtt_s == {"49152": 1e-3, "409600": 9e-3} and "measured twice" in verdict(run, lambda y: None)[1].observed
 
 
-def test_dry_run_requests_are_the_ones_the_probe_sends(monkeypatch) -> None:
-    nodes = [Node(name=n, ssh=Ssh(host="10.10.0.9"), fabric_ip=f"192.168.192.{11 + i}", hardware="gb10",
-                  storage=Storage(model_root="/m", cache_dir="/c")) for i, n in enumerate(["n0", "n1", "n2", "n3"])]
-    sent: list[tuple[str, str]] = []
-
-    def fake_run_helper(transport, ns, helper, stdin, timeout_s=0):
-        from sparkfleet.fleet.transport import Result
-
-        out = {}
-        for n in ns:
-            req = json.loads(stdin[n.name])
-            if req["mode"] != "quit":
-                sent.append((n.name, stdin[n.name]))
-            doc = {"mode": req["mode"], "bind": req.get("bind"), "refused": [], "errors": []}
-            if req["mode"] == "drive":
-                doc = {"rtt_s": {"49152": 1e-4}, "out_bps": 1e9, "in_bps": 1e9}
-            out[n.name] = Result(n.name, True, json.dumps(doc))
-        return out
-
-    monkeypatch.setattr(fp, "run_helper", fake_run_helper)
-    monkeypatch.setattr(fp, "ensure_helper", lambda t, ns, h: {n.name: fp.Result(n.name, True) for n in ns})
+def test_dry_run_shows_exactly_what_the_probe_sends() -> None:
+    """Under --dry-run the executor shows the probe's every command (servers, rounds, quit) and runs none; run,
+    the nodes receive exactly those commands and requests, in that order (one generator, probe_ops)."""
+    from sparkfleet.fleet.op import Executor, NoConnection, shown_as
+    from sparkfleet.fleet.transport import Result
     from sparkfleet.placement import Rank
 
-    fp.probe(object(), [Rank(i, n) for i, n in enumerate(nodes)], bulk_bytes=BULK)
-    assert sorted(sent) == sorted((node, req) for _, node, req in fp.requests(nodes, BULK))
+    nodes = [Node(name=n, ssh=Ssh(host="10.10.0.9"), fabric_ip=f"192.168.192.{11 + i}", hardware="gb10",
+                  storage=Storage(model_root="/m", cache_dir="/c")) for i, n in enumerate(["n0", "n1", "n2", "n3"])]
+    ranks = [Rank(i, n) for i, n in enumerate(nodes)]
+    shown: list[tuple[str, str, str, str]] = []
+    dry = Executor(NoConnection(), {n.name: n for n in nodes}, dry_run=True,
+                   show=shown_as(lambda event, **x: shown.append((x["what"], x["node"], x["command"],
+                                                                 x.get("stdin", "")))))
+    assert dry.drive(fp.probe_ops(ranks, bulk_bytes=BULK)) is None  # NoConnection: any use would raise
+
+    class Fleet:
+        """Nodes that answer as the helper does: a current copy, servers that report, drivers that measure."""
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, str, str]] = []
+
+        def run_each(self, ns, commands, stdin=None, **kw):
+            out = {}
+            for n in ns:
+                req = json.loads((stdin or {}).get(n.name) or "{}")
+                self.sent.append((n.name, commands[n.name], (stdin or {}).get(n.name, "")))
+                doc = {"mode": req.get("mode"), "bind": req.get("bind"), "refused": [], "errors": []}
+                if req.get("mode") == "drive":
+                    doc = {"rtt_s": {"49152": 1e-4}, "out_bps": 1e9, "in_bps": 1e9}
+                out[n.name] = Result(n.name, True, json.dumps(doc) if req else "")
+            return out
+
+    fleet = Fleet()
+    run = fp.probe(fleet, ranks, bulk_bytes=BULK)
+    assert [x.bps for x in run.links] == [1e9] * 6 and set(run.servers) == {"n1", "n2", "n3"}
+    by_what = [(what, node, cmd, stdin) for what, node, cmd, stdin in shown]
+    # the servers run in the background: their commands may reach the nodes after the first round's
+    assert sorted(fleet.sent) == sorted((node, cmd, stdin) for _, node, cmd, stdin in by_what)
+    assert [w for w, *_ in by_what][:1] == ["verify fabric_probe.py"]
+    assert [w for w, *_ in by_what][-3:] == ["stop the fabric probe servers"] * 3
+    assert sum(w.startswith("fabric probe round") for w, *_ in by_what) == 6
 
 
 @needs_netns

@@ -104,12 +104,21 @@ def run(args: argparse.Namespace) -> int:
     # the transports and the facts helper are imported when used (they bring fabric/paramiko)
     from sparkfleet.fleet.connect import transport_for
     from sparkfleet.fleet.gather import facts_requests, gather
-    from sparkfleet.fleet.op import NoConnection
+    from sparkfleet.fleet.op import Executor, NoConnection, shown_as
 
     nodes = [r.node for r in plan.ranks]
+    would: list[dict[str, Any]] = []  # every command --dry-run shows (the executor's, not run)
+
+    def ops(transport: Any) -> Executor:
+        """The one executor of --fabric and --nccl: under --dry-run it shows their commands and runs none."""
+        return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads,
+                        show=shown_as(lambda event, **line: would.append(line)))
+
     if dry and not reads:  # --dry-run: no node is contacted at all
-        nccl = run_nccl(NoConnection(), plan, profile, {}, args) if args.nccl else None
-        return dry_report(plan, nodes, nccl, args)
+        ex = ops(NoConnection())
+        fabric = run_fabric(ex, plan, inventory, args) if args.fabric else None
+        nccl = run_nccl(ex, plan, profile, {}, args) if args.nccl else None
+        return dry_report(plan, nodes, fabric, nccl, would, args)
     transport = transport_for(nodes)
     try:
         dropped = drop_caches(transport, nodes) if args.drop_caches and not dry else {}
@@ -118,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
         probes: dict[str, dict[str, Any]] = {}
         if (args.probe or args.probe_command) and not dry:
             probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)
-        fabric = run_fabric(transport, plan, inventory, args) if args.fabric and not dry else None
-        nccl = run_nccl(transport, plan, profile, facts, args) if args.nccl else None
+        fabric = run_fabric(ops(transport), plan, inventory, args) if args.fabric else None
+        nccl = run_nccl(ops(transport), plan, profile, facts, args) if args.nccl else None
         from sparkfleet.engram.fleet import lane_findings
 
         # each rank's Engram copy by the one rule, as `up` judges it (unreachable nodes: the facts say so);
@@ -140,12 +149,11 @@ def run(args: argparse.Namespace) -> int:
             doc["fabric_probe"] = fabric[0]
         if nccl is not None:
             doc["nccl"] = nccl[0]
+        if would:
+            doc["would"] = would
         print_json(doc)
     else:
-        if nccl is not None and args.dry_run:
-            out.print("[bold]nccl[/] (--dry-run: not run) each rank's command:")
-            for c in nccl[0]["commands"]:
-                out.print(f"rank {c['rank']} on {c['node']}:\n  {c['command']}", markup=False, soft_wrap=True)
+        print_would(would)
         print_table(plan, findings, simulated, wide=args.wide)
         lane = [f for f in plan.findings if f.status != "ok"]
         if lane:
@@ -186,44 +194,57 @@ def run_probes(transport: Any, nodes: list[Node], facts: dict[str, Any], profile
     return parsed
 
 
-def run_fabric(transport: Any, plan: Plan, inventory: Inventory, args: argparse.Namespace
+def run_fabric(ex: Any, plan: Plan, inventory: Inventory, args: argparse.Namespace
                ) -> tuple[dict[str, Any], list[Finding]]:
-    """The measured fabric probe between every pair of the lane's ranks, and its findings."""
+    """The measured fabric probe between every pair of the lane's ranks, and its findings (under --dry-run:
+    its commands, shown by the executor, and no finding)."""
     from sparkfleet.checks.fabric_probe import suspects, verdict
     from sparkfleet.fleet import fabric_probe as fp
 
     if len(plan.ranks) < 2:
         return {"links": []}, [Finding("fabric-probe", "ok", "one rank: nothing crosses the fabric (not probed)",
                                        node=plan.ranks[0].node.name)]
-    if not args.json:
+    if not args.json and not args.dry_run:
         err.print(f"probing {len(plan.ranks) * (len(plan.ranks) - 1) // 2} fabric link(s) ...", markup=False)
     def ratio(x: fp.Link) -> float | None:
         return inventory.hardware(inventory.nodes[x.a]).fabric_probe_ratio
 
-    run = fp.probe(transport, plan.ranks, bulk_bytes=args.fabric_bytes or fp.BULK_BYTES, confirm=suspects(ratio))
+    run = ex.drive(fp.probe_ops(plan.ranks, bulk_bytes=args.fabric_bytes or fp.BULK_BYTES,
+                                confirm=suspects(ratio)))
+    if run is None:  # --dry-run: shown, not run
+        return {"links": [x.name for rnd in fp.plan_links(fp.endpoints(plan.ranks)[0]) for x in rnd],
+                "dry_run": True}, []
     return run.as_dict(), verdict(run, ratio)
 
 
-def dry_report(plan: Plan, nodes: list, nccl: tuple[dict[str, Any], list[Finding]] | None,
+def print_would(would: list[dict[str, Any]]) -> None:
+    """What --dry-run would have run, node by node, in order."""
+    for line in would:
+        did = f"write {line['write']}" if "write" in line else line["command"]
+        stdin = f" <<< {line['stdin']}" if "stdin" in line else ""
+        out.print(f"would: {line['node']}: {line['what']}: {did}{stdin}", markup=False, soft_wrap=True)
+
+
+def dry_report(plan: Plan, nodes: list, fabric: tuple[dict[str, Any], list[Finding]] | None,
+               nccl: tuple[dict[str, Any], list[Finding]] | None, would: list[dict[str, Any]],
                args: argparse.Namespace) -> int:
-    """check --dry-run: what would be asked of which node, and the NCCL commands; nothing was contacted."""
+    """check --dry-run: what would be asked of which node, and the --fabric/--nccl commands; nothing was
+    contacted."""
     names = [n.name for n in nodes]
     if args.json:
         print_json({"profile": plan.profile, "inventory": plan.inventory, "dry_run": True, "contacted": [],
-                    "would_gather_facts": names, **({"nccl": nccl[0]} if nccl else {})})
+                    "would_gather_facts": names, **({"fabric_probe": fabric[0]} if fabric else {}),
+                    **({"nccl": nccl[0]} if nccl else {}), **({"would": would} if would else {})})
         return EXIT_OK
     out.print(f"check --dry-run: no node was contacted; would gather facts on {', '.join(names)} and judge them "
               "(--dry-run=facts gathers them, read-only)", markup=False, soft_wrap=True)
-    if nccl is not None:
-        out.print("[bold]nccl[/] (--dry-run: not run) each rank's command:")
-        for c in nccl[0]["commands"]:
-            out.print(f"rank {c['rank']} on {c['node']}:\n  {c['command']}", markup=False, soft_wrap=True)
+    print_would(would)
     return EXIT_OK
 
 
-def run_nccl(transport: Any, plan: Plan, profile: Profile, facts: dict[str, Any], args: argparse.Namespace
+def run_nccl(ex: Any, plan: Plan, profile: Profile, facts: dict[str, Any], args: argparse.Namespace
              ) -> tuple[dict[str, Any], list[Finding]]:
-    """The NCCL all-reduce across the ranks (or, with --dry-run, the commands it would run)."""
+    """The NCCL all-reduce across the ranks (under --dry-run: its commands, shown by the executor)."""
     from sparkfleet.checks import nccl as judge
     from sparkfleet.fleet import nccl
     from sparkfleet.fleet.gather import resolve_gid_indexes
@@ -233,11 +254,11 @@ def run_nccl(transport: Any, plan: Plan, profile: Profile, facts: dict[str, Any]
     nodes = [r.node for r in plan.ranks]
     runs = nccl.commands(profile, plan.ranks, plan.launches, resolve_gid_indexes(nodes, facts))
     doc: dict[str, Any] = {"commands": [{"rank": x.rank, "node": x.node, "command": x.command} for x in runs]}
-    if args.dry_run:
-        return doc, []
-    if not args.json:
+    if not args.json and not args.dry_run:
         err.print(f"running the NCCL all-reduce on {len(runs)} rank(s) ...", markup=False)
-    nccl.run(transport, plan.ranks, runs)
+    ex.drive(nccl.allreduce_ops(plan.ranks, runs))
+    if any(x.result is None for x in runs):  # --dry-run: shown, not run
+        return doc, []
     findings, ranks = judge.judge(runs, judge.expects_rdma(plan.ranks))
     doc["ranks"] = ranks
     return doc, findings

@@ -10,12 +10,12 @@ fabric IPs, and the helper refuses any other peer; servers listen on the fabric 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkfleet.fleet.ship import ensure_helper, guard_command, run_helper
+from sparkfleet.fleet.op import NodeCommands, OpGen, Pending, run_ops
+from sparkfleet.fleet.ship import guard_command, helper_ops
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import Rank
 from sparkfleet.schema.inventory import Node
@@ -126,19 +126,6 @@ def server_life(links: list[Link]) -> float:
     return 60.0 + 60.0 * len(links)
 
 
-def requests(nodes: list[Node], bulk_bytes: int = BULK_BYTES, port: int = PORT) -> list[tuple[str, str, str]]:
-    """(what, node, stdin) for every helper run of a probe, in order: the servers, then each round's drivers."""
-    allow = [str(n.fabric_ip) for n in nodes]
-    schedule = plan_links(nodes, port)
-    links = [x for rnd in schedule for x in rnd]
-    out = [("fabric probe server", n.name, json.dumps(serve_request(n, allow, 0, port, server_life(links))))
-           for n in nodes if any(x.b == n.name for x in links)]
-    for i, rnd in enumerate(schedule, 1):
-        out += [(f"fabric probe round {i}: {x.name}", x.a,
-                 json.dumps(drive_request(x, allow, bulk_bytes, RTT_SIZES))) for x in rnd]
-    return out
-
-
 def _doc(r: Result) -> dict[str, Any] | None:
     if not r.ok:
         return None
@@ -179,11 +166,13 @@ def _best(x: Link, doc: dict[str, Any]) -> None:
     x.remeasured = True
 
 
-def probe(transport: Transport, ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYTES,
-          rtt_sizes: tuple[int, ...] = RTT_SIZES, rtt_count: int = RTT_COUNT,
-          connect_wait_s: float = CONNECT_WAIT_S,
-          confirm: Callable[[ProbeRun], list[Link]] | None = None) -> ProbeRun:
-    """Measure every pair of the ranks' fabric IPs; a link that could not be measured carries its error.
+def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYTES,
+              rtt_sizes: tuple[int, ...] = RTT_SIZES, rtt_count: int = RTT_COUNT,
+              connect_wait_s: float = CONNECT_WAIT_S,
+              confirm: Callable[[ProbeRun], list[Link]] | None = None) -> OpGen[ProbeRun | None]:
+    """Measure every pair of the ranks' fabric IPs, as the node commands it yields (the run's executor runs
+    them, or under --dry-run shows each one: the servers, every round's drivers, the quit); a link that could
+    not be measured carries its error. None under --dry-run (nothing measured).
 
     `confirm` picks the links that look off after the first pass (the verdict's suspects); each is
     measured once more, alone, and keeps the better of its two figures, so a moment of CPU contention
@@ -195,7 +184,7 @@ def probe(transport: Transport, ranks: list[Rank], *, port: int = PORT, bulk_byt
     if not run.links:
         return run
     allow = [str(n.fabric_ip) for n in nodes]
-    shipped = ensure_helper(transport, nodes, HELPER)
+    shipped = yield from helper_ops(HELPER, nodes, run=False)
     bad = {n: r for n, r in shipped.items() if not r.ok}
     for n, r in bad.items():
         run.problems.append((n, f"could not ship {HELPER}: {_why(r)}"))
@@ -204,46 +193,45 @@ def probe(transport: Transport, ranks: list[Rank], *, port: int = PORT, bulk_byt
             x.error = "not measured: " + ", ".join(sorted(bad)) + " cannot run the probe"
         return run
     timeout_s = server_life(run.links)
-    servers: dict[str, Result] = {}
     serving = [n for n in nodes if any(x.b == n.name for x in run.links)]
-    stdin = {n.name: json.dumps(serve_request(n, allow, 0, port, timeout_s)) for n in serving}
+    # the servers answer while the rounds run: left running (background), their answers read at the end
+    servers = yield NodeCommands("fabric probe server", dict.fromkeys((n.name for n in serving), command()),
+                                 timeout_s=timeout_s + 30, background=True,
+                                 stdin={n.name: json.dumps(serve_request(n, allow, 0, port, timeout_s))
+                                        for n in serving})
 
-    def serve(node: Node) -> None:
-        servers.update(run_helper(transport, [node], HELPER, stdin, timeout_s=timeout_s + 30))
-
-    threads = {n.name: threading.Thread(target=serve, args=(n,), daemon=True) for n in serving}
-    for t in threads.values():
-        t.start()
-    by_name = {n.name: n for n in nodes}
-
-    def measure(batch: list[Link]) -> dict[str, tuple[Link, dict[str, Any] | None, Result]]:
+    def measure(what: str, batch: list[Link]) -> OpGen[dict[str, tuple[Link, dict[str, Any] | None, Result]] | None]:
         reqs = {x.a: json.dumps(drive_request(x, allow, bulk_bytes, tuple(rtt_sizes), rtt_count, connect_wait_s))
                 for x in batch}
-        got = run_helper(transport, [by_name[x.a] for x in batch], HELPER, reqs,
-                         timeout_s=120.0 + bulk_bytes * 16 / 1e7)
-        return {x.name: (x, _doc(got[x.a]), got[x.a]) for x in batch}
+        got = yield NodeCommands(what, dict.fromkeys(reqs, command()), stdin=reqs,
+                                 timeout_s=120.0 + bulk_bytes * 16 / 1e7)
+        return None if got is None else {x.name: (x, _doc(got[x.a]), got[x.a]) for x in batch}
 
-    try:
-        for rnd in schedule:
-            for x, doc, r in measure(rnd).values():
-                if doc is None:
-                    x.error = f"the probe on {x.a} failed: {_why(r)}"
-                    continue
-                x.elapsed_s = doc.get("elapsed_s")
-                x.rtt_s = {k: float(v) for k, v in (doc.get("rtt_s") or {}).items()}
-                x.rtt_median_s = {k: float(v) for k, v in (doc.get("rtt_median_s") or {}).items()}
-                x.a_to_b_bps, x.b_to_a_bps = doc.get("out_bps"), doc.get("in_bps")
-                x.error = doc.get("error")
-        suspects = [x for x in (confirm(run) if confirm else []) if x.error is None]
-        for batch in _disjoint(suspects):
-            for x, doc, _ in measure(batch).values():
-                if doc is not None and not doc.get("error"):
-                    _best(x, doc)
-    finally:
-        quit_stdin = {n.name: json.dumps({"mode": "quit", "bind": n.fabric_ip, "port": port}) for n in serving}
-        run_helper(transport, serving, HELPER, quit_stdin, timeout_s=30.0)
-        for n in serving:
-            threads[n.name].join(timeout=30.0)
+    for i, rnd in enumerate(schedule, 1):
+        measured = yield from measure(f"fabric probe round {i}: " + ", ".join(x.name for x in rnd), rnd)
+        for x, doc, r in (measured or {}).values():
+            if doc is None:
+                x.error = f"the probe on {x.a} failed: {_why(r)}"
+                continue
+            x.elapsed_s = doc.get("elapsed_s")
+            x.rtt_s = {k: float(v) for k, v in (doc.get("rtt_s") or {}).items()}
+            x.rtt_median_s = {k: float(v) for k, v in (doc.get("rtt_median_s") or {}).items()}
+            x.a_to_b_bps, x.b_to_a_bps = doc.get("out_bps"), doc.get("in_bps")
+            x.error = doc.get("error")
+    suspects = [x for x in (confirm(run) if confirm and servers is not None else []) if x.error is None]
+    for batch in _disjoint(suspects):
+        again = yield from measure("fabric probe again: " + ", ".join(x.name for x in batch), batch)
+        for x, doc, _ in (again or {}).values():
+            if doc is not None and not doc.get("error"):
+                _best(x, doc)
+    # the servers stop on `quit` (a lost quit or a Ctrl-C here: they end by themselves after server_life)
+    yield NodeCommands("stop the fabric probe servers", dict.fromkeys((n.name for n in serving), command()),
+                       timeout_s=30.0, stdin={n.name: json.dumps({"mode": "quit", "bind": n.fabric_ip,
+                                                                  "port": port}) for n in serving})
+    if servers is None:  # --dry-run: shown, not run
+        return None
+    assert isinstance(servers, Pending)
+    servers.wait(30.0)
     for n in serving:
         r = servers.get(n.name)
         doc = _doc(r) if r is not None else None
@@ -255,4 +243,11 @@ def probe(transport: Transport, ranks: list[Rank], *, port: int = PORT, bulk_byt
                     x.error += f" ({n.name}: {doc['error']})"
         elif doc is None:
             run.problems.append((n.name, f"the probe's server did not report: {run.servers[n.name]['error']}"))
+    return run
+
+
+def probe(transport: Transport, ranks: list[Rank], **kw: Any) -> ProbeRun:
+    """probe_ops run now (check --fabric, the bench): every pair measured."""
+    run = run_ops(transport, [r.node for r in ranks], probe_ops(ranks, **kw))
+    assert run is not None  # run_ops has no dry run
     return run

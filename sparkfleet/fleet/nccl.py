@@ -13,8 +13,9 @@ import shlex
 from dataclasses import dataclass
 
 from sparkfleet.engines.base import Launch, groups
-from sparkfleet.fleet.ship import ensure_helper, remote_path
-from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.fleet.op import NodeCommands, OpGen
+from sparkfleet.fleet.ship import helper_ops, remote_path
+from sparkfleet.fleet.transport import Result
 from sparkfleet.placement import Rank
 from sparkfleet.schema.profile import Profile
 
@@ -58,7 +59,7 @@ def nccl_env(launch: Launch | None, profile: Profile, gid_index: int | None) -> 
 
 def commands(profile: Profile, ranks: list[Rank], launches: list[Launch], gid_index: dict[str, int],
              run_id: str = "check") -> list[RankRun]:
-    """Each rank's shell command (pure: shown by --dry-run, run by `run`)."""
+    """Each rank's shell command (pure; allreduce_ops runs them, or shows them under --dry-run)."""
     if profile.image is None:
         raise ValueError("the lane has no image to run NCCL in")
     head = ranks[0].node
@@ -83,16 +84,17 @@ def commands(profile: Profile, ranks: list[Rank], launches: list[Launch], gid_in
     return out
 
 
-def run(transport: Transport, ranks: list[Rank], runs: list[RankRun], timeout_s: float = 300.0) -> list[RankRun]:
-    """Ship the script, then start every rank at once (they meet at rank 0) and wait for all."""
-    nodes = {r.node.name: r.node for r in ranks}
-    shipped = ensure_helper(transport, list(nodes.values()), HELPER)
+def allreduce_ops(ranks: list[Rank], runs: list[RankRun], timeout_s: float = 300.0) -> OpGen[list[RankRun]]:
+    """Verify (or ship) the script, then start every rank at once (they meet at rank 0) and wait for all, as
+    the node commands it yields; each RankRun's result (None where it was not run: --dry-run)."""
+    nodes = [r.node for r in ranks]
+    shipped = yield from helper_ops(HELPER, nodes, run=False)
     by_node = {x.node: x for x in runs}
     for name, res in shipped.items():
         if not res.ok:
             by_node[name].result = res
-    todo = [nodes[n] for n, x in by_node.items() if x.result is None]
-    for name, res in transport.run_each(todo, {n.name: by_node[n.name].command for n in todo},
-                                        timeout_s=timeout_s).items():
+    todo = {n: x.command for n, x in by_node.items() if x.result is None}
+    results = yield NodeCommands("NCCL all-reduce in the lane's image", todo, timeout_s=timeout_s)
+    for name, res in (results or {}).items():
         by_node[name].result = res
     return runs

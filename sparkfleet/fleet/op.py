@@ -17,6 +17,7 @@ named placeholder in angle brackets, e.g. `docker rm -f <ids of the lane's conta
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,6 +41,21 @@ class NodeCommands:
     files: dict[str, dict[str, str | bytes]] = field(default_factory=dict)  # node -> path -> content, written first
     file_mode: int = 0o644
     stdin: dict[str, str] = field(default_factory=dict)  # node -> what the command reads on stdin
+    # started and left running while the generator goes on (a server its later commands talk to): the reply
+    # is a Pending, filled in when the commands end
+    background: bool = False
+
+
+class Pending(dict[str, Result]):
+    """The reply to a background NodeCommands: empty until its commands end; `wait` for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = threading.Event()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once every node's command ended (its Result is in), False after `timeout_s`."""
+        return self.done.wait(timeout_s)
 
 
 Reply = dict[str, Result] | None
@@ -122,6 +138,20 @@ class Executor:
             return None
         if self.on_run is not None:
             self.on_run(op)
+        if op.background:
+            pending = Pending()
+
+            def run() -> None:
+                try:
+                    pending.update(self._run(op))
+                finally:
+                    pending.done.set()
+
+            threading.Thread(target=run, name=f"sparkfleet {op.what}", daemon=True).start()
+            return pending
+        return self._run(op)
+
+    def _run(self, op: NodeCommands) -> dict[str, Result]:
         results: dict[str, Result] = {}
         for node, files in op.files.items():
             for path, content in files.items():

@@ -106,8 +106,9 @@ def helper_ops(name: str, nodes: list[Node], stdin_by_node: dict[str, str] | Non
 
     Steady state: one read-only round trip per node. A node whose copy is missing or changed answers 97;
     the helper is written there and run again (that node only). Under --dry-run nothing is shipped: the
-    nodes that would need it fail, saying so. `changes`: the helper's run writes on the node (a copy), so it
-    is not run under --dry-run=facts either."""
+    nodes that would need it fail, saying so (verify only: they answer 'would ship', so the caller goes on to
+    show what it would run there). `changes`: the helper's run writes on the node (a copy), so it is not run
+    under --dry-run=facts either."""
     command = guard_command(name, run=run)
     stdin = dict(stdin_by_node or {})
     results = yield NodeCommands(f"run {name}" if run else f"verify {name}", {n.name: command for n in nodes},
@@ -123,7 +124,9 @@ def helper_ops(name: str, nodes: list[Node], stdin_by_node: dict[str, str] | Non
             again = yield query(f"run {name} inline (a dry run ships nothing)",
                                 {n.name: inline_command(name) for n in stale}, timeout_s, stdin)
         for n in stale:
-            if again is None:
+            if again is None and not run:  # --dry-run=facts: the ship was shown; what comes next is shown too
+                results[n.name] = Result(n.name, True, message="would ship")
+            elif again is None:
                 results[n.name] = Result(n.name, False, exit_code=MISSING, error="error",
                                          message=f"{remote_path(name)} on {n.name} is missing or differs from this "
                                          "sparkfleet's copy, and a dry run ships nothing")

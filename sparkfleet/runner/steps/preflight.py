@@ -126,7 +126,7 @@ def probe_ratio(ctx: RunContext):
     return ratio
 
 
-def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
+def fabric_probe(ctx: RunContext, st: Step) -> StepGen:
     """Measure every pair of the lane's ranks over their fabric IPs; a link far off the others fails."""
 
     ranks = ctx.plan.ranks
@@ -139,18 +139,15 @@ def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
         return StepResult("skip", "every rank is on the local transport (this machine): no fabric between them; "
                           "`sparkfleet check --fabric` probes anyway")
     bulk = int(st.args.get("bulk_bytes", fp.BULK_BYTES))
-    nodes, missing = fp.endpoints(ranks)
-    links = [x for rnd in fp.plan_links(nodes) for x in rnd]
-    if ctx.options.dry_run:
-        for what, node, request in fp.requests(nodes, bulk):
-            ctx.events.emit("would", what=what, node=node, command=fp.command(), stdin=request)
+    run = yield from fp.probe_ops(ranks, bulk_bytes=bulk, confirm=suspects(probe_ratio(ctx)))
+    if run is None:  # --dry-run: every command was shown
+        links = [x for rnd in fp.plan_links(fp.endpoints(ranks)[0]) for x in rnd]
         return StepResult("ok", f"would measure {len(links)} link(s) over the fabric IPs on port {fp.PORT} "
                           f"({fp.HELPER} on each rank; RTT at "
                           + ", ".join(f"{s // 1024} KB" for s in fp.RTT_SIZES)
                           + f", {bulk // 2**20} MB each way): " + "; ".join(
                               f"{x.a} {x.a_ip} <-> {x.b} {x.b_ip}" for x in links),
                           data={"links": [x.name for x in links]})
-    run = fp.probe(ctx.transport, ranks, bulk_bytes=bulk, confirm=suspects(probe_ratio(ctx)))
     findings = verdict(run, probe_ratio(ctx))
     ctx.record.data["fabric_probe"] = {**run.as_dict(), "findings": [f.as_dict() for f in findings]}
     if failed(findings):
@@ -162,18 +159,16 @@ def fabric_probe(ctx: RunContext, st: Step) -> StepResult:
                       findings)
 
 
-def nccl(ctx: RunContext, st: Step) -> StepResult:
+def nccl(ctx: RunContext, st: Step) -> StepGen:
     """Optional (add `- nccl` after `check`): the NCCL all-reduce in the lane's image; sockets on an RDMA lane fail."""
 
     ranks = ctx.plan.ranks
     if ctx.profile.image is None:
         return StepResult("skip", "the lane has no image to run NCCL in")
     runs = allreduce.commands(ctx.profile, ranks, ctx.plan.launches, ctx.gid_index, run_id=ctx.record.run_id)
-    if ctx.options.dry_run:
-        for x in runs:
-            ctx.events.emit("would", what="NCCL all-reduce in the lane's image", node=x.node, command=x.command)
+    yield from allreduce.allreduce_ops(ranks, runs)
+    if ctx.options.dry_run and any(x.result is None for x in runs):  # shown, not run
         return StepResult("ok", f"would run the NCCL all-reduce on {len(runs)} rank(s)")
-    allreduce.run(ctx.transport, ranks, runs)
     findings, seen = judge.judge(runs, judge.expects_rdma(ranks))
     ctx.record.data["nccl"] = {"ranks": seen, "findings": [f.as_dict() for f in findings]}
     if failed(findings):
