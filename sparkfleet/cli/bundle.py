@@ -174,7 +174,8 @@ def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
     from sparkfleet.fleet.connect import transport_for
     from sparkfleet.fleet.facts import NodeFacts
     from sparkfleet.fleet.gather import facts_requests, gather
-    from sparkfleet.fleet.ops import LogTail
+    from sparkfleet.fleet.op import run_commands
+    from sparkfleet.fleet.ops import LogTail, on
 
     nodes = [r.node for r in plan.ranks]
     transport = transport_for(nodes)
@@ -186,7 +187,7 @@ def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
                 continue
             node = inventory.nodes[c["node"]]
             tail = LogTail(c["id"], args.tail)
-            res = transport.run([node], tail.command(), timeout_s=args.timeout)[node.name]
+            res = run_commands(transport, [node], on("read the rank's log", {node.name: tail}, args.timeout))[node.name]
             live[f"rank{c['rank']}-{c['node']}-now"] = tail.parse(res)
     finally:
         transport.close()

@@ -307,7 +307,8 @@ def _logs(profile: Any, ranks: list, container: str | None) -> tuple[dict[int, s
     """Each rank's Engram DISK mode lines from its container's log on its node."""
     from sparkfleet.engines.base import container_name
     from sparkfleet.fleet.connect import transport_for
-    from sparkfleet.fleet.ops import EngramLines
+    from sparkfleet.fleet.op import run_commands
+    from sparkfleet.fleet.ops import EngramLines, on
 
     transport = transport_for([r.node for r in ranks])
     texts: dict[int, str] = {}
@@ -316,9 +317,9 @@ def _logs(profile: Any, ranks: list, container: str | None) -> tuple[dict[int, s
     def name(r: Any) -> str:
         return container.replace("{rank}", str(r.rank)) if container else container_name(profile, r.rank)
 
-    cmds = {r.node.name: EngramLines(name(r)).command() for r in ranks}
+    lines = {r.node.name: EngramLines(name(r)) for r in ranks}
     try:
-        results = transport.run_each([r.node for r in ranks], cmds, timeout_s=60.0)
+        results = run_commands(transport, [r.node for r in ranks], on("read each rank's Engram lines", lines, 60.0))
         for r in ranks:
             result = results[r.node.name]
             if result.ok:

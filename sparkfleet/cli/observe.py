@@ -231,9 +231,17 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
 
 def run_logs(args: argparse.Namespace) -> int:
     from sparkfleet.engines.logs import shown
-    from sparkfleet.fleet.ops import Logs, LogTail, NodeError
+    from sparkfleet.fleet.op import run_commands
+    from sparkfleet.fleet.ops import Logs, LogTail, NodeError, Op, on
+    from sparkfleet.fleet.transport import Result
+    from sparkfleet.schema.inventory import Node
 
     sp, inv, nodes, transport, facts = _fleet(args)
+
+    def read(node: Node, what: str, op: Op) -> Result:
+        """One rank's log read, through the executor."""
+        return run_commands(transport, [node], on(what, {node.name: op}, 60))[node.name]
+
     try:
         rows = _ours(facts)
         lost = [r for r in rows if "error" in r and (args.node is None or r["node"] == args.node)]
@@ -256,10 +264,10 @@ def run_logs(args: argparse.Namespace) -> int:
                 node = inv.nodes[r["node"]]
                 if first:
                     tail = LogTail(r["id"], args.tail or None, args.since)
-                    lines = tail.parse(transport.run([node], tail.command(), timeout_s=60)[node.name])
+                    lines = tail.parse(read(node, "read the rank's log", tail))
                 else:  # the follow loop reads as `up` does: the complete lines after those already seen
                     new = Logs(r["id"], seen[r["id"]])
-                    got = new.parse(transport.run([node], new.command(), timeout_s=60)[node.name])
+                    got = new.parse(read(node, "read the rank's new log lines", new))
                     if isinstance(got, NodeError):  # said once, not every second
                         lines = [] if said.get(r["id"]) == got.message else [f"(cannot read logs: {got.message})"]
                         said[r["id"]] = got.message
@@ -279,7 +287,7 @@ def run_logs(args: argparse.Namespace) -> int:
             if first:  # from now on count every complete line, so only new ones print
                 for r in mine:
                     count = Logs(r["id"])
-                    got = count.parse(transport.run([inv.nodes[r["node"]]], count.command(), timeout_s=60)[r["node"]])
+                    got = count.parse(read(inv.nodes[r["node"]], "count the rank's log lines", count))
                     seen[r["id"]] = len(got) if isinstance(got, list) else 0
                 first = False
             time.sleep(1.0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import shlex
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +22,8 @@ from sparkfleet.engram.manifest import judge_lane, judge_rank
 from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.nodeside.engram_copy import STATUS
-from sparkfleet.fleet.op import OpGen
-from sparkfleet.fleet.ops import ReadFile
+from sparkfleet.fleet.op import OpGen, run_commands
+from sparkfleet.fleet.ops import ReadFile, on
 from sparkfleet.fleet.ship import helper_ops, run_helper
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.naming import engram_manifest_path
@@ -38,10 +37,6 @@ COPY_TIMEOUT_S = 4 * 3600.0  # 47 GiB at the seeds' 150 MB/s is ~6 min; a slow N
 POLL_S = 2.0
 
 # Prints the status file, or nothing when there is none.
-_POLL = ("import os,sys;p=sys.argv[1];"
-         "sys.stdout.write(open(p).read() if os.path.isfile(p) else '')")
-
-
 @dataclass
 class Job:
     """One rank's copy on its node."""
@@ -200,9 +195,10 @@ def _poll(transport: Transport, jobs: list[Job], on_progress: Callable[[Job, dic
     for j in jobs:
         groups.setdefault(posixpath.join(j.dest, STATUS), []).append(j)
     for path, members in groups.items():
-        cmd = "python3 -c " + shlex.quote(_POLL) + " " + shlex.quote(path)
+        status = ReadFile(path)  # a copy that has not written it yet: cat fails, no progress
         try:
-            answers = transport.run([j.node for j in members], cmd, timeout_s=10.0)
+            answers = run_commands(transport, [j.node for j in members],
+                                   on("read the copies' progress", {j.node.name: status for j in members}, 10.0))
         except Exception:  # noqa: BLE001 - progress is best effort; the copy's own result decides
             continue
         for j in members:
@@ -270,7 +266,8 @@ def lane_findings(transport: Transport, profile: Profile, inventory, ranks: list
     harvest = ranges.stored(profile)
     dirs = copy_dirs(profile, inventory, ranks, templates)
     nodes = {r.node.name: r.node for r in ranks if r.node.name in dirs}
-    answers = transport.run_each(list(nodes.values()), manifest_reads(dirs), timeout_s=timeout_s)
+    reads = {n: ReadFile(engram_manifest_path(d)) for n, (_, d) in dirs.items() if n in nodes}
+    answers = run_commands(transport, list(nodes.values()), on("read each rank's Engram manifest", reads, timeout_s))
     reach = [n for n, r in answers.items() if not r.ok and r.error not in ("exit", None)]
     findings, _, _ = judge_lane(profile, [r for r in ranks if r.node.name not in reach], dirs, answers, harvest)
     return findings

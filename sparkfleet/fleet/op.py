@@ -181,3 +181,10 @@ class Executor:
 def run_ops(transport: Transport, nodes: list[Node], gen: OpGen[T]) -> T:
     """Drive `gen` now, no dry-run (for commands that only read or that the user asked to change)."""
     return Executor(transport, {n.name: n for n in nodes}).drive(gen)
+
+
+def run_commands(transport: Transport, nodes: list[Node], op: NodeCommands) -> dict[str, Result]:
+    """One NodeCommands run now through the executor, no dry-run (a verb's reads: logs, bundle, watch)."""
+    reply = Executor(transport, {n.name: n for n in nodes}).run(op)
+    assert reply is not None  # no dry run here
+    return reply

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from sparkfleet.fleet.connect import transport_for
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.ops import LogTail, Look, Stopped
+from sparkfleet.fleet.op import run_commands
+from sparkfleet.fleet.ops import LogTail, Look, Op, Stopped, on
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import ApiClient
 from sparkfleet.metrics.records import RunIndex
@@ -277,7 +278,8 @@ class Watcher:
         path = node_lock_path()
         me = parse_holder(holder_text("", self.command, self.profile.name))
         look = Look(self.profile.name, path)
-        results = _run_each(self.transport, self.inventory, {r.node.name: look.command() for r in self.ranks})
+        results = _run_each(self.transport, self.inventory, "look at the fleet lock and the lane's containers",
+                            {r.node.name: look for r in self.ranks})
         looks = {n: look.parse(res) for n, res in results.items()}
         for n, look in looks.items():
             holder = parse_holder(look.lock) if look.lock else {}
@@ -410,7 +412,8 @@ class Watcher:
                                "summary": rec.reason or "every rank stopped, head first", "run_id": rec.run_id})
         if not self.dry_run:  # docker's own FinishedAt per rank: what the order really was
             stopped = Stopped(self.profile.name)
-            results = _run_each(self.transport, self.inventory, {r.node.name: stopped.command() for r in self.ranks})
+            results = _run_each(self.transport, self.inventory, "read when each rank stopped",
+                                {r.node.name: stopped for r in self.ranks})
             incident.data["stopped"] = {n: stopped.parse(res) for n, res in results.items()}
         self.say("stopped", f"{'would stop' if self.dry_run else 'stopped'} every rank, head first (run "
                  f"{rec.run_id}): {why}", run_id=rec.run_id)
@@ -437,7 +440,7 @@ class Watcher:
         last = self.history[-1] if self.history else None
         ranks: dict[str, RankState] = {r.node: r for r in (last.ranks if last else ()) if r.container}
         tails = {n: LogTail(r.container or "") for n, r in ranks.items()}
-        results = _run_each(self.transport, self.inventory, {n: t.command() for n, t in tails.items()})
+        results = _run_each(self.transport, self.inventory, "read each rank's last log lines", tails)
         return {str(ranks[n].rank): tails[n].parse(res) for n, res in results.items()}
 
 
@@ -446,5 +449,6 @@ def _rank_dict(r: RankState) -> dict:
             "mem_guard": r.mem_guard, **({"error": r.error} if r.error else {})}
 
 
-def _run_each(transport, inventory: Inventory, commands: dict[str, str]) -> dict[str, Result]:
-    return transport.run_each([inventory.nodes[n] for n in commands], commands, timeout_s=30)
+def _run_each(transport, inventory: Inventory, what: str, ops: dict[str, Op]) -> dict[str, Result]:
+    """Each node's operation, run now through the executor (watch's reads)."""
+    return run_commands(transport, [inventory.nodes[n] for n in ops], on(what, ops, 30))

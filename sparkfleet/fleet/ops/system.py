@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparkfleet.fleet.ops.base import Op
+from sparkfleet.fleet.op import run_commands
+from sparkfleet.fleet.ops.base import Op, on
 from sparkfleet.fleet.transport import Result
 from sparkfleet.schema.inventory import Node
 
@@ -36,6 +37,6 @@ class DropCaches(Op[bool | str | None]):
 def drop_caches(transport: Any, nodes: list[Node]) -> dict[str, bool | str]:
     """Drop the page cache everywhere at once (for `check --drop-caches`; `up` runs the same command)."""
     op = DropCaches()
-    results = transport.run(nodes, op.command(), timeout_s=op.timeout_s)
+    results = run_commands(transport, nodes, on("drop the page cache", {n.name: op for n in nodes}, op.timeout_s))
     done = {name: op.parse(r) for name, r in results.items()}
     return {k: v for k, v in done.items() if v is not None}
