@@ -131,6 +131,9 @@ class Engine:
     ranks_share_driver: ClassVar[bool] = True
     # why `engram-local` needs --source for this engine (its weights pack has no Engram shards), or None
     engram_source_needed: ClassVar[str | None] = None
+    # the entrypoint of the engine's published image (a lane's command follows it); None: the lane's command is
+    # the container's whole command (or its --entrypoint). The lab's images are built with it (sim/build.py).
+    image_entrypoint: ClassVar[tuple[str, ...] | None] = None
 
     def model_dir(self, profile: Profile, node: Node) -> str | None:
         """Where the lane's weights are on this node: the model's repo dir under the node's model root."""

@@ -309,6 +309,7 @@ def head_ports(p: Profile, r: Rank, multi: bool) -> dict[int, str]:
 class Vllm(Engine):
     name = "vllm"
     gid_env = ("NCCL_IB_GID_INDEX", "B12X_ROCE_GID_INDEX")
+    image_entrypoint = ("vllm", "serve")  # vLLM's own image (its Dockerfile): ENTRYPOINT ["vllm", "serve"]
     reserved_flags = RESERVED_FLAGS
     reserved_env = RESERVED_ENV
     log = LOG

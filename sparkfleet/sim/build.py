@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkfleet.engines.registry import engine_for
 from sparkfleet.opsdir import Spec
 from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.inventory import Inventory, Node
@@ -209,7 +210,8 @@ def image_archive(inv: Inventory, node: Node, lanes: Lanes) -> bytes:
     for n in (node,):
         for p in profiles_for(inv, n, lanes):
             if p.image:
-                got = refs.setdefault(p.image.ref, {"entrypoint": image.ENTRYPOINTS.get(p.engine)})
+                entrypoint = engine_for(p.engine).image_entrypoint  # the adapter says what its image runs
+                got = refs.setdefault(p.image.ref, {"entrypoint": list(entrypoint) if entrypoint else None})
                 got.setdefault("engine_version", p.image.engine_version)
     data, _ids = image.archive(refs, sys.executable, str(Path(sparkfleet.__file__).resolve().parent.parent))
     return data

@@ -31,7 +31,6 @@ TENSORFOLD_SERVE_SCRIPT = ("#!/bin/bash\n# SIMULATION: the lab's stand-in for th
                            f'exec /{BIN_DIR}/tensorfold-serve "$@"\n')
 PATH = f"/{BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CREATED = "2026-01-01T00:00:00Z"  # fixed: the same archive, and ids, on every build
-ENTRYPOINTS = {"vllm": ["vllm", "serve"]}  # by profile engine; the others take the lane's command or --entrypoint
 VERSION_FILE = "opt/sparkfleet-sim/engine-version"
 MERGED_USR = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
 
