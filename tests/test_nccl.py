@@ -15,6 +15,7 @@ from sparkfleet.checks import nccl
 from sparkfleet.cli.main import main
 from sparkfleet.fleet import nccl as run_nccl
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.ship import guard_command
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.opsdir import Spec
 from tests.test_checks import healthy, lane
@@ -106,8 +107,12 @@ def test_check_nccl_dry_run_shows_the_commands_and_runs_none(repo_spec: Spec, mo
     class NoRun(RunEachByRun):
         def run(self, nodes, command, **kw):
             ran.append(command)
-            if not command.startswith("cat "):  # --dry-run=facts may read (the Engram manifests), never more
+            # --dry-run=facts may read (the Engram manifests, the helper copy's sha256: the guard that runs
+            # nothing), never more
+            if not (command.startswith("cat ") or command == guard_command("nccl_allreduce.py", run=False)):
                 raise AssertionError("a command was run")
+            if not command.startswith("cat "):  # the node holds this sparkfleet's copy of the helper
+                return {n.name: Result(n.name, True) for n in nodes}
             return {n.name: Result(n.name, False, "", "cat: no such file\n", 1, "exit") for n in nodes}
 
         def close(self) -> None:
@@ -123,5 +128,5 @@ def test_check_nccl_dry_run_shows_the_commands_and_runs_none(repo_spec: Spec, mo
     assert "rank 3 on spark4:" in text and "--master-addr 192.168.192.11" in text
     code = main(["check", "--profile", "dcp2", "--nccl", "--dry-run=facts"])  # facts read, the all-reduce not run
     text = capsys.readouterr().out
-    assert all(c.startswith("cat ") for c in ran) and len(opened) == 1 and code == 1  # no Engram copies: fail
+    assert any(c.startswith("cat ") for c in ran) and len(opened) == 1 and code == 1  # no Engram copies: fail
     assert "nccl (--dry-run: not run)" in text and "rank 3 on spark4:" in text

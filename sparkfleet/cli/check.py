@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             doc["would"] = would
         print_json(doc)
     else:
-        print_would(would)
+        print_would(would, nccl)
         print_table(plan, findings, simulated, wide=args.wide)
         lane = [f for f in plan.findings if f.status != "ok"]
         if lane:
@@ -217,12 +217,24 @@ def run_fabric(ex: Any, plan: Plan, inventory: Inventory, args: argparse.Namespa
     return run.as_dict(), verdict(run, ratio)
 
 
-def print_would(would: list[dict[str, Any]]) -> None:
-    """What --dry-run would have run, node by node, in order."""
+def print_would(would: list[dict[str, Any]], nccl: tuple[dict[str, Any], list[Finding]] | None) -> None:
+    """What --dry-run would have run, node by node, in order; the all-reduce as each rank's command."""
     for line in would:
+        if nccl is not None and line["what"] == nccl_op_name():
+            continue
         did = f"write {line['write']}" if "write" in line else line["command"]
         stdin = f" <<< {line['stdin']}" if "stdin" in line else ""
         out.print(f"would: {line['node']}: {line['what']}: {did}{stdin}", markup=False, soft_wrap=True)
+    if nccl is not None and any(x["what"] == nccl_op_name() for x in would):
+        out.print("[bold]nccl[/] (--dry-run: not run) each rank's command:")
+        for c in nccl[0]["commands"]:
+            out.print(f"rank {c['rank']} on {c['node']}:\n  {c['command']}", markup=False, soft_wrap=True)
+
+
+def nccl_op_name() -> str:
+    from sparkfleet.fleet import nccl
+
+    return nccl.WHAT
 
 
 def dry_report(plan: Plan, nodes: list, fabric: tuple[dict[str, Any], list[Finding]] | None,
@@ -238,7 +250,7 @@ def dry_report(plan: Plan, nodes: list, fabric: tuple[dict[str, Any], list[Findi
         return EXIT_OK
     out.print(f"check --dry-run: no node was contacted; would gather facts on {', '.join(names)} and judge them "
               "(--dry-run=facts gathers them, read-only)", markup=False, soft_wrap=True)
-    print_would(would)
+    print_would(would, nccl)
     return EXIT_OK
 
 

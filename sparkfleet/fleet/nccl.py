@@ -27,6 +27,7 @@ SIZES = (48 * 1024, 400 * 1024)  # INV-28
 DROP = {"--restart", "--memory", "--memory-swap", "--oom-score-adj", "--name", "-d", "--detach", "--rm",
         "--label", "-p", "--publish"}
 ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
+WHAT = "NCCL all-reduce in the lane's image"  # the operation, as --dry-run shows it
 
 
 @dataclass
@@ -94,7 +95,7 @@ def allreduce_ops(ranks: list[Rank], runs: list[RankRun], timeout_s: float = 300
         if not res.ok:
             by_node[name].result = res
     todo = {n: x.command for n, x in by_node.items() if x.result is None}
-    results = yield NodeCommands("NCCL all-reduce in the lane's image", todo, timeout_s=timeout_s)
+    results = yield NodeCommands(WHAT, todo, timeout_s=timeout_s)
     for name, res in (results or {}).items():
         by_node[name].result = res
     return runs
