@@ -140,7 +140,8 @@ def test_up_dry_run_opens_no_ssh_connection(ops_root: Path, tmp_path: Path, monk
 READS = ("python3 -c 'import hashlib, os, sys",  # the facts helper's sha256 guard (reads its copy)
          "python3 -c '#!/usr/bin/env python3",  # the facts helper run inline: nothing shipped
          "docker ps -a -q --no-trunc --filter",  # the lane's containers
-         "cat ")  # the Engram manifests
+         "cat ",  # the Engram manifests
+         "python3 -c 'import hashlib,json,sys")  # the patch files' sha256 (patches/sync.py HASH_SCRIPT)
 
 
 def test_dry_run_facts_sends_only_reads(ops_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
@@ -158,6 +159,19 @@ def test_dry_run_facts_sends_only_reads(ops_root: Path, tmp_path: Path, monkeypa
     assert not (tmp_path / "home" / ".cache").exists()  # and nothing was shipped
     facts = [e for e in seen if e["event"] == "step" and e["step"] == "facts" and e["status"] != "start"]
     assert facts and "node(s) answered" in facts[0]["summary"]
+    # every other verb under --dry-run=facts: the nodes receive reads only (no all-reduce, probe, copy, push)
+    root = ["--root", str(ops_root), "-i", "rec"]
+    (ops_root / "profiles/dcp2-patched.yaml").write_text("extends: dcp2\npatches: probe\n")
+    for argv in (["down", "--profile", "dcp2"], ["restore", "dcp2"], ["check", "--profile", "dcp2", "--nccl", "--fabric"],
+                 ["patches", "push", "--profile", "dcp2-patched"], ["engram-local", "--profile", "dcp2", "--whole-shards"]):
+        before = log.read_text().count("\n")
+        main([*argv, *root, "--dry-run=facts", "--json"])
+        shown = capsys.readouterr().out
+        received = [line.split("\t", 1)[1] for line in log.read_text().splitlines()[before:] if "\t" in line]
+        assert all(cmd.startswith(READS) for cmd in received), (argv, [c[:80] for c in received
+                                                                       if not c.startswith(READS)])
+        assert '"would"' in shown or "would" in shown, argv  # what it did not run, it showed
+    assert not (tmp_path / "home" / ".cache").exists()
 
 
 def test_verbose_shows_each_command_as_it_runs(rec, capsys) -> None:

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # the transports and the facts helper are imported when used (they bring fabric/paramiko)
     from sparkfleet.fleet.connect import transport_for
-    from sparkfleet.fleet.gather import facts_requests, gather
+    from sparkfleet.fleet.gather import facts_requests, gather_ops
     from sparkfleet.fleet.op import Executor, NoConnection, shown_as
 
     nodes = [r.node for r in plan.ranks]
@@ -122,8 +122,9 @@ def run(args: argparse.Namespace) -> int:
     transport = transport_for(nodes)
     try:
         dropped = drop_caches(transport, nodes) if args.drop_caches and not dry else {}
-        facts = gather(transport, nodes, facts_requests(inventory, plan, profile, root=sp.root),
-                       timeout_s=args.timeout)
+        # through the executor: under --dry-run=facts a node without the helper runs it inline, nothing is shipped
+        facts = ops(transport).drive(gather_ops(nodes, facts_requests(inventory, plan, profile, root=sp.root),
+                                                timeout_s=args.timeout))
         probes: dict[str, dict[str, Any]] = {}
         if (args.probe or args.probe_command) and not dry:
             probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)
