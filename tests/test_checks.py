@@ -720,7 +720,12 @@ def fake_fleet(monkeypatch: pytest.MonkeyPatch):
         return {n.name: state["facts"][n.name] for n in nodes}
 
     monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda nodes: state["transport"])
+    def fake_gather_ops(nodes, requests, timeout_s=30.0):  # check gathers through its executor
+        return fake_gather(None, nodes, requests, timeout_s)
+        yield  # a generator that asks no node
+
     monkeypatch.setattr("sparkfleet.fleet.gather.gather", fake_gather)
+    monkeypatch.setattr("sparkfleet.fleet.gather.gather_ops", fake_gather_ops)
     return state
 
 

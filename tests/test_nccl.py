@@ -120,7 +120,11 @@ def test_check_nccl_dry_run_shows_the_commands_and_runs_none(repo_spec: Spec, mo
 
     opened: list[object] = []
     monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda nodes: opened.append(nodes) or NoRun())
-    monkeypatch.setattr("sparkfleet.fleet.gather.gather", lambda *a, **k: facts)
+    def gather_ops(*a, **k):  # the facts, asking no node
+        return facts
+        yield
+
+    monkeypatch.setattr("sparkfleet.fleet.gather.gather_ops", gather_ops)
     code = main(["check", "--profile", "dcp2", "--nccl", "--dry-run"])  # no node contacted, not even for facts
     text = capsys.readouterr().out
     assert ran == [] and opened == [] and code == 0
