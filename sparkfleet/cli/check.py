@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sparkfleet.checks import run_checks
@@ -126,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
         facts = ops(transport).drive(gather_ops(nodes, facts_requests(inventory, plan, profile, root=sp.root),
                                                 timeout_s=args.timeout))
         probes: dict[str, dict[str, Any]] = {}
-        if (args.probe or args.probe_command) and not dry:
-            probes = run_probes(transport, nodes, facts, profile, inventory, args.probe_command)
+        if args.probe or args.probe_command:
+            probes = run_probes(ops(transport), nodes, facts, profile, inventory, args.probe_command)
         fabric = run_fabric(ops(transport), plan, inventory, args) if args.fabric else None
         nccl = run_nccl(ops(transport), plan, profile, facts, args) if args.nccl else None
         from sparkfleet.engram.fleet import lane_findings
@@ -164,34 +163,27 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAIL if failed(findings) else EXIT_OK
 
 
-def run_probes(transport: Any, nodes: list[Node], facts: dict[str, Any], profile: Profile,
+def run_probes(ex: Any, nodes: list[Node], facts: dict[str, Any], profile: Profile,
                inventory: Inventory, override: str | None) -> dict[str, dict[str, Any]]:
-    """The clock probe on every answering node whose class has latch thresholds, all at once.
-
-    Nodes share one transport call per distinct command (the image load and the sim's load differ).
-    """
+    """The clock probe on every answering node whose class has latch thresholds, all at once, through the
+    executor (under --dry-run: each node's load shown, none run, nothing judged)."""
     from sparkfleet.checks import clock, probe
     from sparkfleet.fleet.facts import NodeFacts
+    from sparkfleet.fleet.op import NodeCommands
 
-    groups: dict[str, list[Node]] = {}
-    for node in nodes:
-        f = facts.get(node.name)
-        if isinstance(f, NodeFacts) and clock.judged(inventory.hardware(node)):
-            command = probe.probe_command(clock.load_for(node, f, profile, override))
-            groups.setdefault(command, []).append(node)
+    commands = {n.name: probe.probe_command(clock.load_for(n, facts[n.name], profile, override)) for n in nodes
+                if isinstance(facts.get(n.name), NodeFacts) and clock.judged(inventory.hardware(n))}
+    if not commands:
+        return {}
+    results = ex.run(NodeCommands("load each rank's GPU and sample its clock", commands,
+                                  timeout_s=probe.PROBE_MAX_S + 30))
     parsed: dict[str, dict[str, Any]] = {}
-    if not groups:
-        return parsed
-    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-        futures = [pool.submit(transport.run, members, command, timeout_s=probe.PROBE_MAX_S + 30)
-                   for command, members in groups.items()]
-        for fut in futures:
-            for name, r in fut.result().items():
-                if r.ok:
-                    parsed[name] = probe.parse_output(r.stdout)
-                else:
-                    tail = (r.stderr or "").strip().splitlines()
-                    parsed[name] = {"error": r.message or (tail[-1] if tail else f"exit {r.exit_code}")}
+    for name, r in (results or {}).items():
+        if r.ok:
+            parsed[name] = probe.parse_output(r.stdout)
+        else:
+            tail = (r.stderr or "").strip().splitlines()
+            parsed[name] = {"error": r.message or (tail[-1] if tail else f"exit {r.exit_code}")}
     return parsed
 
 
