@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.gather import fabric_ifaces, gather
+from sparkfleet.fleet.op import query, run_commands
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras
 from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
@@ -197,8 +198,9 @@ class Poller:
 
         def one(node: Node) -> tuple[str, extras.Extras | str]:
             try:
-                r = self.transport.run([node], extras.COMMAND, stdin=jobs[node.name],
-                                       timeout_s=self.timeout_s)[node.name]
+                r = run_commands(self.transport, [node], query(
+                    "read the node's journal and Engram manifests", {node.name: extras.COMMAND}, self.timeout_s,
+                    {node.name: jobs[node.name]}))[node.name]
             except Exception as exc:  # noqa: BLE001 - this node's answer is an error, not the poll's
                 return node.name, f"{type(exc).__name__}: {exc}"
             return node.name, extras.parse(r)
