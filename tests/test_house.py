@@ -121,3 +121,30 @@ def test_the_engine_branch_finder_sees_one() -> None:
     tree = ast.parse("if p.engine == 'llamacpp': pass\nok = p.engine in ('vllm', 'sglang')\nx = a == 'b'\n"
                      "e = {'vllm': ['vllm', 'serve']}.get(p.engine)\ny = {'a': 1}\n")
     assert engine_comparisons(tree) == [1, 2, 4]
+
+
+# the executor (fleet/op.py) and the transports themselves are the only code that runs a node command
+TRANSPORTS = {"sparkfleet/fleet/op.py", "sparkfleet/fleet/transport.py", "sparkfleet/fleet/ssh.py",
+              "sparkfleet/fleet/local.py", "sparkfleet/fleet/connect.py"}
+
+
+def transport_calls(tree: ast.AST) -> list[int]:
+    """Lines calling `<...transport>.run/run_each/put(...)`: a node command run around the executor."""
+    def named_transport(node: ast.AST) -> bool:
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        return "transport" in name.lower()
+
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                  and n.func.attr in ("run", "run_each", "put") and named_transport(n.func.value))
+
+
+def test_only_the_executor_runs_node_commands() -> None:
+    found = [f"{p.relative_to(PKG.parent)}:{line}" for p in sorted(PKG.rglob("*.py"))
+             if str(p.relative_to(PKG.parent)) not in TRANSPORTS and "sim" not in p.relative_to(PKG).parts[:1]
+             for line in transport_calls(ast.parse(p.read_text()))]
+    assert found == []
+
+
+def test_the_transport_call_finder_sees_one() -> None:
+    tree = ast.parse("self.transport.run([n], c)\ntransport.run_each(ns, cs)\nex.run(op)\nsubprocess.run(['x'])\n")
+    assert transport_calls(tree) == [1, 2]
