@@ -236,6 +236,30 @@ def test_dry_run_shows_exactly_what_the_probe_sends() -> None:
     assert sum(w.startswith("fabric probe round") for w, *_ in by_what) == 6
 
 
+def test_a_round_that_raises_still_stops_the_servers() -> None:
+    """A transport error (or Ctrl-C) in a round: the executor raises it inside the probe, which still sends
+    the servers their quit (they would hold the port for server_life), then the error goes on."""
+    from sparkfleet.fleet.op import Executor
+    from sparkfleet.fleet.transport import Result
+    from sparkfleet.placement import Rank
+
+    nodes = [Node(name=n, ssh=Ssh(host="10.10.0.9"), fabric_ip=f"192.168.192.{11 + i}", hardware="gb10",
+                  storage=Storage(model_root="/m", cache_dir="/c")) for i, n in enumerate(["n0", "n1", "n2"])]
+    modes: list[str] = []
+
+    class Breaks:
+        def run_each(self, ns, commands, stdin=None, **kw):
+            mode = json.loads((stdin or {}).get(ns[0].name) or '{"mode": "verify"}')["mode"]
+            modes.append(mode)
+            if mode == "drive":
+                raise KeyboardInterrupt
+            return {n.name: Result(n.name, True, "{}") for n in ns}
+
+    with pytest.raises(KeyboardInterrupt):
+        Executor(Breaks(), {n.name: n for n in nodes}).drive(fp.probe_ops([Rank(i, n) for i, n in enumerate(nodes)]))
+    assert modes[0] == "verify" and "drive" in modes and modes[-1] == "quit"
+
+
 @needs_netns
 def test_check_fabric_names_the_slow_nodes_links_through_the_command(lab, tmp_path, monkeypatch, capsys) -> None:
     """`sparkfleet check --fabric` on an inventory of the lab's namespaces (the transport enters them)."""

@@ -207,27 +207,33 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
                                  timeout_s=120.0 + bulk_bytes * 16 / 1e7)
         return None if got is None else {x.name: (x, _doc(got[x.a]), got[x.a]) for x in batch}
 
-    for i, rnd in enumerate(schedule, 1):
-        measured = yield from measure(f"fabric probe round {i}: " + ", ".join(x.name for x in rnd), rnd)
-        for x, doc, r in (measured or {}).values():
-            if doc is None:
-                x.error = f"the probe on {x.a} failed: {_why(r)}"
-                continue
-            x.elapsed_s = doc.get("elapsed_s")
-            x.rtt_s = {k: float(v) for k, v in (doc.get("rtt_s") or {}).items()}
-            x.rtt_median_s = {k: float(v) for k, v in (doc.get("rtt_median_s") or {}).items()}
-            x.a_to_b_bps, x.b_to_a_bps = doc.get("out_bps"), doc.get("in_bps")
-            x.error = doc.get("error")
-    suspects = [x for x in (confirm(run) if confirm and servers is not None else []) if x.error is None]
-    for batch in _disjoint(suspects):
-        again = yield from measure("fabric probe again: " + ", ".join(x.name for x in batch), batch)
-        for x, doc, _ in (again or {}).values():
-            if doc is not None and not doc.get("error"):
-                _best(x, doc)
-    # the servers stop on `quit` (a lost quit or a Ctrl-C here: they end by themselves after server_life)
-    yield NodeCommands("stop the fabric probe servers", dict.fromkeys((n.name for n in serving), command()),
-                       timeout_s=30.0, stdin={n.name: json.dumps({"mode": "quit", "bind": n.fabric_ip,
-                                                                  "port": port}) for n in serving})
+    closed = False  # closed while suspended (abandoned): nothing may be yielded any more
+    try:
+        for i, rnd in enumerate(schedule, 1):
+            measured = yield from measure(f"fabric probe round {i}: " + ", ".join(x.name for x in rnd), rnd)
+            for x, doc, r in (measured or {}).values():
+                if doc is None:
+                    x.error = f"the probe on {x.a} failed: {_why(r)}"
+                    continue
+                x.elapsed_s = doc.get("elapsed_s")
+                x.rtt_s = {k: float(v) for k, v in (doc.get("rtt_s") or {}).items()}
+                x.rtt_median_s = {k: float(v) for k, v in (doc.get("rtt_median_s") or {}).items()}
+                x.a_to_b_bps, x.b_to_a_bps = doc.get("out_bps"), doc.get("in_bps")
+                x.error = doc.get("error")
+        suspects = [x for x in (confirm(run) if confirm and servers is not None else []) if x.error is None]
+        for batch in _disjoint(suspects):
+            again = yield from measure("fabric probe again: " + ", ".join(x.name for x in batch), batch)
+            for x, doc, _ in (again or {}).values():
+                if doc is not None and not doc.get("error"):
+                    _best(x, doc)
+    except GeneratorExit:
+        closed = True
+        raise
+    finally:  # also when a round raised (a transport's error, Ctrl-C): the servers must not hold the port
+        if not closed:
+            yield NodeCommands("stop the fabric probe servers", dict.fromkeys((n.name for n in serving), command()),
+                               timeout_s=30.0, stdin={n.name: json.dumps({"mode": "quit", "bind": n.fabric_ip,
+                                                                          "port": port}) for n in serving})
     if servers is None:  # --dry-run: shown, not run
         return None
     assert isinstance(servers, Pending)

@@ -169,11 +169,18 @@ class Executor:
         return results
 
     def drive(self, gen: OpGen[T]) -> T:
-        """Run a generator's NodeCommands as it yields them; what it returns."""
+        """Run a generator's NodeCommands as it yields them; what it returns. What a command raises (a
+        transport's error, Ctrl-C) is raised inside the generator, so its `finally` can still yield its cleanup
+        (the fabric probe's quit) before the error goes on."""
         try:
             op = next(gen)
             while True:
-                op = gen.send(self.run(op))
+                try:
+                    reply = self.run(op)
+                except BaseException as exc:  # noqa: B036 - handed to the generator, which raises it again
+                    op = gen.throw(exc)
+                    continue
+                op = gen.send(reply)
         except StopIteration as done:
             return done.value
 
