@@ -31,6 +31,7 @@ from sparkfleet.bench import vllm_metrics
 from sparkfleet.bench.aclient import AsyncApiClient, Timed, describe
 from sparkfleet.bench.promptsets import Prompt, PromptSet
 from sparkfleet.gates.client import RequestFailed
+from sparkfleet.gates.needle import sentences
 
 DEFAULT_CONCURRENCY = (1, 2, 3, 4, 5, 6, 8, 16)
 DEFAULT_PREFILL_TOKENS = (2048, 8192, 32768, 65536)  # BEN-06 targets 2K/8K/32K/64K
@@ -427,8 +428,6 @@ class Bench:
     @staticmethod
     def prefill_text(rng: random.Random, words: int) -> str:
         """A random nonce first (no prefix-cache hit from the first block on), then random-word filler."""
-        from sparkfleet.gates.needle import sentences
-
         return (f"[{secrets.token_hex(8)}] " + " ".join(sentences(rng, words))
                 + "\n\nReply with one word: done.")
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from sparkfleet.engines.base import MetricNames
+from sparkfleet.engines.registry import NAMES, engine_for
 
 # what a Snapshot holds, whatever the engine; each engine's adapter names the series (engines/*.py `METRICS`)
 KEYS = ("generation_tokens", "prompt_tokens", "requests", "preemptions", "prefix_cache_queries",
@@ -28,8 +29,6 @@ KEYS = ("generation_tokens", "prompt_tokens", "requests", "preemptions", "prefix
 
 def names_for(text: str) -> MetricNames | None:
     """The engine whose names the exposition uses (by its prefix); None when no engine's names are there."""
-    from sparkfleet.engines.registry import NAMES, engine_for
-
     for name in NAMES:
         m = engine_for(name).metrics
         if m is not None and m.prefix in text:

@@ -8,6 +8,7 @@ from sparkfleet.engines.base import LaneContext, container_name, gid_for, groups
 from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.naming import engram_copy_dir
 from sparkfleet.placement import Rank
+from sparkfleet.schema.errors import SpecError
 
 
 def engram_host_dir(ctx: LaneContext, r: Rank) -> str | None:
@@ -74,7 +75,5 @@ def template_context(ctx: LaneContext, r: Rank) -> dict:
 def need(value: object, what: str, node: str) -> str:
     """A per-node value the launch needs; unset is a spec error naming the node and the field."""
     if value is None:
-        from sparkfleet.schema.errors import SpecError
-
         raise SpecError(f"node {node} has no {what}, and the launch needs it", "inventory", None, what)
     return str(value)

@@ -103,8 +103,6 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
             node = rank.node
             mine = paths.setdefault(node.name, storage_paths(node))
             if profile is not None:
-                from sparkfleet.engines.registry import engine_for
-
                 for path in engine_for(profile.engine).fact_paths(profile, node):
                     _add(mine, path)
             for launch in plan.launches:

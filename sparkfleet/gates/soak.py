@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.gather import gather
 from sparkfleet.gates.client import ApiClient, RequestFailed, clip
 from sparkfleet.gates.env import GateEnv, MemSample, MemSampler, user
 from sparkfleet.gates.result import Check, GateResult, verdict
@@ -300,9 +302,6 @@ def fleet_sampler(transport: Transport, ranks: list[tuple[Node, str]], floors_gb
     `ranks` is [(inventory Node, role)] with role head or workers; floors come from the profile's
     expect.mem_available_floor_gb (keys head / workers, 'worker' accepted).
     """
-    from sparkfleet.fleet.facts import NodeFacts
-    from sparkfleet.fleet.gather import gather
-
     nodes = [node for node, _ in ranks]
     role_of = {node.name: role for node, role in ranks}
 

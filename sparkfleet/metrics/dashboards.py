@@ -19,6 +19,7 @@ import copy
 import re
 from typing import Any
 
+from sparkfleet.engines.registry import NAMES, engine_for
 from sparkfleet.metrics import names as n
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -241,8 +242,6 @@ def _quantiles(key: str, sel: str) -> list[dict[str, Any]]:
 
 def _metrics() -> list[Any]:
     """Every engine's MetricNames (engines/*.py METRICS), in the registry's order."""
-    from sparkfleet.engines.registry import NAMES, engine_for
-
     return [m for m in (engine_for(name).metrics for name in NAMES) if m is not None]
 
 

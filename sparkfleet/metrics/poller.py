@@ -23,6 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sparkfleet.engram.fleet import copy_dirs
+from sparkfleet.engram.ranges import stored
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.gather import fabric_ifaces, gather
 from sparkfleet.fleet.op import query, run_commands
@@ -30,7 +32,9 @@ from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras
 from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
 from sparkfleet.metrics.records import RunIndex, RunSummary
+from sparkfleet.naming import engram_manifest_path
 from sparkfleet.opsdir import Spec
+from sparkfleet.placement import place
 from sparkfleet.schema.errors import SpecError, UserError
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.watch.status import Status as WatchStatus
@@ -39,17 +43,12 @@ from sparkfleet.watch.status import read_all as read_watches
 
 def load_lane(spec: Spec, inventory: Inventory, name: str) -> Lane:
     """A lane's ranks and node-local Engram manifest paths (raises SpecError/UserError as `plan` would)."""
-    from sparkfleet.engram.fleet import copy_dirs
-    from sparkfleet.naming import engram_manifest_path
-    from sparkfleet.placement import place
-
     loaded = spec.profile(name)
     if loaded.profile.abstract:
         raise UserError(f"{name} is a base for other lanes (abstract: true), not a lane")
     ranks = place(loaded, inventory)
     manifests = {rank: engram_manifest_path(d)
                  for rank, d in copy_dirs(loaded.profile, inventory, ranks, spec.root / "templates").values()}
-    from sparkfleet.engram.ranges import stored
 
     harvest = stored(loaded.profile) if manifests else None  # the one Engram rule judges with these rows
     return Lane(loaded.profile, {r.rank: r.node.name for r in ranks}, manifests, harvest)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from sparkfleet.checks.context import role_value
 from sparkfleet.checks.seeds import EARLYOOM_MARGIN_BYTES, GB
 from sparkfleet.fleet.facts import Container, NodeFacts
+from sparkfleet.fleet.gather import gather
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.client import ApiClient, Reply, RequestFailed, clip
 from sparkfleet.gates.env import user
@@ -167,8 +168,6 @@ class Prober:
         self.valid_after = time.time()
 
     def _gather(self, started: float) -> None:
-        from sparkfleet.fleet.gather import gather
-
         got = gather(self.transport, [r.node for r in self.ranks], {},
                      timeout_s=max(self.timeout_s, FACTS_TIMEOUT_S))
         with self._lock:

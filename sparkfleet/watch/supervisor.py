@@ -28,11 +28,12 @@ from sparkfleet.fleet.ops import LogTail, Look, Op, Stopped, on
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import ApiClient
 from sparkfleet.metrics.records import RunIndex
+from sparkfleet.naming import node_lock_path
 from sparkfleet.opsdir import Spec
 from sparkfleet.placement import Rank, endpoint, loopback_bound, place
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import Events
-from sparkfleet.runner.lock import FleetLock
+from sparkfleet.runner.lock import FleetLock, describe, holder_text, parse_holder, pid_alive, stale_why
 from sparkfleet.runner.record import Record, new_run_id
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
@@ -272,9 +273,6 @@ class Watcher:
         containers by label. A run of this lane that watch did not start holding the lock — an `up` or
         `down` from here or from another controller — is named and watch stands down; so it does when
         every rank's container is gone (a `down` that has already finished; `removed`: the probe saw it)."""
-        from sparkfleet.naming import node_lock_path
-        from sparkfleet.runner.lock import describe, holder_text, parse_holder, pid_alive, stale_why
-
         path = node_lock_path()
         me = parse_holder(holder_text("", self.command, self.profile.name))
         look = Look(self.profile.name, path)
