@@ -344,7 +344,8 @@ def lane() -> dict[str, Any]:
                      "A lane's serving metrics from its engine's /metrics on the head (labelled with the lane by "
                      "the generated scrape config), with the lane's image and checkpoint.", items,
                      [variable_query("profile", "Lane", n.LANE_INFO.name, "profile"),
-                      variable_query("node", "Node", n.NODE_UP.name, "node")], ["sparkfleet", "lane", "vllm"])
+                      variable_query("node", "Node", n.NODE_UP.name, "node")],
+                     ["sparkfleet", "lane", *(name for name in NAMES if engine_for(name).metrics is not None)])
 
 
 def all_dashboards(latch_band: tuple[int, int] | None = (630, 950)) -> dict[str, dict[str, Any]]:
