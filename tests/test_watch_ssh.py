@@ -46,11 +46,13 @@ def ssh_sim(tmp_path_factory):
 def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over_ssh(ssh_sim, capsys) -> None:
     inv = ssh_sim.inventory()
     assert {n.transport for n in inv.nodes.values()} == {"ssh"}
+    # the hung worker and the restart, not the links (test_fabric_sim's): a 2-core machine under load blurs the
+    # probe's 48 KB round trips enough to fail a healthy veth now and then
     assert main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2", "--no-probe",
-                 "--json"]) == 0
+                 "--no-fabric-probe", "--json"]) == 0
     capsys.readouterr()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *FAST, "--failures", "2"], env)
+    w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *FAST, "--failures", "2", "--no-fabric-probe"], env)
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
         ssh_sim.fault("bluey", "rank-hang")
