@@ -21,6 +21,7 @@ from sparkfleet.runner.record import LaunchRecord, Record
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
+from sparkfleet.slurm.ops import places as slurm_places
 
 
 @dataclass
@@ -83,7 +84,8 @@ class RunContext:
     executor: Executor = field(init=False)  # the one place this run's node commands run (or are shown)
 
     def __post_init__(self) -> None:
-        self.executor = Executor(self.transport, self.inventory.nodes, dry_run=self.options.dry_run,
+        nodes = {**self.inventory.nodes, **slurm_places(self.inventory)}  # launcher: slurm's controller
+        self.executor = Executor(self.transport, nodes, dry_run=self.options.dry_run,
                                  reads=self.options.dry_reads, show=shown_as(self.events.emit),
                                  on_run=shown_as(lambda _would, **line: self.events.emit("command", **line))
                                  if self.options.verbose else None)

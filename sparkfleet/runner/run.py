@@ -24,6 +24,7 @@ from sparkfleet.runner.steps import DRY, STEPS
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
+from sparkfleet.slurm.ops import places as slurm_places
 from sparkfleet.slurm.ops import refusals_now
 
 
@@ -85,7 +86,7 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     with _signals(), FleetLock(state / "locks" / f"{inventory.name}.lock", command):
         # --dry-run opens no connection at all: a transport that refuses any use (--dry-run=facts reads)
         transport = NoConnection() if options.dry_run and not options.dry_reads else transport_for(
-            [r.node for r in plan.ranks])
+            [r.node for r in plan.ranks] + list(slurm_places(inventory).values()))  # + the Slurm controller
         ctx = RunContext(spec, loaded, inventory, playbook, plan, transport, record, events, options, state)
         lock = NodeLock(ctx)
         try:
