@@ -1,5 +1,11 @@
-"""The lab's real Slurm (sim up --launcher slurm): srun reaches two lab nodes, `plan` refuses a lane Slurm
-cannot take before anything is submitted, and `sim down` leaves no process, file or namespace."""
+"""The lab's real Slurm (sim up --transport ssh --launcher slurm --docker daemon: Debian's slurm-wlm and munge,
+and a real dockerd in every node, since a task waits on its container): srun reaches two lab nodes, `plan`
+refuses a lane Slurm cannot take before anything is submitted, `up` runs the lane as one job and serves,
+`status` shows it, `down` cancels only that job and proves no container remains, a pending job is cancelled
+naming Slurm's reason, a rank killed while serving ends the job and its containers, and `sim down` leaves no
+process, file or namespace.
+
+SIMULATION: the sim engine stands in for vLLM inside the real containers. Needs root, slurm-wlm, docker.io."""
 
 from __future__ import annotations
 
@@ -7,15 +13,19 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from sparkfleet.cli.main import main
+from sparkfleet.sim import dockerd
+from tests.cli_run import LAB_NODES, lane_containers, record_of, result, run, step, steps
+from tests.conftest import engram_copies
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None,
-                                reason="the lab's Slurm needs root and slurm-wlm")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None or bool(dockerd.missing()),
+                                reason="the lab's Slurm needs root, slurm-wlm and docker.io")
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +35,9 @@ def slurm_lab(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab", transport="ssh", launcher="slurm")
+        s = lab.up("lab", transport="ssh", launcher="slurm", docker="daemon")
         try:
+            engram_copies(s)
             yield s
         finally:
             lab.down()
@@ -103,6 +114,153 @@ def test_plan_refuses_a_node_slurm_does_not_know(slurm_lab, tmp_path, capsys) ->
     code, plan = _plan(_inventory(slurm_lab, tmp_path, "nonode", rename), capsys)
     assert code == 2 and _fails(plan) == [("slurm-node", "spark5", "node spark5 is not a node of this Slurm "
                                           "cluster (scontrol knows: asusi, bluey, reddie, spark4, station)")]
+
+
+UP = ("up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models,count100", "--poll", "0.2",
+      "--probe-seconds", "1")
+JOB = "sparkfleet-dcp2"
+
+
+def _jobs(sim) -> list[dict[str, str]]:
+    """Every job squeue lists (pending, running, completing), in sparkfleet's own squeue fields."""
+    from sparkfleet.slurm.ops import JOB_FORMAT, parse_jobs
+
+    r = _slurm(sim, "squeue", "-h", "-o", JOB_FORMAT)
+    assert r.returncode == 0, r.stderr
+    return parse_jobs(r.stdout)
+
+
+def _bounded(what: str, ok, timeout_s: float = 60.0):  # noqa: ANN001 - a predicate
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = ok()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
+        time.sleep(0.3)
+
+
+def _no_lane_container(sim) -> bool:
+    return lane_containers(sim, "dcp2") == {n: [] for n in LAB_NODES}
+
+
+def test_up_dry_run_shows_the_sbatch_script_and_submits_nothing(slurm_lab, capsys) -> None:
+    code, events = run(capsys, *UP, "--dry-run")
+    assert code == 0, result(events)
+    sbatch = [e for e in events if e["event"] == "would" and e.get("command") == "sbatch --parsable"]
+    assert [e["node"] for e in sbatch] == ["slurm-controller"] and sbatch[0]["env"] == ["SLURM_CONF"]
+    script = sbatch[0]["stdin"]
+    assert "#SBATCH --job-name=sparkfleet-dcp2" in script.splitlines()
+    assert "#SBATCH --nodelist=reddie,asusi,bluey,spark4" in script.splitlines()
+    assert steps(events)["launch:workers"] == "ok" and "would submit Slurm job sparkfleet-dcp2" in \
+        step(events, "launch:workers")["summary"]
+    assert step(events, "launch:head")["summary"] == "would wait for the Slurm job to start rank 0 on reddie"
+    # down --dry-run shows the scancel of what squeue would list, and cancels nothing
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim", "--dry-run")
+    assert code == 0, result(events)
+    assert any(e["event"] == "would" and e.get("command", "").startswith("scancel <ids of the Slurm jobs named")
+               for e in events), events
+    assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+
+
+def test_up_runs_the_lane_as_one_job_and_status_shows_it(slurm_lab, capsys) -> None:
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    rec = record_of(events)
+    job = rec["data"]["slurm_job"]
+    assert job["name"] == JOB and job["comment"] == f"sparkfleet.run={rec['run_id']}"
+    assert job["nodes"] == ["reddie", "asusi", "bluey", "spark4"] and job["het"] is False
+    assert step(events, "launch:workers")["summary"] == \
+        f"Slurm job {job['job_id']} started rank 1 on asusi, rank 2 on bluey, rank 3 on spark4"
+    assert step(events, "launch:head")["summary"] == f"Slurm job {job['job_id']} started rank 0 on reddie"
+    assert steps(events)["gates"] == "ok"
+    # Slurm's own view: one job of the lane's name and run label, running on the four nodes
+    assert [(j["id"], j["name"], j["state"], j["comment"]) for j in _jobs(slurm_lab)] == [
+        (job["job_id"], JOB, "RUNNING", job["comment"])]
+    # the ranks' containers carry this run's label, one per node (started by the job's tasks)
+    running = lane_containers(slurm_lab, "dcp2")
+    assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
+            for n, cs in running.items()} == {n: [("running", rec["run_id"])] for n in LAB_NODES}
+    code = main(["status", "--profile", "dcp2", "--inventory", "sim", "--json"])
+    status = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [(j["id"], j["state"], j["nodes"]) for j in status["slurm_jobs"]] == [
+        (job["job_id"], "RUNNING", "asusi,bluey,reddie,spark4")]
+    assert sorted((r["node"], r["rank"], r["state"]) for r in status["containers"]) == [
+        ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
+
+
+def test_down_cancels_only_this_lanes_job_and_proves_no_container_remains(slurm_lab, capsys) -> None:
+    """Two foreign jobs look like the lane's: its name without a run label, and a run label under another
+    name. `down` cancels the lane's job only; both foreign jobs are left as they were."""
+    lane = [j for j in _jobs(slurm_lab) if j["name"] == JOB]
+    assert len(lane) == 1, "the lane of the previous test is up"
+    foreign = []
+    for name, comment in ((JOB, "someone else's"), ("sparkfleet-dcp2x", lane[0]["comment"])):
+        r = _slurm(slurm_lab, "sbatch", "--parsable", f"--job-name={name}", f"--comment={comment}",
+                   "--nodelist=station", "--output=/dev/null", "--wrap", "sleep 600")
+        assert r.returncode == 0, r.stderr
+        foreign.append(r.stdout.strip())
+    try:
+        code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+        assert code == 0, result(events)
+        assert step(events, "stop")["summary"] == \
+            f"cancelled Slurm job {lane[0]['id']}; no container of this lane on its nodes"
+        assert sorted(j["id"] for j in _jobs(slurm_lab)) == sorted(foreign)
+        assert _no_lane_container(slurm_lab)
+    finally:
+        _slurm(slurm_lab, "scancel", *foreign)
+        _bounded("the foreign jobs end", lambda: _jobs(slurm_lab) == [])
+
+
+def test_down_of_a_lane_whose_job_is_gone_removes_the_containers_left(slurm_lab, capsys) -> None:
+    """No job of the lane, but two of its containers (run by hand, with its labels): removed, and said so."""
+    for node in ("asusi", "bluey"):
+        made = slurm_lab.exec(node, ["docker", "run", "-d", "--name", f"left-{node}", "--label",
+                                     "sparkfleet.profile=dcp2", "--label", "sparkfleet.run=20261202-000000-000000",
+                                     "--entrypoint", "python3", "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2",
+                                     "-c", "import time; time.sleep(600)"])
+        assert made.returncode == 0, made.stderr
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0, result(events)
+    assert step(events, "stop")["summary"] == ("no Slurm job of this lane, but 2 container(s) of the lane remained "
+                                              "on asusi, bluey: removed 2 container(s) on asusi, bluey")
+    assert _no_lane_container(slurm_lab)
+
+
+def test_a_job_pending_past_the_bound_is_cancelled_naming_slurms_reason(slurm_lab, tmp_path, capsys) -> None:
+    """spark4 drained: the lane's job cannot start and stays pending; past slurm.pending_s `up` cancels it and
+    fails with Slurm's reason; nothing was started and no job is left."""
+    inv = _inventory(slurm_lab, tmp_path, "pending", lambda d: d["slurm"].update(pending_s=3))
+    r = _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=DRAIN", "Reason=sparkfleet test")
+    assert r.returncode == 0, r.stderr
+    try:
+        code, events = run(capsys, *UP[:4], inv, *UP[5:])
+        assert code == 1, result(events)
+        summary = step(events, "launch:workers")["summary"]
+        assert summary.startswith("Slurm job ") and summary.endswith(
+            " still pending after 3 s (slurm.pending_s), Slurm's reason: ReqNodeNotAvail, UnavailableNodes:spark4; "
+            "the job was cancelled, nothing was started"), summary
+        assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+    finally:
+        _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=RESUME")
+
+
+def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, capsys) -> None:
+    """asusi's engine crashes while the lane serves: its task exits with the container's code, srun's
+    --kill-on-bad-exit ends the other tasks, and every task's trap removes its container: no job, no container."""
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    job = record_of(events)["data"]["slurm_job"]
+    assert main(["sim", "fault", "asusi", "serve-crash"]) == 0
+    capsys.readouterr()
+    _bounded("the job ends", lambda: _jobs(slurm_lab) == [])
+    _bounded("every container is gone", lambda: _no_lane_container(slurm_lab))
+    out = (slurm_lab.root("asusi") / "tmp" / f"{JOB}-{job['job_id']}.out").read_text()
+    assert "srun: error: asusi: task 0: Exited with exit code" in out, out[-2000:]
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0 and step(events, "stop")["summary"] == \
+        "no Slurm job of this lane; no container of this lane on its nodes"
 
 
 def test_down_leaves_no_process_file_or_namespace(slurm_lab) -> None:
