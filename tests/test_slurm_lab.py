@@ -263,6 +263,31 @@ def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, 
         "no Slurm job of this lane; no container of this lane on its nodes"
 
 
+def _sinfo(sim, node: str) -> str:
+    r = _slurm(sim, "sinfo", "-h", "-N", "-n", node, "-o", "%T|%E")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_a_preflight_failure_drains_nothing_by_default_and_the_node_with_the_flag(slurm_lab, capsys) -> None:
+    """bluey's memory below the rank floor fails `check`: plain `up` leaves bluey idle in Slurm; with
+    --drain-on-fail bluey is drained with the finding as Slurm's reason. No job is submitted either way."""
+    slurm_lab.fault("bluey", "low-memory")
+    try:
+        code, events = run(capsys, *UP)
+        assert code == 1 and steps(events)["check"] == "fail", result(events)
+        assert _sinfo(slurm_lab, "bluey") == "idle|none"
+        code, events = run(capsys, *UP, "--drain-on-fail")
+        assert code == 1 and steps(events)["check"] == "fail", result(events)
+        reason = record_of(events)["data"]["slurm_drained"]
+        assert list(reason) == ["bluey"] and reason["bluey"].startswith("sparkfleet ")
+        assert _sinfo(slurm_lab, "bluey") == f"drained|{reason['bluey']}"
+        assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+    finally:
+        slurm_lab.heal("bluey")
+        _slurm(slurm_lab, "scontrol", "update", "NodeName=bluey", "State=RESUME")
+
+
 def test_down_leaves_no_process_file_or_namespace(slurm_lab) -> None:
     from sparkfleet.sim import lab, netlab, paths
     from sparkfleet.sim import slurm as sim_slurm

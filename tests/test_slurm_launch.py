@@ -104,3 +104,11 @@ def test_the_task_that_failed_first_is_the_one_not_ended_by_a_signal() -> None:
     assert _culprit([SRUN_LINES[3], SRUN_LINES[1]])[:3] == ("asusi", "0", "3")
     assert _culprit(SRUN_LINES[3:])[:3] == ("reddie", "2", "143")  # only signalled tasks: the first
     assert _culprit(["0: nothing from srun"]) is None
+
+
+def test_drain_on_fail_is_refused_without_slurm(ops_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    code = main(["up", "--profile", "dcp2", "--root", str(ops_root), "-i", "lab", "--drain-on-fail", "--dry-run"])
+    assert code == 2
+    assert "--drain-on-fail drains nodes in Slurm: inventory 'lab' has launcher: ssh (nothing was done)" in \
+        capsys.readouterr().err

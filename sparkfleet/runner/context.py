@@ -44,6 +44,7 @@ class RunOptions:
     gate_args: dict = field(default_factory=dict)  # overrides the playbook's gates step args (only, soak_minutes)
     fabric_probe: bool = True  # up --no-fabric-probe: skip the measured fabric probe
     limit: tuple[str, ...] = ()  # down --limit NODE,...: only these nodes of the lane are touched
+    drain_on_fail: bool = False  # up --drain-on-fail (launcher: slurm): a node preflight fails is drained
 
 
 @dataclass

@@ -156,6 +156,7 @@ class RecordData(BaseModel):
     # the launch and what served
     launches: list[LaunchRecord] | None = None
     slurm_job: SlurmJobRecord | None = None  # launcher: slurm: the job the lane ran as
+    slurm_drained: dict[str, str] | None = None  # up --drain-on-fail: node -> the reason Slurm was given
     wait_ready: Doc | None = None  # poll_s, polls, poll_started, failed_rank, failed_node, detected_at
     autotune_shape_changes: list[str] | None = None
     autotune_seeded: list[str] | None = None

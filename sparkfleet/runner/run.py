@@ -13,6 +13,7 @@ from sparkfleet.fleet.op import NoConnection
 from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from sparkfleet.root import state_dir
+from sparkfleet.runner import slurm_launch
 from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock, NodeLock
@@ -162,6 +163,8 @@ def _steps(ctx: RunContext) -> None:
         events.step(name, result.status, result.summary, elapsed_s=elapsed)
         if result.status == "fail":
             record.outcome, record.reason = "failed", f"{name}: {result.summary}"
+            if ctx.options.drain_on_fail and st.step in slurm_launch.PREFLIGHT:  # up --drain-on-fail
+                drive(ctx, slurm_launch.drain(ctx, result))
             return
     record.outcome = "ok"
 

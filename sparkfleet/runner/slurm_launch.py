@@ -201,12 +201,14 @@ def _culprit(lines: list[str]) -> tuple[str, str, str, str] | None:
     return next((h for h in hits if h[2] not in SIGNALLED), hits[0] if hits else None)
 
 
-def explain(ctx: RunContext, failure: tuple[int, str, str]) -> StepGen:
-    """wait_ready found a failed rank: once the job has ended (kill-on-bad-exit ends every task, and each
-    task's trap removes its container, so the peers read as vanished), name the rank srun says failed first,
-    with its exit code, and the job's end. Unchanged when the job still runs (a fatal line, a stall)."""
+def explain(ctx: RunContext, failure: tuple[int, str, str], states: dict) -> StepGen:
+    """wait_ready found a failed rank (`states`: rank -> (node, ContainerState)): when that rank is gone, once
+    the job has ended (kill-on-bad-exit ends every task, and each task's trap removes its container, so the
+    peers read as vanished), name the rank srun says failed first, with its exit code, and the job's end.
+    Unchanged while the failed rank still runs (a fatal line): stopping the ranks then ends the job."""
     job = job_of(ctx)
-    if job is None:
+    gone = ("exited", "dead", "missing")
+    if job is None or failure[0] in states and states[failure[0]][1].status not in gone:
         return failure
     end = time.time() + ENDED_BOUND_S
     while True:
@@ -273,13 +275,12 @@ def _cancel(ctx: RunContext, ids: list[str]) -> StepGen:
     """scancel `ids` and wait (bounded) until squeue lists none of them unended: "" then, else what it still
     lists. Once a job has ended every task has, and each task's trap has removed its container."""
     inv = ctx.inventory
-    yield slurm.cancel(inv, ids)
+    if (yield slurm.cancel(inv, ids)) is None:  # --dry-run (=facts too): shown, not cancelled, nothing to wait for
+        return ""
     end = time.time() + CANCEL_BOUND_S
     while True:
         res = yield slurm.lane_jobs(inv, naming.slurm_job_name(ctx.profile.name))
-        r = (res or {}).get(slurm.CONTROLLER)
-        if r is None:  # --dry-run
-            return ""
+        r = res[slurm.CONTROLLER]
         left = [j for j in slurm.parse_jobs(r.stdout) if j["id"].split("+")[0] in ids and j["state"] not in
                 slurm.ENDED] if r.ok else []
         if not left:
@@ -323,3 +324,31 @@ def cancel_run(ctx: RunContext) -> StepGen:
     still = (yield from _cancel(ctx, ids)) if ids else ""
     yield from _leftovers(ctx)
     return {slurm.CONTROLLER: f"Slurm job still listed: {still}"} if still else {}
+
+
+PREFLIGHT = ("facts", "check", "probe", "fabric_probe", "nccl")  # the steps whose failures --drain-on-fail acts on
+REASON_MAX = 200  # characters of the finding kept as Slurm's reason (sinfo -R shows it; keep it one line)
+
+
+def drain(ctx: RunContext, result: StepResult) -> StepGen:
+    """up --drain-on-fail: each lane node a failed preflight step names is drained in Slurm (`scontrol update
+    NodeName=N State=DRAIN Reason=...`), its first failing finding as the reason, so the scheduler gives it to
+    nobody until an admin resumes it. A failure naming no node drains nothing."""
+    lane = {n.name for n in ctx.nodes}
+    reasons: dict[str, str] = {}
+    for f in result.findings:
+        if f.status == "fail" and f.node in lane and f.node not in reasons:
+            reasons[f.node] = " ".join(f"sparkfleet {f.check}: {f.message}".split())[:REASON_MAX]
+    if not reasons:
+        return None
+    res = yield slurm.drain(ctx.inventory, reasons)
+    r = (res or {}).get(slurm.CONTROLLER)
+    if r is not None and not r.ok:
+        ctx.events.emit("message", text=f"could not drain {', '.join(reasons)}: {r.message or r.stderr.strip()}")
+        return None
+    if r is not None:
+        ctx.record.data["slurm_drained"] = reasons
+        for n, why in reasons.items():
+            ctx.events.emit("message", text=f"drained {n} in Slurm (reason: {why}); `scontrol update "
+                            f"NodeName={n} State=RESUME` gives it back")
+    return None

@@ -139,6 +139,16 @@ def cancel(inv: Inventory, ids: list[str]) -> NodeCommands:
     return op
 
 
+def drain(inv: Inventory, reasons: dict[str, str]) -> NodeCommands:
+    """Drain nodes with a reason each (scontrol(1) `update NodeName=... State=DRAIN Reason=...`; Slurm needs a
+    reason to drain): the scheduler gives them to no job until an admin sets State=RESUME."""
+    cmd = " && ".join(f"scontrol update NodeName={shlex.quote(n)} State=DRAIN Reason={shlex.quote(r)}"
+                      for n, r in reasons.items())
+    op = NodeCommands(f"drain {', '.join(reasons)} in Slurm", {CONTROLLER: cmd}, timeout_s=60)
+    op.env = _env(inv)
+    return op
+
+
 def places(inv: Inventory) -> dict[str, Node]:
     """The places besides the inventory's nodes a run's executor must reach: the Slurm controller (or login
     node) for launcher: slurm, nothing otherwise. runner/run.py adds them to the run's transport and executor."""

@@ -144,7 +144,7 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
                               for r, (n, s) in sorted(states.items())])
             failure = launch_failure(ctx, states)
             if failure and ctx.inventory.launcher == "slurm":  # the job's view: which task failed first
-                failure = yield from slurm_launch.explain(ctx, failure)
+                failure = yield from slurm_launch.explain(ctx, failure, states)
             if failure:
                 rank, node, why = failure
                 watch.update(failed_rank=rank, failed_node=node, detected_at=round(time.time(), 3))
