@@ -112,3 +112,11 @@ def test_drain_on_fail_is_refused_without_slurm(ops_root: Path, tmp_path: Path, 
     assert code == 2
     assert "--drain-on-fail drains nodes in Slurm: inventory 'lab' has launcher: ssh (nothing was done)" in \
         capsys.readouterr().err
+
+
+def test_watch_refuses_a_slurm_lane_until_it_resubmits_jobs(rec, capsys) -> None:
+    ops, log = rec
+    assert main(["watch", "--profile", "dcp2", "--root", str(ops), "-i", "rec"]) == 2
+    assert "watch: inventory 'rec' has launcher: slurm, and watch does not yet resubmit a Slurm lane's job" in \
+        capsys.readouterr().err
+    assert not log.exists()
