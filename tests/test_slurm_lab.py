@@ -263,6 +263,24 @@ def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, 
         "no Slurm job of this lane; no container of this lane on its nodes"
 
 
+def test_a_rank_dying_at_boot_fails_up_naming_it_and_leaves_no_job(slurm_lab, capsys) -> None:
+    """asusi's engine logs a CUDA error and exits during the boot: `up` fails naming rank 1 on asusi, and the
+    job (ended by --kill-on-bad-exit, or cancelled) and every container of the lane are gone."""
+    slurm_lab.fault("asusi", "engine-fatal")
+    try:
+        code, events = run(capsys, *UP)
+        assert code == 1, result(events)
+        reason = result(events)["reason"]
+        assert reason.startswith("wait_ready: rank 1 ") and "asusi" in reason, reason
+        job = record_of(events)["data"]["slurm_job"]
+        _bounded("the job ends", lambda: _jobs(slurm_lab) == [])
+        _bounded("every container is gone", lambda: _no_lane_container(slurm_lab))
+        out = (slurm_lab.root("asusi") / "tmp" / f"{JOB}-{job['job_id']}.out").read_text()
+        assert "sparkfleet: rank 1's container sf-dcp2-r1 ended with code" in out, out[-2000:]
+    finally:
+        slurm_lab.heal("asusi")
+
+
 def _sinfo(sim, node: str) -> str:
     r = _slurm(sim, "sinfo", "-h", "-N", "-n", node, "-o", "%T|%E")
     assert r.returncode == 0, r.stderr
