@@ -158,7 +158,7 @@ def test_up_dry_run_shows_the_sbatch_script_and_submits_nothing(slurm_lab, capsy
     # down --dry-run shows the scancel of what squeue would list, and cancels nothing
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim", "--dry-run")
     assert code == 0, result(events)
-    assert any(e["event"] == "would" and e.get("command", "").startswith("scancel <ids of the Slurm jobs named")
+    assert any(e["event"] == "would" and e.get("command", "").startswith("scancel '<ids of the Slurm jobs named")
                for e in events), events
     assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
 
@@ -282,7 +282,7 @@ def test_a_rank_dying_at_boot_fails_up_naming_it_and_leaves_no_job(slurm_lab, ca
 
 
 def _sinfo(sim, node: str) -> str:
-    r = _slurm(sim, "sinfo", "-h", "-N", "-n", node, "-o", "%T|%E")
+    r = _slurm(sim, "sinfo", "-h", "-N", "-n", node, "-p", "lab", "-o", "%T|%E")
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
