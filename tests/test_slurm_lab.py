@@ -2,8 +2,9 @@
 and a real dockerd in every node, since a task waits on its container): srun reaches two lab nodes, `plan`
 refuses a lane Slurm cannot take before anything is submitted, `up` runs the lane as one job and serves,
 `status` shows it, `down` cancels only that job and proves no container remains, a pending job is cancelled
-naming Slurm's reason, a rank killed while serving ends the job and its containers, and `sim down` leaves no
-process, file or namespace.
+naming Slurm's reason, a rank killed while serving ends the job and its containers, a rank dying at boot
+fails `up` naming it, `--drain-on-fail` drains the node that fails preflight (and nothing without it), and
+`sim down` leaves no process, file or namespace.
 
 SIMULATION: the sim engine stands in for vLLM inside the real containers. Needs root, slurm-wlm, docker.io."""
 
