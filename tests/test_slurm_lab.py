@@ -117,8 +117,9 @@ def test_plan_refuses_a_node_slurm_does_not_know(slurm_lab, tmp_path, capsys) ->
                                           "cluster (scontrol knows: asusi, bluey, reddie, spark4, station)")]
 
 
+# no fabric probe: it does not involve the launcher, and on a loaded 2-core machine a link can fail it
 UP = ("up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models,count100", "--poll", "0.2",
-      "--probe-seconds", "1")
+      "--probe-seconds", "1", "--no-fabric-probe")
 JOB = "sparkfleet-dcp2"
 
 
