@@ -283,6 +283,32 @@ def test_a_rank_dying_at_boot_fails_up_naming_it_and_leaves_no_job(slurm_lab, ca
         slurm_lab.heal("asusi")
 
 
+def test_the_station_heading_the_sparks_runs_as_one_heterogeneous_job(slurm_lab, capsys) -> None:
+    """llamacpp-lab-station: a GB300 head over four GB10 rpc-servers, through the real llama.cpp. The head's
+    class differs, so the job is heterogeneous (the head's component, then the workers'); the head's task waits
+    until every rpc-server accepts, and the lane serves; `down` leaves no job and no container."""
+    from sparkfleet.sim import llamabuild
+
+    if llamabuild.bin_dir() is None:
+        pytest.skip(f"llama.cpp's RPC binaries are not built ({llamabuild.cache_dir()}): run `make llama-rpc` once")
+    lane, nodes = "llamacpp-lab-station", (*LAB_NODES, "station")
+    try:
+        code, events = run(capsys, "up", "--profile", lane, "--inventory", "sim", "--no-fabric-probe", "--poll", "0.2",
+                           "--probe-seconds", "1")
+        assert code == 0, result(events)
+        job = record_of(events)["data"]["slurm_job"]
+        assert job["het"] is True and job["nodes"] == ["station", *LAB_NODES]
+        # squeue lists a heterogeneous job once per component: the head's (+0) on the Station, the workers' (+1)
+        assert sorted((j["id"], j["nodes"]) for j in _jobs(slurm_lab)) == [
+            (f"{job['job_id']}+0", "station"), (f"{job['job_id']}+1", "asusi,bluey,reddie,spark4")]
+        assert {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(slurm_lab, lane, nodes).items()} \
+            == {n: ["running"] for n in nodes}
+    finally:
+        code, events = run(capsys, "down", "--profile", lane, "--inventory", "sim")
+    assert code == 0, result(events)
+    assert _jobs(slurm_lab) == [] and lane_containers(slurm_lab, lane, nodes) == {n: [] for n in nodes}
+
+
 def _sinfo(sim, node: str) -> str:
     r = _slurm(sim, "sinfo", "-h", "-N", "-n", node, "-p", "lab", "-o", "%T|%E")
     assert r.returncode == 0, r.stderr
