@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +25,7 @@ import yaml
 from sparkfleet.cli.main import main
 from sparkfleet.sim import dockerd
 from tests.cli_run import LAB_NODES, lane_containers, record_of, result, run, step, steps
-from tests.conftest import engram_copies
+from tests.conftest import REPO, engram_copies
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None or bool(dockerd.missing()),
                                 reason="the lab's Slurm needs root, slurm-wlm and docker.io")
@@ -246,6 +248,32 @@ def test_a_job_pending_past_the_bound_is_cancelled_naming_slurms_reason(slurm_la
         assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
     finally:
         _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=RESUME")
+
+
+def test_sigterm_while_the_job_is_pending_cancels_it(slurm_lab, tmp_path) -> None:
+    """`kill` of an `up` whose job waits for a drained node: the run's job (no container of it exists yet) is
+    cancelled, found by its name and run label, and `up` exits 143 leaving no job and no container."""
+    inv = _inventory(slurm_lab, tmp_path, "wait", lambda d: d["slurm"].update(pending_s=300))
+    assert _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=DRAIN", "Reason=sparkfleet test").\
+        returncode == 0
+    log = tmp_path / "up.log"
+    up = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", *UP[:4], inv, *UP[5:], "--json"],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=log.open("w"),
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _bounded("the lane's job is pending", lambda: [j for j in _jobs(slurm_lab) if j["name"] == JOB
+                                                       and j["state"] == "PENDING"], 120)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=120) == 143, log.read_text()[-2000:]
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+        _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=RESUME")
+    res = result([json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")])
+    assert (res["outcome"], res["reason"]) == ("interrupted", "terminated (SIGTERM); every rank of this launch was "
+                                                              "stopped")
+    assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
 
 
 def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, capsys) -> None:
