@@ -120,3 +120,16 @@ def test_watch_refuses_a_slurm_lane_until_it_resubmits_jobs(rec, capsys) -> None
     assert "watch: inventory 'rec' has launcher: slurm, and watch does not yet resubmit a Slurm lane's job" in \
         capsys.readouterr().err
     assert not log.exists()
+
+
+def test_compute_nodes_without_ssh_are_refused_until_srun_does_their_part(rec, capsys) -> None:
+    ops, log = rec
+    path = ops / "inventories" / "rec.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["slurm"]["ssh"] = False
+    path.write_text(yaml.safe_dump(data))
+    for verb in ("up", "down"):
+        assert main([verb, "--profile", "dcp2", "--root", str(ops), "-i", "rec"]) == 2
+        assert "inventory 'rec': slurm.ssh: false (compute nodes without SSH) is not supported yet" in \
+            capsys.readouterr().err
+    assert not log.exists()

@@ -190,6 +190,10 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         raise UserError(f"{where}probe: required (profile {profile}): --no-probe is refused; the clock latch "
                         "(FM-09) must be judged under load before this lane starts")
     inventory = fleet_inventory(sp, args.inventory)
+    if inventory.launcher == "slurm" and inventory.slurm is not None and not inventory.slurm.ssh:
+        raise UserError(f"inventory {inventory.name!r}: slurm.ssh: false (compute nodes without SSH) is not supported "
+                        "yet: preflight, the ranks' containers and the cleanup through srun are not built "
+                        "(docs/scale-out.md); nothing was done")
     if options.drain_on_fail and inventory.launcher != "slurm":
         raise UserError(f"--drain-on-fail drains nodes in Slurm: inventory {inventory.name!r} has launcher: "
                         f"{inventory.launcher} (nothing was done)")
