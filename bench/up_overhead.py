@@ -67,15 +67,15 @@ def sf(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SF, *args], env=env, capture_output=True, text=True)
 
 
-def one(env: dict, ops: Path, profile: str, poll: float) -> tuple[float, dict]:
+def one(env: dict, ops: Path, profile: str, poll: float, inventory: str = "sim") -> tuple[float, dict]:
     t0 = time.perf_counter()
-    r = sf(env, "play", str(ops / "playbooks/up-no-gates.yaml"), "--profile", profile, "--inventory", "sim",
+    r = sf(env, "play", str(ops / "playbooks/up-no-gates.yaml"), "--profile", profile, "--inventory", inventory,
            "--root", str(ops), "--poll", str(poll), "--json")
     wall = time.perf_counter() - t0
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     result = next((e for e in events if e["event"] == "result"), {"outcome": "no result", "reason": r.stderr[-300:]})
     steps = {e["step"]: e.get("elapsed_s", 0.0) for e in events if e["event"] == "step" and e["status"] != "start"}
-    sf(env, "down", "--profile", profile, "--inventory", "sim", "--root", str(ops), "--json")
+    sf(env, "down", "--profile", profile, "--inventory", inventory, "--root", str(ops), "--json")
     if result["outcome"] != "ok":
         raise SystemExit(f"{profile}: up failed: {result.get('reason')}")
     return wall, steps

@@ -56,11 +56,30 @@ def test_refusals(repo_spec: Spec) -> None:
 
 
 def test_squeue_keeps_only_this_lanes_jobs() -> None:
-    # three jobs: two named as the lane (runs r1, r2), one of another name carrying a lane's run label
+    # four jobs, as the lab's squeue printed them in sparkfleet's format (ops.JOB_FORMAT): two of the lane's name
+    # with run labels (r1, r2), one of another name with a run label, and one of the lane's name whose comment is
+    # someone else's (and holds the separator: the comment is the last field, kept whole)
     jobs = ops.parse_jobs((FIX / "squeue-all.txt").read_text())
+    assert [(j["id"], j["name"], j["state"], j["comment"]) for j in jobs] == [
+        ("4", "sparkfleet-dcp2", "RUNNING", "someone else's|job"), ("1", "sparkfleet-dcp2", "PENDING", "sparkfleet.run=r1"),
+        ("2", "sparkfleet-dcp2", "PENDING", "sparkfleet.run=r2"), ("3", "other", "PENDING", "sparkfleet.run=r3")]
+    assert jobs[1]["reason"] == "Job's account not known, so it can't use this partition (restricted allows sim)"
+    assert jobs[0]["nodes"] == "station" and jobs[0]["time"] == "0:01"
     assert ops.ours(jobs, "sparkfleet-dcp2", "sparkfleet.run=") == ["1", "2"]
     assert ops.ours(jobs, "sparkfleet-dcp2", "sparkfleet.run=r2") == ["2"]
-    assert ops.ours(ops.parse_jobs("7+0|sparkfleet-x|sparkfleet.run=a|RUNNING|None\n"
-                                   "7+1|sparkfleet-x|sparkfleet.run=a|RUNNING|None\n"), "sparkfleet-x",
+    assert ops.ours(jobs, None, "sparkfleet.run=") == ["1", "2"]  # every lane's: names sparkfleet-*, labelled
+    assert ops.ours(ops.parse_jobs("7+0|sparkfleet-x|RUNNING|None|reddie|0:01|sparkfleet.run=a\n"
+                                   "7+1|sparkfleet-x|RUNNING|None|asusi|0:01|sparkfleet.run=a\n"), "sparkfleet-x",
                     "sparkfleet.run=a") == ["7"]  # a hetjob's components are one job
+
+
+def test_scontrol_show_job_read_as_fields() -> None:
+    running, cancelled = [ops.parse_job(x) for x in (FIX / "show-job.txt").read_text().splitlines()]
+    assert (running["JobState"], running["BatchHost"], running["StdOut"]) == ("RUNNING", "station", "/dev/null")
+    assert (cancelled["JobState"], cancelled["ExitCode"], cancelled["Reason"]) == ("CANCELLED", "0:15", "None")
+    assert cancelled["Comment"] == "someone else's|job"
+    assert ops.parse_job("slurm_load_jobs error: Invalid job id specified\n") == {}
+
+
+def test_sbatch_parsable_prints_the_job_id() -> None:
     assert [ops.parse_submitted(x) for x in (FIX / "sbatch.txt").read_text().splitlines()] == ["1", "2", "3"]

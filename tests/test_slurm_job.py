@@ -88,9 +88,12 @@ def test_each_task_runs_its_own_ranks_docker_run(repo_spec: Spec, tmp_path: Path
     by_node = {x.node: x for x in launches}
     code, calls = _run_task(tmp_path, launches, inv, "bluey")
     assert ["docker", *calls[0]] == by_node["bluey"].argv  # the SSH launcher's argv, token for token
-    assert sorted(calls[1:3]) == [["logs", "-f", "sf-dcp2-r2"], ["wait", "sf-dcp2-r2"]]  # both in the background
-    assert calls[3] == ["inspect", "-f", "{{.State.ExitCode}}", "sf-dcp2-r2"]
-    assert calls[-1] == ["rm", "-f", "sf-dcp2-r2"]  # the trap, on the task's exit
+    wait, inspect = ["wait", "sf-dcp2-r2"], ["inspect", "-f", "{{.State.ExitCode}}", "sf-dcp2-r2"]
+    rm = ["rm", "-f", "sf-dcp2-r2"]  # the trap, on the task's exit
+    # `docker logs -f` runs in the background and nothing waits for it: on a loaded machine it may be recorded
+    # after any of the others; `docker wait` is waited for, so the exit code is asked after it and the trap last
+    assert sorted(calls[1:]) == sorted([["logs", "-f", "sf-dcp2-r2"], wait, inspect, rm])
+    assert calls.index(wait) < calls.index(inspect) < calls.index(rm)
     assert code == 7  # the container's exit code is the task's
 
 

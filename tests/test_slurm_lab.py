@@ -1,21 +1,34 @@
-"""The lab's real Slurm (sim up --launcher slurm): srun reaches two lab nodes, `plan` refuses a lane Slurm
-cannot take before anything is submitted, and `sim down` leaves no process, file or namespace."""
+"""The lab's real Slurm (sim up --transport ssh --launcher slurm --docker daemon: Debian's slurm-wlm and munge,
+and a real dockerd in every node, since a task waits on its container): srun reaches two lab nodes, `plan`
+refuses a lane Slurm cannot take before anything is submitted, `up` runs the lane as one job and serves,
+`status` shows it, `down` cancels only that job and proves no container remains, a pending job is cancelled
+naming Slurm's reason, a rank killed while serving ends the job and its containers, a rank dying at boot
+fails `up` naming it, `--drain-on-fail` drains the node that fails preflight (and nothing without it), and
+`sim down` leaves no process, file or namespace.
+
+SIMULATION: the sim engine stands in for vLLM inside the real containers. Needs root, slurm-wlm, docker.io."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from sparkfleet.cli.main import main
+from sparkfleet.sim import dockerd
+from tests.cli_run import LAB_NODES, lane_containers, record_of, result, run, step, steps
+from tests.conftest import REPO, engram_copies
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None,
-                                reason="the lab's Slurm needs root and slurm-wlm")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None or bool(dockerd.missing()),
+                                reason="the lab's Slurm needs root, slurm-wlm and docker.io")
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +38,9 @@ def slurm_lab(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab", transport="ssh", launcher="slurm")
+        s = lab.up("lab", transport="ssh", launcher="slurm", docker="daemon")
         try:
+            engram_copies(s)
             yield s
         finally:
             lab.down()
@@ -103,6 +117,249 @@ def test_plan_refuses_a_node_slurm_does_not_know(slurm_lab, tmp_path, capsys) ->
     code, plan = _plan(_inventory(slurm_lab, tmp_path, "nonode", rename), capsys)
     assert code == 2 and _fails(plan) == [("slurm-node", "spark5", "node spark5 is not a node of this Slurm "
                                           "cluster (scontrol knows: asusi, bluey, reddie, spark4, station)")]
+
+
+# no fabric probe: it does not involve the launcher, and on a loaded 2-core machine a link can fail it
+UP = ("up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models,count100", "--poll", "0.2",
+      "--probe-seconds", "1", "--no-fabric-probe")
+JOB = "sparkfleet-dcp2"
+
+
+def _jobs(sim) -> list[dict[str, str]]:
+    """Every job squeue lists (pending, running, completing), in sparkfleet's own squeue fields."""
+    from sparkfleet.slurm.ops import JOB_FORMAT, parse_jobs
+
+    r = _slurm(sim, "squeue", "-h", "-o", JOB_FORMAT)
+    assert r.returncode == 0, r.stderr
+    return parse_jobs(r.stdout)
+
+
+def _bounded(what: str, ok, timeout_s: float = 60.0):  # noqa: ANN001 - a predicate
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = ok()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
+        time.sleep(0.3)
+
+
+def _no_lane_container(sim) -> bool:
+    return lane_containers(sim, "dcp2") == {n: [] for n in LAB_NODES}
+
+
+def test_up_dry_run_shows_the_sbatch_script_and_submits_nothing(slurm_lab, capsys) -> None:
+    code, events = run(capsys, *UP, "--dry-run")
+    assert code == 0, result(events)
+    sbatch = [e for e in events if e["event"] == "would" and e.get("command") == "sbatch --parsable"]
+    assert [e["node"] for e in sbatch] == ["slurm-controller"] and sbatch[0]["env"] == ["SLURM_CONF"]
+    script = sbatch[0]["stdin"]
+    assert "#SBATCH --job-name=sparkfleet-dcp2" in script.splitlines()
+    assert "#SBATCH --nodelist=reddie,asusi,bluey,spark4" in script.splitlines()
+    assert steps(events)["launch:workers"] == "ok" and "would submit Slurm job sparkfleet-dcp2" in \
+        step(events, "launch:workers")["summary"]
+    assert step(events, "launch:head")["summary"] == "would wait for the Slurm job to start rank 0 on reddie"
+    # down --dry-run shows the scancel of what squeue would list, and cancels nothing
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim", "--dry-run")
+    assert code == 0, result(events)
+    assert any(e["event"] == "would" and e.get("command", "").startswith("scancel '<ids of the Slurm jobs named")
+               for e in events), events
+    assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+
+
+def test_up_runs_the_lane_as_one_job_and_status_shows_it(slurm_lab, capsys) -> None:
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    rec = record_of(events)
+    job = rec["data"]["slurm_job"]
+    assert job["name"] == JOB and job["comment"] == f"sparkfleet.run={rec['run_id']}"
+    assert job["nodes"] == ["reddie", "asusi", "bluey", "spark4"] and job["het"] is False
+    assert step(events, "launch:workers")["summary"] == \
+        f"Slurm job {job['job_id']} started rank 1 on asusi, rank 2 on bluey, rank 3 on spark4"
+    assert step(events, "launch:head")["summary"] == f"Slurm job {job['job_id']} started rank 0 on reddie"
+    assert steps(events)["gates"] == "ok"
+    # Slurm's own view: one job of the lane's name and run label, running on the four nodes
+    assert [(j["id"], j["name"], j["state"], j["comment"]) for j in _jobs(slurm_lab)] == [
+        (job["job_id"], JOB, "RUNNING", job["comment"])]
+    # the ranks' containers carry this run's label, one per node (started by the job's tasks)
+    running = lane_containers(slurm_lab, "dcp2")
+    assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
+            for n, cs in running.items()} == {n: [("running", rec["run_id"])] for n in LAB_NODES}
+    code = main(["status", "--profile", "dcp2", "--inventory", "sim", "--json"])
+    status = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [(j["id"], j["state"], j["nodes"]) for j in status["slurm_jobs"]] == [
+        (job["job_id"], "RUNNING", "asusi,bluey,reddie,spark4")]
+    assert sorted((r["node"], r["rank"], r["state"]) for r in status["containers"]) == [
+        ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
+
+
+def test_down_cancels_only_this_lanes_job_and_proves_no_container_remains(slurm_lab, capsys) -> None:
+    """Two foreign jobs look like the lane's: its name without a run label, and a run label under another
+    name. `down` cancels the lane's job only; both foreign jobs are left as they were."""
+    lane = [j for j in _jobs(slurm_lab) if j["name"] == JOB]
+    assert len(lane) == 1, "the lane of the previous test is up"
+    foreign = []
+    for name, comment in ((JOB, "someone else's"), ("sparkfleet-dcp2x", lane[0]["comment"])):
+        r = _slurm(slurm_lab, "sbatch", "--parsable", f"--job-name={name}", f"--comment={comment}",
+                   "--nodelist=station", "--output=/dev/null", "--wrap", "sleep 600")
+        assert r.returncode == 0, r.stderr
+        foreign.append(r.stdout.strip())
+    try:
+        code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+        assert code == 0, result(events)
+        assert step(events, "stop")["summary"] == \
+            f"cancelled Slurm job {lane[0]['id']}; no container of this lane on its nodes"
+        assert sorted(j["id"] for j in _jobs(slurm_lab)) == sorted(foreign)
+        assert _no_lane_container(slurm_lab)
+    finally:
+        _slurm(slurm_lab, "scancel", *foreign)
+        _bounded("the foreign jobs end", lambda: _jobs(slurm_lab) == [])
+
+
+def test_down_of_a_lane_whose_job_is_gone_removes_the_containers_left(slurm_lab, capsys) -> None:
+    """No job of the lane, but two of its containers (run by hand, with its labels): removed, and said so."""
+    for node in ("asusi", "bluey"):
+        made = slurm_lab.exec(node, ["docker", "run", "-d", "--name", f"left-{node}", "--label",
+                                     "sparkfleet.profile=dcp2", "--label", "sparkfleet.run=20261202-000000-000000",
+                                     "--entrypoint", "python3", "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2",
+                                     "-c", "import time; time.sleep(600)"])
+        assert made.returncode == 0, made.stderr
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0, result(events)
+    assert step(events, "stop")["summary"] == ("no Slurm job of this lane, but 2 container(s) of the lane remained "
+                                              "on asusi, bluey: removed 2 container(s) on asusi, bluey")
+    assert _no_lane_container(slurm_lab)
+
+
+def test_a_job_pending_past_the_bound_is_cancelled_naming_slurms_reason(slurm_lab, tmp_path, capsys) -> None:
+    """spark4 drained: the lane's job cannot start and stays pending; past slurm.pending_s `up` cancels it and
+    fails with Slurm's reason; nothing was started and no job is left."""
+    inv = _inventory(slurm_lab, tmp_path, "pending", lambda d: d["slurm"].update(pending_s=3))
+    r = _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=DRAIN", "Reason=sparkfleet test")
+    assert r.returncode == 0, r.stderr
+    try:
+        code, events = run(capsys, *UP[:4], inv, *UP[5:])
+        assert code == 1, result(events)
+        summary = step(events, "launch:workers")["summary"]
+        assert summary.startswith("Slurm job ") and summary.endswith(
+            " still pending after 3 s (slurm.pending_s), Slurm's reason: ReqNodeNotAvail, UnavailableNodes:spark4; "
+            "the job was cancelled, nothing was started"), summary
+        assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+    finally:
+        _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=RESUME")
+
+
+def test_sigterm_while_the_job_is_pending_cancels_it(slurm_lab, tmp_path) -> None:
+    """`kill` of an `up` whose job waits for a drained node: the run's job (no container of it exists yet) is
+    cancelled, found by its name and run label, and `up` exits 143 leaving no job and no container."""
+    inv = _inventory(slurm_lab, tmp_path, "wait", lambda d: d["slurm"].update(pending_s=300))
+    assert _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=DRAIN", "Reason=sparkfleet test").\
+        returncode == 0
+    log = tmp_path / "up.log"
+    up = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", *UP[:4], inv, *UP[5:], "--json"],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=log.open("w"),
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _bounded("the lane's job is pending", lambda: [j for j in _jobs(slurm_lab) if j["name"] == JOB
+                                                       and j["state"] == "PENDING"], 120)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=120) == 143, log.read_text()[-2000:]
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+        _slurm(slurm_lab, "scontrol", "update", "NodeName=spark4", "State=RESUME")
+    res = result([json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")])
+    assert (res["outcome"], res["reason"]) == ("interrupted", "terminated (SIGTERM); every rank of this launch was "
+                                                              "stopped")
+    assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+
+
+def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, capsys) -> None:
+    """asusi's engine crashes while the lane serves: its task exits with the container's code, srun's
+    --kill-on-bad-exit ends the other tasks, and every task's trap removes its container: no job, no container."""
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    job = record_of(events)["data"]["slurm_job"]
+    assert main(["sim", "fault", "asusi", "serve-crash"]) == 0
+    capsys.readouterr()
+    _bounded("the job ends", lambda: _jobs(slurm_lab) == [])
+    _bounded("every container is gone", lambda: _no_lane_container(slurm_lab))
+    out = (slurm_lab.root("asusi") / "tmp" / f"{JOB}-{job['job_id']}.out").read_text()
+    assert "srun: error: asusi: task 0: Exited with exit code" in out, out[-2000:]
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0 and step(events, "stop")["summary"] == \
+        "no Slurm job of this lane; no container of this lane on its nodes"
+
+
+def test_a_rank_dying_at_boot_fails_up_naming_it_and_leaves_no_job(slurm_lab, capsys) -> None:
+    """asusi's engine logs a CUDA error and exits during the boot: `up` fails naming rank 1 on asusi, and the
+    job (ended by --kill-on-bad-exit, or cancelled) and every container of the lane are gone."""
+    slurm_lab.fault("asusi", "engine-fatal")
+    try:
+        code, events = run(capsys, *UP)
+        assert code == 1, result(events)
+        reason = result(events)["reason"]
+        assert reason.startswith("wait_ready: rank 1 ") and "asusi" in reason, reason
+        job = record_of(events)["data"]["slurm_job"]
+        _bounded("the job ends", lambda: _jobs(slurm_lab) == [])
+        _bounded("every container is gone", lambda: _no_lane_container(slurm_lab))
+        out = (slurm_lab.root("asusi") / "tmp" / f"{JOB}-{job['job_id']}.out").read_text()
+        assert "sparkfleet: rank 1's container sf-dcp2-r1 ended with code" in out, out[-2000:]
+    finally:
+        slurm_lab.heal("asusi")
+
+
+def test_the_station_heading_the_sparks_runs_as_one_heterogeneous_job(slurm_lab, capsys) -> None:
+    """llamacpp-lab-station: a GB300 head over four GB10 rpc-servers, through the real llama.cpp. The head's
+    class differs, so the job is heterogeneous (the head's component, then the workers'); the head's task waits
+    until every rpc-server accepts, and the lane serves; `down` leaves no job and no container."""
+    from sparkfleet.sim import llamabuild
+
+    if llamabuild.bin_dir() is None:
+        pytest.skip(f"llama.cpp's RPC binaries are not built ({llamabuild.cache_dir()}): run `make llama-rpc` once")
+    lane, nodes = "llamacpp-lab-station", (*LAB_NODES, "station")
+    try:
+        code, events = run(capsys, "up", "--profile", lane, "--inventory", "sim", "--no-fabric-probe", "--poll", "0.2",
+                           "--probe-seconds", "1")
+        assert code == 0, result(events)
+        job = record_of(events)["data"]["slurm_job"]
+        assert job["het"] is True and job["nodes"] == ["station", *LAB_NODES]
+        # squeue lists a heterogeneous job once per component: the head's (+0) on the Station, the workers' (+1)
+        assert sorted((j["id"], j["nodes"]) for j in _jobs(slurm_lab)) == [
+            (f"{job['job_id']}+0", "station"), (f"{job['job_id']}+1", "asusi,bluey,reddie,spark4")]
+        assert {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(slurm_lab, lane, nodes).items()} \
+            == {n: ["running"] for n in nodes}
+    finally:
+        code, events = run(capsys, "down", "--profile", lane, "--inventory", "sim")
+    assert code == 0, result(events)
+    assert _jobs(slurm_lab) == [] and lane_containers(slurm_lab, lane, nodes) == {n: [] for n in nodes}
+
+
+def _sinfo(sim, node: str) -> str:
+    r = _slurm(sim, "sinfo", "-h", "-N", "-n", node, "-p", "lab", "-o", "%T|%E")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_a_preflight_failure_drains_nothing_by_default_and_the_node_with_the_flag(slurm_lab, capsys) -> None:
+    """bluey's memory below the rank floor fails `check`: plain `up` leaves bluey idle in Slurm; with
+    --drain-on-fail bluey is drained with the finding as Slurm's reason. No job is submitted either way."""
+    slurm_lab.fault("bluey", "low-memory")
+    try:
+        code, events = run(capsys, *UP)
+        assert code == 1 and steps(events)["check"] == "fail", result(events)
+        assert _sinfo(slurm_lab, "bluey") == "idle|none"
+        code, events = run(capsys, *UP, "--drain-on-fail")
+        assert code == 1 and steps(events)["check"] == "fail", result(events)
+        reason = record_of(events)["data"]["slurm_drained"]
+        assert list(reason) == ["bluey"] and reason["bluey"].startswith("sparkfleet ")
+        assert _sinfo(slurm_lab, "bluey") == f"drained|{reason['bluey']}"
+        assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+    finally:
+        slurm_lab.heal("bluey")
+        _slurm(slurm_lab, "scontrol", "update", "NodeName=bluey", "State=RESUME")
 
 
 def test_down_leaves_no_process_file_or_namespace(slurm_lab) -> None:

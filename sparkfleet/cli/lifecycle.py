@@ -76,6 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--soak-minutes", type=float, metavar="M", help="soak length (default: the profile's, else 2)")
     up.add_argument("--no-fabric-probe", dest="fabric_probe", action="store_false",
                     help="skip the measured fabric probe between the ranks (on by default for multi-node lanes)")
+    up.add_argument("--drain-on-fail", action="store_true",
+                    help="launcher: slurm: drain each node that fails preflight, the finding as Slurm's reason "
+                    "(scontrol update State=DRAIN); default: drain nothing")
     add_limit(up, argparse.SUPPRESS)  # refused: a tensor-parallel lane cannot start on part of its nodes
     up.set_defaults(func=run_playbook, playbook="up")
 
@@ -157,6 +160,7 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       stop_on_gate_failure=getattr(args, "stop_on_gate_failure", True),
                       boot_budget_s=args.boot_budget, stall_s=args.stall_after, poll_s=args.poll,
                       endpoint=args.endpoint, fabric_probe=getattr(args, "fabric_probe", True),
+                      drain_on_fail=getattr(args, "drain_on_fail", False),
                       no_probe=getattr(args, "no_probe", False),
                       probe_seconds=probe_seconds(args), **extra)
 
@@ -186,6 +190,13 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         raise UserError(f"{where}probe: required (profile {profile}): --no-probe is refused; the clock latch "
                         "(FM-09) must be judged under load before this lane starts")
     inventory = fleet_inventory(sp, args.inventory)
+    if inventory.launcher == "slurm" and inventory.slurm is not None and not inventory.slurm.ssh:
+        raise UserError(f"inventory {inventory.name!r}: slurm.ssh: false (compute nodes without SSH) is not supported "
+                        "yet: preflight, the ranks' containers and the cleanup through srun are not built "
+                        "(docs/scale-out.md); nothing was done")
+    if options.drain_on_fail and inventory.launcher != "slurm":
+        raise UserError(f"--drain-on-fail drains nodes in Slurm: inventory {inventory.name!r} has launcher: "
+                        f"{inventory.launcher} (nothing was done)")
     if getattr(args, "limit", None):
         from sparkfleet.placement import place
 

@@ -21,8 +21,9 @@ from sparkfleet.cli.common import (
     spec,
 )
 from sparkfleet.naming import PROFILE_LABEL as LABEL
-from sparkfleet.naming import RANK_LABEL, RUN_LABEL
+from sparkfleet.naming import RANK_LABEL, RUN_LABEL, slurm_job_name
 from sparkfleet.schema.errors import UserError
+from sparkfleet.slurm.ops import jobs_now as slurm_jobs_now
 
 ORDER = 14
 
@@ -163,13 +164,31 @@ def run_status(args: argparse.Namespace) -> int:
     finally:
         transport.close()
     unreachable = [r for r in rows if "error" in r]
+    jobs = slurm_jobs_now(inv, args.profile and slurm_job_name(args.profile)) if inv.launcher == "slurm" else []
+    slurm = {"slurm_jobs": jobs} if isinstance(jobs, list) else {"slurm_error": jobs}
+    bad = unreachable or isinstance(jobs, str)
     if args.json:
-        print_json({"containers": rows, "lanes": lanes})
-        return EXIT_FAIL if unreachable else EXIT_OK
+        print_json({"containers": rows, "lanes": lanes, **(slurm if inv.launcher == "slurm" else {})})
+        return EXIT_FAIL if bad else EXIT_OK
     print_status(rows, lanes, wide=args.wide)
     if not rows:
         out.print("no sparkfleet containers on these nodes")
-    return EXIT_FAIL if unreachable else EXIT_OK
+    if inv.launcher == "slurm":
+        print_jobs(jobs)
+    return EXIT_FAIL if bad else EXIT_OK
+
+
+def print_jobs(jobs: list[dict] | str) -> None:
+    """The lanes' Slurm jobs (launcher: slurm), one line each; or why squeue could not say."""
+    if isinstance(jobs, str):
+        err.print(f"sparkfleet: status: cannot list the Slurm jobs (squeue): {jobs}", markup=False)
+        return
+    for j in jobs:
+        why = f", reason {j['reason']}" if j["state"] == "PENDING" else ""
+        out.print(f"slurm job {j['id']} {j['name']} {j['state']} {j['time']} on {j['nodes']}{why} ({j['comment']})",
+                  markup=False, highlight=False)
+    if not jobs:
+        out.print("no Slurm job of sparkfleet's lanes", markup=False)
 
 
 def _lane_ranks(sp, inv, profile: str | None) -> dict[str, tuple[str, int]]:

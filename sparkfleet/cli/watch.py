@@ -134,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
     inventory = fleet_inventory(sp, args.inventory)
+    if inventory.launcher == "slurm":  # its restart would `docker run` on nodes Slurm did not give it
+        raise UserError(f"watch: inventory {inventory.name!r} has launcher: slurm, and watch does not yet "
+                        "resubmit a Slurm lane's job (its group restart runs docker over SSH); nothing was "
+                        "started (docs/scale-out.md)")
     plan = make_plan(loaded, inventory, sp.playbook(playbook), sp.root)
     if plan.refused:
         print_findings([f for f in plan.findings if f.status == "fail"], err)

@@ -21,6 +21,7 @@ from sparkfleet.runner.record import LaunchRecord, Record
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
+from sparkfleet.slurm.ops import places as slurm_places
 
 
 @dataclass
@@ -43,6 +44,7 @@ class RunOptions:
     gate_args: dict = field(default_factory=dict)  # overrides the playbook's gates step args (only, soak_minutes)
     fabric_probe: bool = True  # up --no-fabric-probe: skip the measured fabric probe
     limit: tuple[str, ...] = ()  # down --limit NODE,...: only these nodes of the lane are touched
+    drain_on_fail: bool = False  # up --drain-on-fail (launcher: slurm): a node preflight fails is drained
 
 
 @dataclass
@@ -83,7 +85,8 @@ class RunContext:
     executor: Executor = field(init=False)  # the one place this run's node commands run (or are shown)
 
     def __post_init__(self) -> None:
-        self.executor = Executor(self.transport, self.inventory.nodes, dry_run=self.options.dry_run,
+        nodes = {**self.inventory.nodes, **slurm_places(self.inventory)}  # launcher: slurm's controller
+        self.executor = Executor(self.transport, nodes, dry_run=self.options.dry_run,
                                  reads=self.options.dry_reads, show=shown_as(self.events.emit),
                                  on_run=shown_as(lambda _would, **line: self.events.emit("command", **line))
                                  if self.options.verbose else None)

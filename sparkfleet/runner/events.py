@@ -80,6 +80,9 @@ class HumanEvents(Events):
             else:
                 self.console.print(f"       would run on {data['node']}:", markup=False)
                 self.console.print(_indent(data.get("command", "")), markup=False)
+                if data.get("stdin"):  # what it reads (sbatch: the job's script)
+                    self.console.print("       reading on stdin:", markup=False)
+                    self.console.print(_indent(data["stdin"]), markup=False)
         elif event == "message":
             self.console.print("       " + data.get("text", ""), markup=False)
         elif event == "run":

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sparkfleet.engines.logs import LogFacts, feed
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.fleet import ops
+from sparkfleet.runner import slurm_launch
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepGen
 
@@ -88,6 +89,8 @@ def stop_run(ctx: RunContext) -> StepGen:
     """Stop every container of this run on every node of the lane, found by the run's label (not only what
     ctx.started recorded: a Ctrl-C inside a launch wave comes back after each node's `docker run` ended, but
     before the wave's ranks were recorded). Returns the nodes that could not be asked, with why."""
+    if ctx.inventory.launcher == "slurm":  # the run's job (maybe still pending): its traps remove the ranks
+        return (yield from slurm_launch.cancel_run(ctx))
     mine = ops.LaneContainers(ctx.profile.name, running_only=False, run_id=ctx.record.run_id)
     listed = yield ops.on("list this run's containers", {n.name: mine for n in ctx.nodes}, 30)
     found, lost = {}, {}

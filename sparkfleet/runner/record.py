@@ -114,6 +114,23 @@ class PinsRecord(_Open):
     today: list[str] = Field(default_factory=list)
 
 
+class SlurmJobRecord(_Open):
+    """The Slurm job a lane ran as (launcher: slurm): what `down` cancels and `status` shows."""
+
+    job_id: str
+    name: str  # sbatch --job-name (naming.slurm_job_name)
+    comment: str  # the run label (sparkfleet.run=<run id>): with the name, how the lane finds its own jobs
+    nodes: list[str] = Field(default_factory=list)  # head first
+    het: bool = False
+    submitted_at: float | None = None
+    running_at: float | None = None  # when squeue first said RUNNING
+    state: str | None = None  # the last state seen (squeue %T / scontrol JobState)
+    reason: str | None = None  # Slurm's reason with it (a pending job's, or why it ended)
+    batch_host: str | None = None  # the node whose /tmp holds the job's output
+    output: str | None = None  # the job's output file there (scontrol StdOut)
+    script: str = ""  # the sbatch script as submitted
+
+
 class RecordData(BaseModel):
     """Every key a run (the runner's steps) or a watch incident writes; another key is a bug, refused on write."""
 
@@ -138,6 +155,8 @@ class RecordData(BaseModel):
     unreachable: dict[str, Doc] | None = None  # stop: node -> {rank, kind, why, remedy}: it may still run there
     # the launch and what served
     launches: list[LaunchRecord] | None = None
+    slurm_job: SlurmJobRecord | None = None  # launcher: slurm: the job the lane ran as
+    slurm_drained: dict[str, str] | None = None  # up --drain-on-fail: node -> the reason Slurm was given
     wait_ready: Doc | None = None  # poll_s, polls, poll_started, failed_rank, failed_node, detected_at
     autotune_shape_changes: list[str] | None = None
     autotune_seeded: list[str] | None = None

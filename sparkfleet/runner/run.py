@@ -13,6 +13,7 @@ from sparkfleet.fleet.op import NoConnection
 from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from sparkfleet.root import state_dir
+from sparkfleet.runner import slurm_launch
 from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock, NodeLock
@@ -24,6 +25,7 @@ from sparkfleet.runner.steps import DRY, STEPS
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
+from sparkfleet.slurm.ops import places as slurm_places
 from sparkfleet.slurm.ops import refusals_now
 
 
@@ -86,7 +88,7 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     with _signals(), FleetLock(state / "locks" / f"{inventory.name}.lock", command):
         # --dry-run opens no connection at all: a transport that refuses any use (--dry-run=facts reads)
         transport = NoConnection() if options.dry_run and not options.dry_reads else transport_for(
-            [r.node for r in plan.ranks])
+            [r.node for r in plan.ranks] + list(slurm_places(inventory).values()))  # + the Slurm controller
         ctx = RunContext(spec, loaded, inventory, playbook, plan, transport, record, events, options, state)
         lock = NodeLock(ctx)
         try:
@@ -162,6 +164,8 @@ def _steps(ctx: RunContext) -> None:
         events.step(name, result.status, result.summary, elapsed_s=elapsed)
         if result.status == "fail":
             record.outcome, record.reason = "failed", f"{name}: {result.summary}"
+            if ctx.options.drain_on_fail and st.step in slurm_launch.PREFLIGHT:  # up --drain-on-fail
+                drive(ctx, slurm_launch.drain(ctx, result))
             return
     record.outcome = "ok"
 

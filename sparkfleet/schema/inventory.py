@@ -154,6 +154,8 @@ class Slurm(Strict):
     reservation: str | None = None
     login: Ssh | None = None  # a login node the Slurm commands run on, over SSH
     ssh: bool = True  # False: compute nodes cannot be reached over SSH (preflight and status go through srun)
+    # a submitted job still pending this long is cancelled and `up` fails naming Slurm's reason (squeue %r)
+    pending_s: float = Field(300.0, gt=0)
 
     @field_validator("conf")
     @classmethod

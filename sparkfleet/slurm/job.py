@@ -122,5 +122,8 @@ def task_script(launches: list[Launch], inventory: Inventory) -> str:
             "docker logs -f \"$C\" &  # the rank's log is the task's output",
             "docker wait \"$C\" >/dev/null & wait $!  # in the background, so a signal reaches the trap at once",
             "code=$(docker inspect -f '{{.State.ExitCode}}' \"$C\")",
-            "exit \"${code:-1}\"  # no container left to ask: it was removed under the task", ""]
+            "echo \"sparkfleet: rank $RANK's container $C ended with code ${code:-unknown}\" >&2",
+            "# a serving rank never ends on its own: any end, code 0 too, fails the task and so ends the group",
+            "[ \"${code:-1}\" != 0 ] || code=1",
+            "exit \"${code:-1}\"  # no code: the container was removed under the task", ""]
     return "\n".join(out)

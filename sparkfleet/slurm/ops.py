@@ -8,12 +8,16 @@ by the lane's job name and kept only when their comment is the run label (slurm/
 from __future__ import annotations
 
 import shlex
+from typing import TypeVar
 
+from sparkfleet import naming
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.op import Executor, NodeCommands, OpGen, query
 from sparkfleet.schema.inventory import Inventory, Node, Ssh, Storage
 from sparkfleet.slurm import cluster
 from sparkfleet.slurm.job import Job
+
+T = TypeVar("T")
 
 CONTROLLER = "slurm-controller"  # where sbatch/squeue/scancel run (not a node of the inventory)
 SEPARATOR = "--sparkfleet--"
@@ -72,10 +76,20 @@ def parse_submitted(stdout: str) -> str:
     return stdout.strip().splitlines()[-1].split(";")[0]
 
 
-def lane_jobs(inv: Inventory, job_name: str) -> NodeCommands:
-    """The lane's jobs as squeue lists them: id, name, comment (the run label), state, reason."""
-    op = query(f"list Slurm jobs named {job_name}",
-               {CONTROLLER: f"squeue -h --name={shlex.quote(job_name)} -o '%i|%j|%k|%T|%r'"}, timeout_s=30)
+# squeue's fields for a job (squeue(1) "-o <output_format>"); the comment last, since a foreign job's
+# comment is free text and may hold the separator
+JOB_FIELDS = (("id", "%i"), ("name", "%j"), ("state", "%T"), ("reason", "%r"), ("nodes", "%N"),
+              ("time", "%M"), ("comment", "%k"))
+JOB_FORMAT = "|".join(code for _, code in JOB_FIELDS)
+ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "TIMEOUT")  # squeue(1) "JOB STATE CODES" a job does not leave again
+
+
+def lane_jobs(inv: Inventory, job_name: str | None) -> NodeCommands:
+    """Jobs as squeue lists them (JOB_FIELDS): those named `job_name`, or every job (None; status of all lanes)."""
+    name = f" --name={shlex.quote(job_name)}" if job_name else ""
+    op = query(f"list Slurm jobs{' named ' + job_name if job_name else ''}",
+               {CONTROLLER: f"squeue -h{name} -o {shlex.quote(JOB_FORMAT)}"}, timeout_s=30)
     op.env = _env(inv)
     return op
 
@@ -84,20 +98,38 @@ def parse_jobs(stdout: str) -> list[dict[str, str]]:
     """squeue lines from lane_jobs; a heterogeneous job is listed once per component (`7+0`, `7+1`)."""
     out = []
     for line in stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 5:
-            out.append(dict(zip(("id", "name", "comment", "state", "reason"), parts, strict=True)))
+        parts = line.split("|", len(JOB_FIELDS) - 1)
+        if len(parts) == len(JOB_FIELDS):
+            out.append(dict(zip((k for k, _ in JOB_FIELDS), parts, strict=True)))
     return out
 
 
-def ours(jobs: list[dict[str, str]], job_name: str, comment_prefix: str) -> list[str]:
-    """Ids of the jobs this lane submitted (its name, and a run label as comment), each once."""
+def ours(jobs: list[dict[str, str]], job_name: str | None, comment_prefix: str) -> list[str]:
+    """Ids of the jobs this lane submitted (its name, or any lane's with None, and a run label as comment),
+    each once."""
     ids: list[str] = []
     for j in jobs:
         jid = j["id"].split("+")[0]
-        if j["name"] == job_name and j["comment"].startswith(comment_prefix) and jid not in ids:
+        named = j["name"] == job_name if job_name else j["name"].startswith(naming.slurm_job_name(""))
+        if named and j["comment"].startswith(comment_prefix) and jid not in ids:
             ids.append(jid)
     return ids
+
+
+def show_job(inv: Inventory, job_id: str) -> NodeCommands:
+    """`scontrol -o show job ID`: state, reason, exit code, batch host and output file of one job (Slurm keeps
+    an ended job for MinJobAge, 300 s by default; then it answers `Invalid job id specified`)."""
+    op = query(f"read Slurm job {job_id}", {CONTROLLER: f"scontrol -o show job {shlex.quote(job_id)}"},
+               timeout_s=30)
+    op.env = _env(inv)
+    return op
+
+
+def parse_job(stdout: str) -> dict[str, str]:
+    """The first record of `scontrol -o show job` (a heterogeneous job prints one per component, the first
+    being the job's own), as its Key=value fields."""
+    lines = [x for x in stdout.splitlines() if x.startswith("JobId=")]
+    return cluster.fields(lines[0].strip()) if lines else {}
 
 
 def cancel(inv: Inventory, ids: list[str]) -> NodeCommands:
@@ -107,16 +139,52 @@ def cancel(inv: Inventory, ids: list[str]) -> NodeCommands:
     return op
 
 
-def refusals_now(inv: Inventory, lane_nodes: list[str], *, dry_run: bool = False) -> list[Finding]:
-    """Read the cluster now (a read: it runs under --dry-run=facts, not under --dry-run) and say what refuses
-    the lane; for `plan` and `up` before anything is submitted."""
-    if inv.launcher != "slurm" or dry_run:
-        return []
+def drain(inv: Inventory, reasons: dict[str, str]) -> NodeCommands:
+    """Drain nodes with a reason each (scontrol(1) `update NodeName=... State=DRAIN Reason=...`; Slurm needs a
+    reason to drain): the scheduler gives them to no job until an admin sets State=RESUME."""
+    cmd = " && ".join(f"scontrol update NodeName={shlex.quote(n)} State=DRAIN Reason={shlex.quote(r)}"
+                      for n, r in reasons.items())
+    op = NodeCommands(f"drain {', '.join(reasons)} in Slurm", {CONTROLLER: cmd}, timeout_s=60)
+    op.env = _env(inv)
+    return op
+
+
+def places(inv: Inventory) -> dict[str, Node]:
+    """The places besides the inventory's nodes a run's executor must reach: the Slurm controller (or login
+    node) for launcher: slurm, nothing otherwise. runner/run.py adds them to the run's transport and executor."""
+    return {CONTROLLER: controller(inv)} if inv.launcher == "slurm" else {}
+
+
+def drive_here(inv: Inventory, gen: OpGen[T]) -> T:
+    """Drive controller-side operations now, outside a run (plan's refusals, status): no dry-run."""
     from sparkfleet.fleet.connect import transport_for
 
     ctl = controller(inv)
     transport = transport_for([ctl])
     try:
-        return Executor(transport, {CONTROLLER: ctl}).drive(check(inv, lane_nodes))
+        return Executor(transport, {CONTROLLER: ctl}).drive(gen)
     finally:
         transport.close()
+
+
+def refusals_now(inv: Inventory, lane_nodes: list[str], *, dry_run: bool = False) -> list[Finding]:
+    """Read the cluster now (a read: it runs under --dry-run=facts, not under --dry-run) and say what refuses
+    the lane; for `plan` and `up` before anything is submitted."""
+    if inv.launcher != "slurm" or dry_run:
+        return []
+    return drive_here(inv, check(inv, lane_nodes))
+
+
+def jobs_now(inv: Inventory, job_name: str | None) -> list[dict[str, str]] | str:
+    """sparkfleet's jobs (this lane's with `job_name`, every lane's with None) as squeue lists them now, each
+    carrying a run label; a string when squeue failed (why). For `status`."""
+    def read() -> OpGen[list[dict[str, str]] | str]:
+        res = (yield lane_jobs(inv, job_name))
+        r = (res or {}).get(CONTROLLER)
+        if r is None or not r.ok:
+            return (r.message or r.stderr.strip() or f"exit {r.exit_code}")[-300:] if r else "not run"
+        jobs = parse_jobs(r.stdout)
+        keep = set(ours(jobs, job_name, naming.RUN_LABEL + "="))
+        return [j for j in jobs if j["id"].split("+")[0] in keep]
+
+    return drive_here(inv, read())

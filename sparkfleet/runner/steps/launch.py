@@ -12,7 +12,7 @@ from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.fleet import ops
-from sparkfleet.runner import progress
+from sparkfleet.runner import progress, slurm_launch
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
 from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands
@@ -56,6 +56,8 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
         var = engine_for(ctx.profile.engine).api_key_var
         assert var is not None  # a lane rule refuses api_key_env for an engine without one
         env = {var: key or ""}
+    if ctx.inventory.launcher == "slurm":  # one Slurm job starts every rank (runner/slurm_launch.py)
+        return (yield from slurm_launch.launch(ctx, chosen, env))
     dry = False
     for wave in sorted({x.wave for x in chosen}):
         batch = [x for x in chosen if x.wave == wave]
@@ -140,6 +142,8 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
                                "lines": ctx.log_facts.get(r, LogFacts()).lines_seen}
                               for r, (n, s) in sorted(states.items())])
             failure = launch_failure(ctx, states)
+            if failure and ctx.inventory.launcher == "slurm":  # the job's view: which task failed first
+                failure = yield from slurm_launch.explain(ctx, failure, states)
             if failure:
                 rank, node, why = failure
                 watch.update(failed_rank=rank, failed_node=node, detected_at=round(time.time(), 3))

@@ -7,6 +7,7 @@ import time
 from sparkfleet.findings import Finding
 from sparkfleet.fleet import ops
 from sparkfleet.fleet.op import placeholder
+from sparkfleet.runner import slurm_launch
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepGen, StepResult
 from sparkfleet.schema.playbook import Step
@@ -46,6 +47,13 @@ def unreached(ctx: RunContext, bad: dict[str, ops.NodeError]) -> tuple[list[Find
 
 
 def stop(ctx: RunContext, st: Step) -> StepGen:
+    """The lane's Slurm job first when it runs as one (slurm_launch.stop), then its containers (below)."""
+    if ctx.inventory.launcher == "slurm":
+        return (yield from slurm_launch.stop(ctx, st, containers))
+    return (yield from containers(ctx, st))
+
+
+def containers(ctx: RunContext, st: Step) -> StepGen:
     """Stop every container of this lane on every node that answers, wait until they are gone, then fail
     naming each node that could not be asked (and the rank that may still run there).
 
