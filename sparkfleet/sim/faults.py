@@ -701,5 +701,28 @@ ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall", "bimodal"}
 APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing, "bimodal": _nothing})
 
 
+# -- clock-skew (FM-40's Station clock): the node's own wall clock is off -------------------------------------
+
+CLOCK_SKEW_S = -300.0  # sim input: the default skew, 5 minutes behind (the seeds give no figure)
+
+
+def _clock_skew(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    from sparkfleet.sim import clock
+
+    seconds = float(params.get("seconds", CLOCK_SKEW_S))
+    if seconds == 0 or abs(seconds) > 10 * 365 * 86400:
+        raise UserError(f"clock-skew --seconds {seconds:g}: expected a skew other than 0 (negative: the node's "
+                        "clock is behind), of at most ten years")
+    clock.build(root.parent / "bin")  # before render names it in the node's /etc/ld.so.preload
+    return {"seconds": seconds}
+
+
+KINDS["clock-skew"] = Kind(
+    "clock-skew", f"the node's wall clock is --seconds off (default {CLOCK_SKEW_S:g}: behind): `date`, every "
+    "program's time and the times on its files read the node's clock, not the controller's (Go programs such "
+    "as dockerd excepted: sim/clock.c)", ("seconds",))
+APPLY["clock-skew"] = _clock_skew
+
+
 if __name__ == "__main__":
     sys.exit(_supply_main(sys.argv[1:]))

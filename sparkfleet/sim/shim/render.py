@@ -62,7 +62,8 @@ def gid_entries(port: dict, faults: dict) -> list[tuple[str, str]]:
 
 # Files the node shows at these node paths come from the sim (bind-mounted over the real ones when the node
 # starts, so they are rewritten in place, never replaced): node path -> file under R/STATE/node/.
-BOUND_FILES = ("/proc/meminfo", "/proc/uptime", "/etc/hostname", "/etc/mtab", "/etc/default/earlyoom")
+BOUND_FILES = ("/proc/meminfo", "/proc/uptime", "/etc/hostname", "/etc/mtab", "/etc/default/earlyoom",
+               "/etc/ld.so.preload", "/etc/sparkfleet-sim-clock")
 
 
 def bound_source(root: Path, node_path: str) -> Path:
@@ -84,6 +85,9 @@ def desired_tree(root: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
         "/proc/uptime": node["uptime"] + "\n",
         # what getmntent(3) reads: the lab's filesystems (NFS, XFS, CIFS cannot be mounted here)
         "/etc/mtab": "".join(" ".join(r) + " 0 0\n" for r in mount_rows(node, faults)),
+        # the clock-skew fault's node clock (sim/clock.py): named for every program the node starts while on
+        "/etc/ld.so.preload": "/usr/local/bin/sim-clock.so\n" if "clock-skew" in faults else "",
+        "/etc/sparkfleet-sim-clock": f"{faults['clock-skew']['seconds']:g}\n" if "clock-skew" in faults else "0\n",
     }
     files: dict[str, str] = {}
     size = node["sim"]["gid_table_size"]
