@@ -282,6 +282,44 @@ def test_changed_kernel_shapes_are_named_before_the_station_retunes(sim, capsys,
         "cannot help; the first boot retunes (75-90 min, LCH-G3)"]
 
 
+STATION_CACHE = "/home/milo/dsv41/vllm-cache"  # the lab inventory's cache_dir on the station (INV-55)
+TUNE_DIRS = "flashinfer_autotune_cache"  # where the lab's engine keeps its hash dirs (sim/values.py AUTOTUNE_SUBDIR)
+
+
+def test_a_station_clock_behind_the_controllers_still_gets_its_new_hash_dir_seeded(sim, capsys, station_down) -> None:
+    """FM-40: a hash-input change that leaves kernel shapes alone (--max-model-len, LCH-G2) makes the Station's vLLM
+    tune into a new, empty hash dir, 74 minutes unless the newest configs land there before the tuner reads it.
+    The Station's clock is 5 minutes behind the controller's: `up` still seeds the new dir, judging "new" by the
+    Station's own clock, and the engine loads the seeded configs instead of retuning."""
+    import time
+
+    from tests.cli_run import container_log, record_of
+
+    cache = sim.root("station") / STATION_CACHE.lstrip("/") / TUNE_DIRS
+    code, events = run(capsys, *STATION_UP)  # the tuned hash dir a good run leaves (a cold tune on a new lab)
+    assert code == 0, result(events)
+    before = {d.name for d in cache.iterdir()}
+    assert [d for d in before if (cache / d / "autotune_configs.json").is_file()]
+
+    sim.fault("station", "clock-skew", seconds=-300)
+    station_now = float(sim.exec("station", ["date", "+%s.%N"]).stdout)
+    assert -310 < station_now - time.time() < -290  # the node's own clock, not the controller's
+    code, events = run(capsys, *STATION_UP, "-o", "flags.--max-model-len=524288")
+    assert code == 0, result(events)
+    new = sorted({d.name for d in cache.iterdir()} - before)
+    assert len(new) == 1, new  # the changed launch's hash dir, made by the engine as it started
+    seeded = f"{STATION_CACHE}/{TUNE_DIRS}/{new[0]}"
+    assert [e["text"] for e in events if e["event"] == "message" and "autotune" in e["text"]] == [
+        f"seeded autotune cache {seeded} on station"]
+    rec = record_of(events)
+    assert rec["data"]["autotune_seeded"] == [seeded]
+    assert rec["data"]["log_facts"]["0"]["autotune_loaded"] == 168  # the configs of the first run's tune
+    [rank] = lane_containers(sim, "gb300-v23", ("station",))["station"]
+    log = container_log(sim, "station", rank["Id"])
+    assert f"[Autotuner]: Loaded 168 configs from /root/.cache/vllm/{TUNE_DIRS}/{new[0]}/autotune_configs.json" in log
+    assert "Autotuning process starts" not in log  # no retune
+
+
 # -- the chat template: pinned by sha256 on every rank ---------------------------------------------------------
 
 TEMPLATE = "/opt/templates/dsv41-1017.jinja"  # where the lane's engine reads its chat template, in the container
