@@ -109,10 +109,32 @@ def _ours(facts, ranks: dict[str, tuple[str, int]] | None = None) -> list[dict]:
             continue
         for c in (f.docker.containers if f.docker else []):
             if LABEL in c.labels:
-                rows.append({"node": node, "profile": c.labels[LABEL], "rank": int(c.labels.get(RANK_LABEL, -1)),
-                             "run": c.labels.get(RUN_LABEL), "container": c.name, "id": c.id,
-                             "state": c.state, "started_at": c.started_at, "simulated": f.simulated})
+                row = {"node": node, "profile": c.labels[LABEL], "rank": int(c.labels.get(RANK_LABEL, -1)),
+                       "run": c.labels.get(RUN_LABEL), "container": c.name, "id": c.id, "state": c.state,
+                       "started_at": c.started_at, "simulated": f.simulated}
+                if c.exit_code is not None:
+                    row["exit_code"] = c.exit_code
+                rows.append({**row, **rebooted_under(node, f, c, row["profile"], row["rank"])})
     return rows
+
+
+def rebooted_under(node: str, f, c, profile: str, rank: int) -> dict:
+    """A rank that stopped because its node rebooted under it (power lost, a watchdog reset: FM-25): the node
+    booted after the container started and before docker marked it ended (dockerd marks a container it finds
+    dead at boot then). Both times are the node's own, from one facts run. {} for any other container."""
+    from sparkfleet.metrics.collector import docker_time
+
+    booted, started = f.booted_at(), docker_time(c.started_at)
+    finished = docker_time(c.finished_at)
+    if c.state == "running" or booted is None or started is None or started >= booted or \
+            (finished is not None and finished < booted):
+        return {}
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(booted))
+    return {"rebooted_at": at,
+            "note": f"{node} rebooted at {at} (its uptime), after rank {rank} started at {c.started_at}: the "
+                    "rank ended with it, and the lane cannot serve without it",
+            "remedy": f"start the whole lane again: `sparkfleet up --profile {profile}` (a tensor-parallel lane "
+                      f"cannot take one rank back; `sparkfleet watch --profile {profile}` restarts it by itself)"}
 
 
 def _endpoint_status(base: str) -> dict:
@@ -162,14 +184,14 @@ def run_status(args: argparse.Namespace) -> int:
             lanes[args.profile] = _endpoint_status(args.endpoint.rstrip("/"))
     finally:
         transport.close()
-    unreachable = [r for r in rows if "error" in r]
+    failed = [r for r in rows if "error" in r or "note" in r]  # a node unanswered, or a rank lost to a reboot
     if args.json:
         print_json({"containers": rows, "lanes": lanes})
-        return EXIT_FAIL if unreachable else EXIT_OK
+        return EXIT_FAIL if failed else EXIT_OK
     print_status(rows, lanes, wide=args.wide)
     if not rows:
         out.print("no sparkfleet containers on these nodes")
-    return EXIT_FAIL if unreachable else EXIT_OK
+    return EXIT_FAIL if failed else EXIT_OK
 
 
 def _lane_ranks(sp, inv, profile: str | None) -> dict[str, tuple[str, int]]:
@@ -210,7 +232,7 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
 
     sim = any(r.get("simulated") for r in rows)
     cols = [Column(c) for c in ("node", "lane", "rank", "state", "since", "container")]
-    errors = any("error" in r for r in rows)
+    errors = any("error" in r or "note" in r for r in rows)
     if errors:
         cols.append(Column("reason", wrap=True))
     table = []
@@ -219,8 +241,10 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
             row = [r["node"], r.get("profile", ""), str(r.get("rank", "")), Text(UNREACHABLE, style="red"), "", "",
                    r["error"]]
         else:
-            row = [r["node"], r["profile"], str(r["rank"]), r["state"], r["started_at"] or "", r["container"]]
-            row += [""] if errors else []
+            state = r["state"] + (f" ({r['exit_code']})" if "exit_code" in r else "")
+            row = [r["node"], r["profile"], str(r["rank"]), Text(state, style="red") if "note" in r else state,
+                   r["started_at"] or "", r["container"]]
+            row += [f"{r['note']}; {r['remedy']}" if "note" in r else ""] if errors else []
         table.append(row)
     if rows:
         render(cols, table, wide=wide, title="sparkfleet status" + (" [simulation]" if sim else ""))

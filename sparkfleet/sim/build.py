@@ -132,7 +132,7 @@ def node_state(inv: Inventory, node: Node, ordinal: int) -> dict:
                     "swap_kb": round(sim["swap_gib"] * KIB_PER_GIB),
                     "cached_kb": round(values.MEM_CACHED_GIB * KIB_PER_GIB),
                     "buffers_kb": values.MEM_BUFFERS_MIB * 1024},
-        "uptime": f"{uptime:.2f} {uptime * sim['cpus'] * values.IDLE_FRACTION:.2f}",
+        "uptime": shim.uptime_state(uptime, sim["cpus"] * values.IDLE_FRACTION),
         "mounts": mounts,
         "storage": st.model_dump(mode="json"),
         "cifs": {"source": values.CIFS_SOURCE, "options": values.CIFS_OPTIONS},
