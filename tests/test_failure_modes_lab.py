@@ -242,6 +242,19 @@ def test_up_refuses_a_lane_its_rules_refuse(sim, capsys, profile, extra, check_n
     assert failed[0]["message"].startswith(message), failed[0]["message"]
 
 
+def test_a_node_whose_clock_is_off_is_named_by_check(sim, capsys) -> None:
+    """bluey's own clock 5 minutes behind (sim fault clock-skew: the node's clock, not this machine's): `check`
+    warns on that node alone, by how far its clock is off the lane's other ranks."""
+    import re
+
+    sim.fault("bluey", "clock-skew", seconds=-300)
+    code, fs = check(capsys, "dcp2")
+    [(node, _, status, message)] = judged(fs, "drift")
+    assert (node, status) == ("bluey", "warn")
+    m = re.fullmatch(r"clock ([+-]\d+\.\d\d) s off the lane's other ranks", message)
+    assert m and -302 < float(m.group(1)) < -298, message
+
+
 # -- the Station's boot: what `up` sees while the lane comes up ---------------------------------------------
 
 STATION_UP = ["up", "--profile", "gb300-v23", "--inventory", "sim", *FAST,
