@@ -7,7 +7,9 @@
    the same clock (stat reports them shifted, utimensat stores them unshifted), so the node sees the files it
    makes stamped in its own time, as a node whose real clock is off does. Monotonic clocks are left alone (a
    wrong wall clock does not change them). Go programs (dockerd, runc) call the kernel themselves and keep the
-   true time: the lab's dockerd stamps containers with this machine's clock. */
+   true time, and so do a real dockerd's containers (their /etc is their image's): the lab's dockerd stamps
+   containers, and a rank's own log lines, with this machine's clock; files a container makes still read back in
+   the node's time, as any file does. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
