@@ -90,7 +90,7 @@ def keep_uptime(root: Path, every_s: float = 1.0) -> None:
 
     path = bound_source(root, "/proc/uptime")
     while True:
-        with contextlib.suppress(OSError, ValueError, KeyError):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # a state file mid-write: next second
             with locked(root):
                 write_in_place(path, uptime_line(load(root, "node.json")).encode())
         time.sleep(every_s)
