@@ -321,16 +321,16 @@ def test_a_station_clock_behind_the_controllers_still_gets_its_new_hash_dir_seed
     assert code == 0, result(events)
     new = sorted({d.name for d in cache.iterdir()} - before)
     assert len(new) == 1, new  # the changed launch's hash dir, made by the engine as it started
+    [rank] = lane_containers(sim, "gb300-v23", ("station",))["station"]
+    log = container_log(sim, "station", rank["Id"])
+    assert "Autotuning process starts" not in log  # no retune: unseeded, the engine tunes here (74 min on a Station)
+    assert f"[Autotuner]: Loaded 168 configs from /root/.cache/vllm/{TUNE_DIRS}/{new[0]}/autotune_configs.json" in log
     seeded = f"{STATION_CACHE}/{TUNE_DIRS}/{new[0]}"
     assert [e["text"] for e in events if e["event"] == "message" and "autotune" in e["text"]] == [
         f"seeded autotune cache {seeded} on station"]
     rec = record_of(events)
     assert rec["data"]["autotune_seeded"] == [seeded]
     assert rec["data"]["log_facts"]["0"]["autotune_loaded"] == 168  # the configs of the first run's tune
-    [rank] = lane_containers(sim, "gb300-v23", ("station",))["station"]
-    log = container_log(sim, "station", rank["Id"])
-    assert f"[Autotuner]: Loaded 168 configs from /root/.cache/vllm/{TUNE_DIRS}/{new[0]}/autotune_configs.json" in log
-    assert "Autotuning process starts" not in log  # no retune
 
 
 # -- the chat template: pinned by sha256 on every rank ---------------------------------------------------------
