@@ -99,8 +99,8 @@ def test_status_up_and_restore_during_the_outage_name_the_node_and_a_later_down_
     assert main(["status", *LANE, "--json"]) == 1  # the lane lost a rank
     [row] = json.loads(capsys.readouterr().out)["containers"]
     assert (row["node"], row["rank"], row["state"], row["exit_code"]) == ("bluey", 2, "exited", 255)
-    assert row["note"] == (f"bluey rebooted at {row['rebooted_at']} (its uptime), after rank 2 started at "
-                           f"{row['started_at']}: the rank ended with it, and the lane cannot serve without it")
+    assert row["note"] == (f"bluey rebooted at {row['rebooted_at']} (from its uptime), after rank 2 started at "
+                           f"{row['started_at']}: the lane lost this rank")
     assert row["remedy"] == ("start the whole lane again: `sparkfleet up --profile dcp2` (a tensor-parallel lane "
                              "cannot take one rank back; `sparkfleet watch --profile dcp2` restarts it by itself)")
     assert row["started_at"] < row["rebooted_at"]  # both RFC 3339 UTC: they sort as times

@@ -119,20 +119,18 @@ def _ours(facts, ranks: dict[str, tuple[str, int]] | None = None) -> list[dict]:
 
 
 def rebooted_under(node: str, f, c, profile: str, rank: int) -> dict:
-    """A rank that stopped because its node rebooted under it (power lost, a watchdog reset: FM-25): the node
-    booted after the container started and before docker marked it ended (dockerd marks a container it finds
-    dead at boot then). Both times are the node's own, from one facts run. {} for any other container."""
+    """A rank its node rebooted under (power lost, a watchdog reset: FM-25): not running, and started before the
+    node's boot, both times the node's own (its uptime and clock from one facts run, docker's StartedAt). However it
+    ended (dockerd marks a rank it finds dead at boot exited 255), the lane lost it. {} for any other container."""
     from sparkfleet.metrics.collector import docker_time
 
     booted, started = f.booted_at(), docker_time(c.started_at)
-    finished = docker_time(c.finished_at)
-    if c.state == "running" or booted is None or started is None or started >= booted or \
-            (finished is not None and finished < booted):
+    if c.state == "running" or booted is None or started is None or started >= booted:
         return {}
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(booted))
     return {"rebooted_at": at,
-            "note": f"{node} rebooted at {at} (its uptime), after rank {rank} started at {c.started_at}: the "
-                    "rank ended with it, and the lane cannot serve without it",
+            "note": f"{node} rebooted at {at} (from its uptime), after rank {rank} started at {c.started_at}: the "
+                    "lane lost this rank",
             "remedy": f"start the whole lane again: `sparkfleet up --profile {profile}` (a tensor-parallel lane "
                       f"cannot take one rank back; `sparkfleet watch --profile {profile}` restarts it by itself)"}
 
