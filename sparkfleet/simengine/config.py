@@ -56,7 +56,6 @@ class Config:
     engram_ranges: list[tuple[int, int, int]] = field(default_factory=list)
     engram_node_local: bool = False
     engram_dir: str = "/engram-local"
-    autotune_configs: int | None = None
     # The FlashInfer autotune of a Station lane (shim/engine.py decides it from the launch): the engine-config hash
     # dir the rank makes when it starts, where the process opens it (autotune_dir) and where vLLM names it
     # (autotune_shown: the container's path); the tuner reads it autotune_read_seconds after the KV line and,
@@ -142,7 +141,6 @@ def _parser() -> argparse.ArgumentParser:
     a("--engram-ranges", help="this rank's Engram rows, 'LAYER:START:END,...'")
     a("--engram-node-local", action="store_true", default=None)
     a("--engram-dir")
-    a("--autotune-configs", type=int, help="print 'Loaded N configs' (Station autotune cache)")
     a("--autotune-dir", help="the FlashInfer autotune hash dir this rank makes at start and its tuner reads")
     a("--autotune-shown", help="the hash dir as the engine names it in its lines (default: --autotune-dir)")
     a("--autotune-read-seconds", type=float, help="seconds after the KV line before the tuner reads the dir")

@@ -180,7 +180,8 @@ class Rank:
         ([000]; the sim: --autotune-read-seconds). A dir holding autotune_configs.json is loaded and nothing is
         tuned ("Loaded 168 configs", LCH-G3); an empty one is tuned, with "nothing in the log but 100% GPU" for 74
         minutes ([000]; the sim: --autotune-tune-seconds with one CPU busy), and the tuned configs written there.
-        The `[Autotuner]:` lines are FlashInfer's autotuner's wording; vLLM's log format wraps them."""
+        The `[Autotuner]:` lines are FlashInfer's autotuner's wording and line numbers as a vLLM log of FlashInfer
+        0.6.14 shows them (the seeds quote only "Loaded 168 configs"); vLLM's log format wraps them here."""
         c = self.cfg
         if not c.autotune_dir:
             return
@@ -332,8 +333,6 @@ class Rank:
         if kv_line and not c.tensorfold:  # vLLM's KV line (from the budget the launch gave); TensorFold prints none
             log.info(p, "gpu_worker.py:376", kv_line)
         report_kv(kv)
-        if c.autotune_configs is not None:  # the Station's FlashInfer autotune hook (the seeds, LCH-G3)
-            log.info(p, "autotuner.py:283", f"Loaded {c.autotune_configs} configs from the FlashInfer autotune cache")
         self.autotune(p)
         captured = time.monotonic()
         if c.rank == 0:  # "Only rank 0 should print progress bar during capture" (gpu_model_runner.py:4606)
