@@ -731,5 +731,16 @@ KINDS["clock-skew"] = Kind(
 APPLY["clock-skew"] = _clock_skew
 
 
+def _clock_unbuilt(t: Target, params: dict[str, Any]) -> None:
+    """heal: the node's bin dir as it was (the library goes once /etc/ld.so.preload no longer names it)."""
+    from sparkfleet.sim import clock
+
+    if t.dir is not None:
+        (t.dir / "bin" / clock.LIBRARY).unlink(missing_ok=True)
+
+
+UNACT["clock-skew"] = _clock_unbuilt
+
+
 if __name__ == "__main__":
     sys.exit(_supply_main(sys.argv[1:]))
