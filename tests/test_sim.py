@@ -127,7 +127,7 @@ def roce_v2_ipv4_index(table: dict[int, tuple[str, str | None]]) -> int | None:
 BIG = 1 << 20  # a file this size or more is compared by inode, size and mtime, not read (below)
 
 
-UPTIME = f"/fs/{shim.STATE}/node/proc/uptime"  # what a node's /proc/uptime shows (sim/shim/render.py)
+UPTIME = f"/{shim.STATE}/node/proc/uptime"  # what a node's /proc/uptime shows (sim/shim/render.py)
 
 
 def snapshot(top: Path) -> dict[str, object]:
@@ -146,7 +146,7 @@ def snapshot(top: Path) -> dict[str, object]:
                 out[rel] = ("link", os.readlink(p))
             elif p.is_dir():
                 out[rel] = ("dir", p.stat().st_mode)
-            elif rel.endswith(UPTIME):
+            elif p.as_posix().endswith(UPTIME):
                 out[rel] = ("counts", p.stat().st_mode)  # a clock: the node's init rewrites it every second
             else:
                 st = p.stat()
