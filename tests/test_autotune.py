@@ -45,6 +45,8 @@ def test_shape_changes_against_the_last_good_run(tmp_path: Path) -> None:
     assert autotune.shape_changes(runs, "gb300-v23", argv) == []
     changed = [*argv[:-1], "8"]
     assert autotune.shape_changes(runs, "gb300-v23", changed) == ["--cudagraph-capture-sizes"]
+    seats = [("16" if a == "24" else a) for a in argv]  # a new hash, the same shapes: seeding works ([000])
+    assert autotune.shape_changes(runs, "gb300-v23", seats) == []
     failed_later = {"profile": "gb300-v23", "outcome": "failed", "data": {"launches": [{"argv": changed}]}}
     (runs / "20261118-2.json").write_text(json.dumps(failed_later))  # a failed run is not a baseline
     assert autotune.shape_changes(runs, "gb300-v23", changed) == ["--cudagraph-capture-sizes"]

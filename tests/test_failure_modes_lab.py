@@ -242,6 +242,19 @@ def test_up_refuses_a_lane_its_rules_refuse(sim, capsys, profile, extra, check_n
     assert failed[0]["message"].startswith(message), failed[0]["message"]
 
 
+def test_a_node_whose_clock_is_off_is_named_by_check(sim, capsys) -> None:
+    """bluey's own clock 5 minutes behind (sim fault clock-skew: the node's clock, not this machine's): `check`
+    warns on that node alone, by how far its clock is off the lane's other ranks."""
+    import re
+
+    sim.fault("bluey", "clock-skew", seconds=-300)
+    code, fs = check(capsys, "dcp2")
+    [(node, _, status, message)] = judged(fs, "drift")
+    assert (node, status) == ("bluey", "warn")
+    m = re.fullmatch(r"clock ([+-]\d+\.\d\d) s off the lane's other ranks", message)
+    assert m and -302 < float(m.group(1)) < -298, message
+
+
 # -- the Station's boot: what `up` sees while the lane comes up ---------------------------------------------
 
 STATION_UP = ["up", "--profile", "gb300-v23", "--inventory", "sim", *FAST,
@@ -280,6 +293,44 @@ def test_changed_kernel_shapes_are_named_before_the_station_retunes(sim, capsys,
     assert shape_messages(events) == [
         "kernel shapes changed since the last good run (--cudagraph-capture-sizes): seeding the autotune cache "
         "cannot help; the first boot retunes (75-90 min, LCH-G3)"]
+
+
+STATION_CACHE = "/home/milo/dsv41/vllm-cache"  # the lab inventory's cache_dir on the station (INV-55)
+TUNE_DIRS = "flashinfer_autotune_cache"  # where the lab's engine keeps its hash dirs (sim/values.py AUTOTUNE_SUBDIR)
+
+
+def test_a_station_clock_behind_the_controllers_still_gets_its_new_hash_dir_seeded(sim, capsys, station_down) -> None:
+    """FM-40: a hash-input change that leaves kernel shapes alone (--max-model-len, LCH-G2) makes the Station's vLLM
+    tune into a new, empty hash dir, 74 minutes unless the newest configs land there before the tuner reads it.
+    The Station's clock is 5 minutes behind the controller's: `up` still seeds the new dir, judging "new" by the
+    Station's own clock, and the engine loads the seeded configs instead of retuning."""
+    import time
+
+    from tests.cli_run import container_log, record_of
+
+    cache = sim.root("station") / STATION_CACHE.lstrip("/") / TUNE_DIRS
+    code, events = run(capsys, *STATION_UP)  # the tuned hash dir a good run leaves (a cold tune on a new lab)
+    assert code == 0, result(events)
+    before = {d.name for d in cache.iterdir()}
+    assert [d for d in before if (cache / d / "autotune_configs.json").is_file()]
+
+    sim.fault("station", "clock-skew", seconds=-300)
+    station_now = float(sim.exec("station", ["date", "+%s.%N"]).stdout)
+    assert -310 < station_now - time.time() < -290  # the node's own clock, not the controller's
+    code, events = run(capsys, *STATION_UP, "-o", "flags.--max-model-len=524288")
+    assert code == 0, result(events)
+    new = sorted({d.name for d in cache.iterdir()} - before)
+    assert len(new) == 1, new  # the changed launch's hash dir, made by the engine as it started
+    [rank] = lane_containers(sim, "gb300-v23", ("station",))["station"]
+    log = container_log(sim, "station", rank["Id"])
+    assert "Autotuning process starts" not in log  # no retune: unseeded, the engine tunes here (74 min on a Station)
+    assert f"[Autotuner]: Loaded 168 configs from /root/.cache/vllm/{TUNE_DIRS}/{new[0]}/autotune_configs.json" in log
+    seeded = f"{STATION_CACHE}/{TUNE_DIRS}/{new[0]}"
+    assert [e["text"] for e in events if e["event"] == "message" and "autotune" in e["text"]] == [
+        f"seeded autotune cache {seeded} on station"]
+    rec = record_of(events)
+    assert rec["data"]["autotune_seeded"] == [seeded]
+    assert rec["data"]["log_facts"]["0"]["autotune_loaded"] == 168  # the configs of the first run's tune
 
 
 # -- the chat template: pinned by sha256 on every rank ---------------------------------------------------------

@@ -61,8 +61,8 @@ def test_power_cycle_loses_what_lived_in_ram_and_keeps_the_disks(sim, capsys) ->
     assert main(["facts", "--inventory", "sim", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     uptimes = {n: f["uptime_s"] for n, f in facts.items()}
-    assert uptimes["bluey"] == 41.87  # it booted again; the others kept running
-    assert all(u > 90000 for n, u in uptimes.items() if n != "bluey")
+    assert uptimes["bluey"] < 600  # it booted again, during this test (its uptime counts from then); the others
+    assert all(u > 90000 for n, u in uptimes.items() if n != "bluey")  # kept running
 
 
 def test_status_up_and_restore_during_the_outage_name_the_node_and_a_later_down_cleans_it(sim, capsys) -> None:
@@ -96,9 +96,17 @@ def test_status_up_and_restore_during_the_outage_name_the_node_and_a_later_down_
     assert {n: after[n] for n in ("reddie", "asusi", "spark4")} == {"reddie": [], "asusi": [], "spark4": []}
 
     sim.heal("bluey", "power-cycle")
-    main(["status", *LANE, "--json"])
-    rows = json.loads(capsys.readouterr().out)["containers"]
-    assert [(r["node"], r.get("rank"), r["state"]) for r in rows] == [("bluey", 2, "exited")]
+    assert main(["status", *LANE, "--json"]) == 1  # the lane lost a rank
+    [row] = json.loads(capsys.readouterr().out)["containers"]
+    assert (row["node"], row["rank"], row["state"], row["exit_code"]) == ("bluey", 2, "exited", 255)
+    assert row["note"] == (f"bluey rebooted at {row['rebooted_at']} (from its uptime), after rank 2 started at "
+                           f"{row['started_at']}: the lane lost this rank")
+    assert row["remedy"] == ("start the whole lane again: `sparkfleet up --profile dcp2` (a tensor-parallel lane "
+                             "cannot take one rank back; `sparkfleet watch --profile dcp2` restarts it by itself)")
+    assert row["started_at"] < row["rebooted_at"]  # both RFC 3339 UTC: they sort as times
+    assert main(["status", *LANE, "--wide"]) == 1  # the table says it too
+    table = capsys.readouterr().out
+    assert "exited (255)" in table and "bluey rebooted at" in table and "sparkfleet up --profile dcp2" in table
     code, events = run(capsys, "down", *LANE, "--limit", "bluey")
     assert code == 0, result(events)
     assert lane_states(sim) == {n: [] for n in LAB_NODES}
@@ -159,6 +167,6 @@ def test_a_power_cycled_node_boots_by_itself_after_off_seconds(sim, capsys) -> N
     pid = sim.faults("spark4")["power-cycle"]["supply"]
     assert pid is None  # the power supply process has done its part and ended
     assert main(["facts", "--inventory", "sim", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["spark4"]["uptime_s"] == 41.87
+    assert json.loads(capsys.readouterr().out)["spark4"]["uptime_s"] < 60  # booted when the power went (0.5 s off)
     assert sim.heal("spark4", "power-cycle") == [("spark4", "power-cycle")]
     assert sim.reachable("spark4")

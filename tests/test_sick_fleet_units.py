@@ -56,3 +56,29 @@ def test_watch_waits_for_a_silent_node_before_any_restart_even_when_another_rank
     back = (RankState(0, "reddie", "exited"), RankState(2, "bluey", "exited"))
     v = t.observe(Probe(at=2.0, ok=False, why="no answer", latency_s=None, health=None, ranks=back))
     assert (v.action, v.reason) == ("restart", "rank-exited")
+
+
+def test_a_rank_is_lost_to_a_reboot_when_its_node_booted_after_it_started() -> None:
+    """status (FM-25): the node's boot time (its clock less its uptime, one facts run) against the container's
+    start (dockerd's, on the node's clock)."""
+    from sparkfleet.cli.observe import rebooted_under
+    from sparkfleet.fleet.facts import Container, NodeFacts
+
+    boot = 1_796_000_000.0  # 2026-11-30T00:53:20Z
+    node = NodeFacts(node="bluey", hostname="bluey", collected_at=boot + 30, uptime_s=30.0, helper_version="1")
+
+    def rank(state: str, started: str) -> Container:
+        return Container(id="c", name="sf-dcp2-r2", image="i", state=state, started_at=started,
+                         exit_code=None if state == "running" else 255)
+
+    lost = rebooted_under("bluey", node, rank("exited", "2026-11-30T00:50:00.5Z"), "dcp2", 2)
+    assert lost == {"rebooted_at": "2026-11-30T00:53:20Z",
+                    "note": "bluey rebooted at 2026-11-30T00:53:20Z (from its uptime), after rank 2 started at "
+                            "2026-11-30T00:50:00.5Z: the lane lost this rank",
+                    "remedy": "start the whole lane again: `sparkfleet up --profile dcp2` (a tensor-parallel lane "
+                              "cannot take one rank back; `sparkfleet watch --profile dcp2` restarts it by itself)"}
+    # started after the boot, still running, or a node without an uptime: not lost to a reboot
+    assert rebooted_under("bluey", node, rank("exited", "2026-11-30T00:53:25Z"), "dcp2", 2) == {}
+    assert rebooted_under("bluey", node, rank("running", "2026-11-30T00:50:00Z"), "dcp2", 2) == {}
+    assert rebooted_under("bluey", node.model_copy(update={"uptime_s": None}),
+                          rank("exited", "2026-11-30T00:50:00Z"), "dcp2", 2) == {}

@@ -127,6 +127,9 @@ def roce_v2_ipv4_index(table: dict[int, tuple[str, str | None]]) -> int | None:
 BIG = 1 << 20  # a file this size or more is compared by inode, size and mtime, not read (below)
 
 
+UPTIME = f"/{shim.STATE}/node/proc/uptime"  # what a node's /proc/uptime shows (sim/shim/render.py)
+
+
 def snapshot(top: Path) -> dict[str, object]:
     """Every path under `top` with its content (bytes), symlink target or 'dir', plus its mode.
 
@@ -143,6 +146,8 @@ def snapshot(top: Path) -> dict[str, object]:
                 out[rel] = ("link", os.readlink(p))
             elif p.is_dir():
                 out[rel] = ("dir", p.stat().st_mode)
+            elif p.as_posix().endswith(UPTIME):
+                out[rel] = ("counts", p.stat().st_mode)  # a clock: the node's init rewrites it every second
             else:
                 st = p.stat()
                 content = ("big", st.st_ino, st.st_size, st.st_mtime_ns) if st.st_size >= BIG else p.read_bytes()
@@ -519,6 +524,8 @@ EXPECTED_CHANGES: dict[str, tuple[dict, set[str]]] = {
     "cifs-model": ({}, {f"{ST}/faults.json", f"{ST}/node/etc/mtab"}),
     "port-taken": ({"port": 8410}, {f"{ST}/faults.json", f"{ST}/docker.json", f"{ST}/foreign-8410.pid"}),
     "docker-down": ({}, {f"{ST}/faults.json", f"{ST}/docker.json"}),
+    "clock-skew": ({"seconds": -300}, {f"{ST}/faults.json", f"{ST}/node/etc/ld.so.preload",
+                                       f"{ST}/node/etc/sparkfleet-sim-clock", "asusi/bin/sim-clock.so"}),
 }
 
 

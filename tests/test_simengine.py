@@ -854,3 +854,23 @@ def test_a_0_20_head_names_its_engine_core_and_prints_plain_in_a_container(tmp_p
     assert any(x.startswith("(EngineCore pid=") for x in lines)
     said = [text(x) for x in lines]
     assert any(re.search(r"\] Starting vLLM server on http://127\.0\.0\.1:\d+$", x) for x in said)
+
+
+def test_a_station_rank_tunes_into_an_empty_hash_dir_and_loads_a_filled_one(tmp_path):
+    """The FlashInfer autotune (FM-40): the rank makes its hash dir as it starts and reads it after the KV line;
+    empty, it tunes (silent, one CPU busy) and writes its configs there; a later boot on the same dir loads them."""
+    hash_dir = tmp_path / "cache" / "flashinfer_autotune_cache" / "abc123"
+    tune = ["--autotune-dir", str(hash_dir), "--autotune-shown", "/root/.cache/vllm/flashinfer_autotune_cache/abc123",
+            "--autotune-read-seconds", "0.2", "--autotune-tune-seconds", "0.3", "--autotune-tuned", "168"]
+    _, cold = boot_one(tmp_path, "cold", tune)
+    body = [text(line).split("] ", 1)[-1] for line in cold]  # the messages, after vLLM's header
+    tuning = body.index("[Autotuner]: Autotuning process starts ...")
+    assert body[tuning + 1] == "[Autotuner]: Autotuning process ends"  # nothing in the log while it tunes
+    assert body.index("Available KV cache memory: 6.00 GiB") < tuning
+    assert len(json.loads((hash_dir / "autotune_configs.json").read_text())["configs"]) == 168
+    assert parse("\n".join(cold), [], VLLM).autotune_loaded is None
+    _, warm = boot_one(tmp_path, "warm", tune)
+    assert "[Autotuner]: Loaded 168 configs from /root/.cache/vllm/flashinfer_autotune_cache/abc123/" \
+        "autotune_configs.json" in [text(line).split("] ", 1)[-1] for line in warm]
+    assert not any("Autotuning process" in line for line in warm)
+    assert parse("\n".join(warm), [], VLLM).autotune_loaded == 168

@@ -110,10 +110,30 @@ def _ours(facts, ranks: dict[str, tuple[str, int]] | None = None) -> list[dict]:
             continue
         for c in (f.docker.containers if f.docker else []):
             if LABEL in c.labels:
-                rows.append({"node": node, "profile": c.labels[LABEL], "rank": int(c.labels.get(RANK_LABEL, -1)),
-                             "run": c.labels.get(RUN_LABEL), "container": c.name, "id": c.id,
-                             "state": c.state, "started_at": c.started_at, "simulated": f.simulated})
+                row = {"node": node, "profile": c.labels[LABEL], "rank": int(c.labels.get(RANK_LABEL, -1)),
+                       "run": c.labels.get(RUN_LABEL), "container": c.name, "id": c.id, "state": c.state,
+                       "started_at": c.started_at, "simulated": f.simulated}
+                if c.exit_code is not None:
+                    row["exit_code"] = c.exit_code
+                rows.append({**row, **rebooted_under(node, f, c, row["profile"], row["rank"])})
     return rows
+
+
+def rebooted_under(node: str, f, c, profile: str, rank: int) -> dict:
+    """A rank its node rebooted under (power lost, a watchdog reset: FM-25): not running, and started before the
+    node's boot, both times the node's own (its uptime and clock from one facts run, docker's StartedAt). However it
+    ended (dockerd marks a rank it finds dead at boot exited 255), the lane lost it. {} for any other container."""
+    from sparkfleet.metrics.collector import docker_time
+
+    booted, started = f.booted_at(), docker_time(c.started_at)
+    if c.state == "running" or booted is None or started is None or started >= booted:
+        return {}
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(booted))
+    return {"rebooted_at": at,
+            "note": f"{node} rebooted at {at} (from its uptime), after rank {rank} started at {c.started_at}: the "
+                    "lane lost this rank",
+            "remedy": f"start the whole lane again: `sparkfleet up --profile {profile}` (a tensor-parallel lane "
+                      f"cannot take one rank back; `sparkfleet watch --profile {profile}` restarts it by itself)"}
 
 
 def _endpoint_status(base: str) -> dict:
@@ -163,10 +183,10 @@ def run_status(args: argparse.Namespace) -> int:
             lanes[args.profile] = _endpoint_status(args.endpoint.rstrip("/"))
     finally:
         transport.close()
-    unreachable = [r for r in rows if "error" in r]
+    failed = [r for r in rows if "error" in r or "note" in r]  # a node unanswered, or a rank lost to a reboot
     jobs = slurm_jobs_now(inv, args.profile and slurm_job_name(args.profile)) if inv.launcher == "slurm" else []
     slurm = {"slurm_jobs": jobs} if isinstance(jobs, list) else {"slurm_error": jobs}
-    bad = unreachable or isinstance(jobs, str)
+    bad = failed or isinstance(jobs, str)
     if args.json:
         print_json({"containers": rows, "lanes": lanes, **(slurm if inv.launcher == "slurm" else {})})
         return EXIT_FAIL if bad else EXIT_OK
@@ -229,7 +249,7 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
 
     sim = any(r.get("simulated") for r in rows)
     cols = [Column(c) for c in ("node", "lane", "rank", "state", "since", "container")]
-    errors = any("error" in r for r in rows)
+    errors = any("error" in r or "note" in r for r in rows)
     if errors:
         cols.append(Column("reason", wrap=True))
     table = []
@@ -238,8 +258,10 @@ def print_status(rows: list[dict], lanes: dict[str, dict], wide: bool = False) -
             row = [r["node"], r.get("profile", ""), str(r.get("rank", "")), Text(UNREACHABLE, style="red"), "", "",
                    r["error"]]
         else:
-            row = [r["node"], r["profile"], str(r["rank"]), r["state"], r["started_at"] or "", r["container"]]
-            row += [""] if errors else []
+            state = r["state"] + (f" ({r['exit_code']})" if "exit_code" in r else "")
+            row = [r["node"], r["profile"], str(r["rank"]), Text(state, style="red") if "note" in r else state,
+                   r["started_at"] or "", r["container"]]
+            row += [f"{r['note']}; {r['remedy']}" if "note" in r else ""] if errors else []
         table.append(row)
     if rows:
         render(cols, table, wide=wide, title="sparkfleet status" + (" [simulation]" if sim else ""))

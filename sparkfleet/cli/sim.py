@@ -77,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--driver", help="driver-drift: the driver version nvidia-smi reports")
     f.add_argument("--factor", type=float, help="slow-boot: how many times longer the boot takes (default 10)")
     f.add_argument("--seconds", type=float, help="silent-tune: how long the rank stays silent (default 30); "
-                   "daemon-slow: how late the node's docker answers")
+                   "daemon-slow: how late the node's docker answers; clock-skew: how far the node's clock is off "
+                   "(negative: behind; --seconds=-300)")
     f.add_argument("--sticky", action="store_true", default=None,
                    help="rank-vanish, rank-hang, serve-crash: every later launch on the node too, until healed")
     f.add_argument("--off", type=float, help="power-cycle: seconds before the node boots again (default 10)")

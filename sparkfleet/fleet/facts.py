@@ -50,6 +50,8 @@ class Container(_Facts):
     image_digests: list[str] = Field(default_factory=list)  # repo@sha256:... (RepoDigests)
     state: str  # running | exited | created | ...
     started_at: str | None = None
+    finished_at: str | None = None  # when it ended (dockerd's FinishedAt), on the node's clock
+    exit_code: int | None = None  # of a container that is not running
     labels: dict[str, str] = Field(default_factory=dict)
     host_ports: list[int] = Field(default_factory=list)  # published ports; host networking shows none
     network_mode: str | None = None
@@ -162,6 +164,10 @@ class NodeFacts(_Facts):
     errors: list[str] = Field(default_factory=list)  # what could not be read, and why
     # set by the controller, not the helper: its own clock when this document arrived (clock skew)
     received_at: float | None = None
+
+    def booted_at(self) -> float | None:
+        """When the node booted, on its own clock: the helper's time less the uptime it read in the same run."""
+        return None if self.uptime_s is None else self.collected_at - self.uptime_s
 
 
 class FactsRequest(_Facts):

@@ -14,8 +14,12 @@ import shlex
 from pathlib import Path
 
 CONFIGS = "autotune_configs.json"
-# Flags whose change alters kernel shapes: the tuner ignores entries whose shapes differ (FM-41).
-SHAPE_FLAGS = ("--cudagraph-capture-sizes", "--compilation-config", "--speculative-config", "--max-num-seqs")
+# Flags whose change alters kernel shapes: the tuner ignores entries whose shapes differ (FM-41): the capture list
+# ("the capture list is part of the FlashInfer autotune hash"), the verify shape ("depth, runner"). Not
+# --max-num-seqs or --max-model-len: they change the hash but not the shapes, and seeding works ([000]: "Changing
+# --max-num-seqs from 8 to 16 produced a fresh hash ... re-tuning kernels whose shapes had not changed ... Copying
+# autotune_configs.json from the old hash directory into the new one was accepted: Loaded 168 configs").
+SHAPE_FLAGS = ("--cudagraph-capture-sizes", "--compilation-config", "--speculative-config")
 
 # Runs on the node (stdlib only).
 SEED_SCRIPT = r'''

@@ -133,7 +133,7 @@ def node_state(inv: Inventory, node: Node, ordinal: int) -> dict:
                     "swap_kb": round(sim["swap_gib"] * KIB_PER_GIB),
                     "cached_kb": round(values.MEM_CACHED_GIB * KIB_PER_GIB),
                     "buffers_kb": values.MEM_BUFFERS_MIB * 1024},
-        "uptime": f"{uptime:.2f} {uptime * sim['cpus'] * values.IDLE_FRACTION:.2f}",
+        "uptime": shim.uptime_state(uptime, sim["cpus"] * values.IDLE_FRACTION),
         "mounts": mounts,
         "storage": st.model_dump(mode="json"),
         "cifs": {"source": values.CIFS_SOURCE, "options": values.CIFS_OPTIONS},
@@ -288,7 +288,11 @@ def engine_state() -> dict:
             "kv_reserved_bytes": list(values.KV_RESERVED_BYTES), "gmu_other_bytes": list(values.GMU_OTHER_BYTES),
             "default_gmu": list(values.VLLM_DEFAULT_GMU), "model_gib": list(values.ENGINE_MODEL_GIB),
             "moe_layers": values.MOE_LAYERS, "pin_hook_env": values.PIN_HOOK_ENV,
-            "pin_hook_site": values.PIN_HOOK_SITE}
+            "pin_hook_site": values.PIN_HOOK_SITE,
+            "autotune": {"gpus": list(values.AUTOTUNE_GPUS), "cache": values.AUTOTUNE_CACHE,
+                         "subdir": values.AUTOTUNE_SUBDIR, "hash_flags": list(values.AUTOTUNE_HASH_FLAGS),
+                         "configs": values.AUTOTUNE_CONFIGS, "tune_s": values.AUTOTUNE_TUNE_S,
+                         "read_s": values.AUTOTUNE_READ_S}}
 
 
 SHIM_MODULE = "sparkfleet_sim_shim"  # the shim package's name in the node's bin/ zip, imported by each tool's stub

@@ -498,7 +498,8 @@ HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
 # -- power-cycle (FM-25 in its serving form): the node loses power and comes back --------------------------
 
 POWER_OFF_S = 10.0  # sim input: how long a power-cycled node stays off unless --off says (a real boot: minutes)
-BOOT_UPTIME_S = 41.87  # sim input: /proc/uptime's seconds once a power-cycled node answers again
+BOOT_UPTIME_S = 41.87  # sim input: /proc/uptime's seconds once a power-cycled node answers again (at most the
+# time it was off: the sim's node answers at once, so a short outage boots it when the power went)
 POWER_EXIT_CODE = 255  # what `docker ps -a` shows for a container that was running when the host lost power
 # (dockerd's restore finds no task for it and marks it stopped with exit status 255; no --restart on a lane)
 
@@ -525,11 +526,11 @@ def _power_off(t: Target, params: dict[str, Any]) -> None:
         shim.render(root)
     if params["off"] > 0:
         supply = subprocess.Popen([sys.executable, "-m", "sparkfleet.sim.faults", "power-on", t.node,
-                                   str(params["off"])], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
+                                   str(params["off"]), str(params["off_at"])], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         _set_power(root, supply=supply.pid)
     else:
-        _boot(t.node)
+        _boot(t.node, params["off_at"])
 
 
 def _lose_ram(root: Path) -> None:
@@ -547,8 +548,6 @@ def _lose_ram(root: Path) -> None:
     (root / shim.STATE / "init.ready").unlink(missing_ok=True)
     node_state = shim.load(root, "node.json")
     node_state["meminfo"]["cached_kb"] = round(values.MEM_CACHED_GIB * 1024 * 1024)
-    cpus = values.HARDWARE[node_state["hardware"]]["cpus"]
-    node_state["uptime"] = f"{BOOT_UPTIME_S:.2f} {BOOT_UPTIME_S * cpus * values.IDLE_FRACTION:.2f}"
     shim.save(root, "node.json", node_state)
     if not (root / shim.STATE / "docker.json").is_file():
         return  # a real dockerd keeps its own state and does its own restore
@@ -575,8 +574,9 @@ def _set_power(root: Path, **changes: Any) -> None:
             shim.save(root, "faults.json", faults)
 
 
-def _boot(name: str) -> None:
-    """Power the node on: its init again (earlyoom, sshd) in the same network namespace, as `sim up` starts it."""
+def _boot(name: str, off_at: float) -> None:
+    """Power the node on: its init again (earlyoom, sshd) in the same network namespace, as `sim up` starts it;
+    `off_at`: when its power went."""
     import json
 
     from sparkfleet.sim import netlab, node, paths, sshd
@@ -584,6 +584,13 @@ def _boot(name: str) -> None:
     nd = paths.node_dir(name)
     if node.running_pid(nd) is not None:
         return
+    root = paths.node_root(name)
+    with shim.locked(root):  # its uptime counts from its boot: BOOT_UPTIME_S when it answers, none before the outage
+        node_state = shim.load(root, "node.json")
+        node_state["uptime"] = shim.uptime_state(min(BOOT_UPTIME_S, time.time() - off_at),
+                                                 node_state["uptime"]["idle_per_s"])
+        shim.save(root, "node.json", node_state)
+        shim.render(root)
     manifest = json.loads(paths.manifest_path().read_text())
     info = manifest["nodes"][name].get("ssh")
     argv = [sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]] if info else None
@@ -607,7 +614,7 @@ def _power_on(t: Target, params: dict[str, Any]) -> None:
                 os.waitpid(int(supply), os.WNOHANG)
             time.sleep(0.02)
     if t.dir is not None and node.running_pid(t.dir) is None:
-        _boot(t.node)
+        _boot(t.node, float(params["off_at"]))
 
 
 def _is_supply(pid: int, name: str) -> bool:
@@ -621,14 +628,14 @@ def _is_supply(pid: int, name: str) -> bool:
 
 
 def _supply_main(argv: list[str]) -> int:
-    """`python -m sparkfleet.sim.faults power-on NODE SECONDS`: the power comes back after SECONDS."""
-    name, seconds = argv[1], float(argv[2])
+    """`python -m sparkfleet.sim.faults power-on NODE SECONDS OFF_AT`: the power comes back after SECONDS."""
+    name, seconds, off_at = argv[1], float(argv[2]), float(argv[3])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     time.sleep(seconds)
     from sparkfleet.sim import paths
 
     if paths.node_dir(name).is_dir():  # the lab may have been torn down meanwhile
-        _boot(name)
+        _boot(name, off_at)
     return 0
 
 
@@ -699,6 +706,40 @@ KINDS.update({k.name: k for k in (
 )})
 ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall", "bimodal"}
 APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing, "bimodal": _nothing})
+
+
+# -- clock-skew (FM-40's Station clock): the node's own wall clock is off -------------------------------------
+
+CLOCK_SKEW_S = -300.0  # sim input: the default skew, 5 minutes behind (the seeds give no figure)
+
+
+def _clock_skew(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    from sparkfleet.sim import clock
+
+    seconds = float(params.get("seconds", CLOCK_SKEW_S))
+    if seconds == 0 or abs(seconds) > 10 * 365 * 86400:
+        raise UserError(f"clock-skew --seconds {seconds:g}: expected a skew other than 0 (negative: the node's "
+                        "clock is behind), of at most ten years")
+    clock.build(root.parent / "bin")  # before render names it in the node's /etc/ld.so.preload
+    return {"seconds": seconds}
+
+
+KINDS["clock-skew"] = Kind(
+    "clock-skew", f"the node's wall clock is --seconds off (default {CLOCK_SKEW_S:g}: behind): `date`, every "
+    "program's time and the times on its files read the node's clock, not the controller's (Go programs such "
+    "as dockerd excepted: sim/clock.c)", ("seconds",))
+APPLY["clock-skew"] = _clock_skew
+
+
+def _clock_unbuilt(t: Target, params: dict[str, Any]) -> None:
+    """heal: the node's bin dir as it was (the library goes once /etc/ld.so.preload no longer names it)."""
+    from sparkfleet.sim import clock
+
+    if t.dir is not None:
+        (t.dir / "bin" / clock.LIBRARY).unlink(missing_ok=True)
+
+
+UNACT["clock-skew"] = _clock_unbuilt
 
 
 if __name__ == "__main__":

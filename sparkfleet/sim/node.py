@@ -38,7 +38,8 @@ SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_TOP = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev"}
 SHIM_DIR = "/usr/local/bin"  # the shims, bound over the host's /usr/local/bin: first on the default PATH
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-OWN_ETC = {"hostname", "mtab", "default", "docker"}  # /etc entries the node has of its own (the rest: the host's)
+# /etc entries the node has of its own (the rest: the host's); the last two: the clock-skew fault (sim/clock.py)
+OWN_ETC = {"hostname", "mtab", "default", "docker", "ld.so.preload", "sparkfleet-sim-clock"}
 NSENTER = "/usr/bin/nsenter"
 BWRAP_CANDIDATES = ("/usr/bin/bwrap", "/usr/local/bin/bwrap")
 START_TIMEOUT_S = 10.0

@@ -141,6 +141,26 @@ ENGRAM_TENSOR = "model.layers.{layer}.engram.embed.weight"
 ENGRAM_STANDIN_ROWS = 4096
 ENGRAM_STANDIN_WIDTH = 64  # values per row (fp8: 64 bytes + 2 scale bytes a row)
 ENGINE_STOP_WAIT_S = 10.0  # `docker stop`'s default grace before SIGKILL
+# The Station's FlashInfer autotune of the MXFP4 MoE kernel ([000] "FlashInfer autotunes the MXFP4 MoE kernel by
+# running every tactic on the real hardware"; the Spark lanes run b12x's kernels and tune nothing in the seeds):
+AUTOTUNE_GPUS = ("NVIDIA GB300",)
+# vLLM's cache root in the container (VLLM_CACHE_ROOT, default ~/.cache/vllm; the lanes bind the persistent one
+# there, INV-55: "-v /home/milo/dsv41/vllm-cache:/root/.cache/vllm"); the tuner's hash dirs lie under this subdir
+# of it, one per engine-config hash. The seeds name only "a new hash directory" and its autotune_configs.json; the
+# subdir is the name a vLLM log of FlashInfer's warmup shows (it nests FlashInfer's version and the GPU arch too,
+# which the sim leaves out).
+AUTOTUNE_CACHE = "/root/.cache/vllm"
+AUTOTUNE_SUBDIR = "flashinfer_autotune_cache"
+# The engine-config hash inputs the seeds name (LCH-G2: --max-num-seqs, the speculative config, --max-model-len,
+# the capture list; "First boot on a new image: 75-90 min", LCH-G3: the image too).
+AUTOTUNE_HASH_FLAGS = ("--max-num-seqs", "--speculative-config", "--max-model-len", "--cudagraph-capture-sizes")
+AUTOTUNE_CONFIGS = 168  # [000] "The 168 tuned configs are cached under /root/.cache/vllm"
+# A cold tune on the sim's time scale (ENGINE_BOOT_S for the Sparks' ~11 min boot): the seeds' 74 minutes ([000]).
+AUTOTUNE_TUNE_S = ENGINE_BOOT_S * 74 / 11
+# When the tuner reads the hash dir: "roughly two minutes after the KV gate" ([000]). NOT on the sim's time scale
+# (that would be 0.09 s): `up` polls in real seconds (every 1 s by default, 0.2 s in the tests), and a real Station
+# gives those polls minutes; three seconds give a poll several chances, as the real two minutes do.
+AUTOTUNE_READ_S = 3.0
 
 # `--moe-backend NAME` -> the kernel vLLM names in its MoE line, for the lab's MXFP4 checkpoint: b12x prints
 # "Using 'B12X_MXFP4_MXFP8' Mxfp4 MoE backend." (HLT-21, [003]). A backend not listed here gets

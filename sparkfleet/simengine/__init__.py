@@ -10,7 +10,7 @@ Launch (one process per rank; workers first, then the head, as the seeds did)::
         --host H --port PORT --served-name NAME [--served-name ALIAS ...] --kv-tokens K \\
         [--max-model-len L] [--moe-backend B12X_MXFP4_MXFP8 | --moe-backend "<whole line>"] \\
         [--engram-ranges 'L:start:end,...'] [--engram-node-local] [--engram-dir DIR] \\
-        [--autotune-configs N] [--rehome-layers N] [--boot-seconds S] [--api-key-env VAR] \\
+        [--autotune-dir DIR [--autotune-shown PATH]] [--rehome-layers N] [--boot-seconds S] [--api-key-env VAR] \\
         [--fault F ...] [--leak-file FILE] [--log FILE] [--step-ms MS] [--prefill-tokens-per-s TPS] \\
         [--num-speculative-tokens K] [--max-num-seqs N] [--text-only] [--no-tools] [--thinking-default] \\
         [--peer-timeout S] [--rendezvous-timeout S] [--keep-alive-on-engine-death] \\
@@ -54,7 +54,8 @@ head engine lines `(EngineCore_DP0 pid=N)`, API lines `(APIServer pid=N)`)::
     Available KV cache memory: X GiB
     GPU KV cache size: K tokens                                                     (head; min over ranks)
     Maximum concurrency for L tokens per request: X.XXx                             (head)
-    Loaded N configs from the FlashInfer autotune cache                             (--autotune-configs)
+    [Autotuner]: Loaded N configs from DIR/autotune_configs.json                    (--autotune-dir, filled)
+    [Autotuner]: Autotuning process starts ... / ends (silent, one CPU busy)        (--autotune-dir, empty)
     Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|...| 15/15
     Graph capturing finished in S secs, took 1.99 GiB
     rehome done layers=N                                                            (--rehome-layers)

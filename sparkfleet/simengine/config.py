@@ -56,7 +56,15 @@ class Config:
     engram_ranges: list[tuple[int, int, int]] = field(default_factory=list)
     engram_node_local: bool = False
     engram_dir: str = "/engram-local"
-    autotune_configs: int | None = None
+    # The FlashInfer autotune of a Station lane (shim/engine.py decides it from the launch): the engine-config hash
+    # dir the rank makes when it starts, where the process opens it (autotune_dir) and where vLLM names it
+    # (autotune_shown: the container's path); the tuner reads it autotune_read_seconds after the KV line and,
+    # finding no autotune_configs.json there, tunes for autotune_tune_seconds and writes autotune_tuned configs.
+    autotune_dir: str | None = None
+    autotune_shown: str | None = None
+    autotune_read_seconds: float = 3.0
+    autotune_tune_seconds: float = 3.4
+    autotune_tuned: int = 168
     rehome_layers: int | None = None
     boot_seconds: float = 5.0
     slow_boot_factor: float = 10.0
@@ -133,7 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     a("--engram-ranges", help="this rank's Engram rows, 'LAYER:START:END,...'")
     a("--engram-node-local", action="store_true", default=None)
     a("--engram-dir")
-    a("--autotune-configs", type=int, help="print 'Loaded N configs' (Station autotune cache)")
+    a("--autotune-dir", help="the FlashInfer autotune hash dir this rank makes at start and its tuner reads")
+    a("--autotune-shown", help="the hash dir as the engine names it in its lines (default: --autotune-dir)")
+    a("--autotune-read-seconds", type=float, help="seconds after the KV line before the tuner reads the dir")
+    a("--autotune-tune-seconds", type=float, help="how long a tune into an empty dir takes (silent, one CPU busy)")
+    a("--autotune-tuned", type=int, help="how many configs a tune writes to autotune_configs.json")
     a("--rehome-layers", type=int, help="print 'rehome done layers=N' (Station pin-hot hook)")
     a("--boot-seconds", type=float)
     a("--slow-boot-factor", type=float)

@@ -6,6 +6,7 @@ tests/fixtures/vllm/ has them per version); lines vLLM has no counterpart for sa
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import threading
@@ -156,12 +157,56 @@ class Rank:
             self.stop.wait()
             self.check()
         if self.cfg.has("silent-tune"):
-            deadline = time.monotonic() + self.cfg.silent_tune_seconds
-            while time.monotonic() < deadline:
-                self.check()
-                spin = time.monotonic() + 0.05
-                while time.monotonic() < spin:  # busy, as a tuner's host thread spinning on the GPU is
-                    pass
+            self.busy(self.cfg.silent_tune_seconds)
+
+    def busy(self, seconds: float) -> None:
+        """Keep one CPU busy for `seconds`, staying stoppable (a tuner's host thread spinning on the GPU)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.check()
+            spin = time.monotonic() + 0.05
+            while time.monotonic() < spin:
+                pass
+
+    def autotune_dir_made(self) -> None:
+        """vLLM makes the engine-config hash dir under its persistent cache when it starts: "Every launch-flag change
+        makes a new autotune hash directory", and it stays empty until a copy lands or the tuner fills it ([000]:
+        "the new engine-config hash directory was empty for the 60 seconds it took me to copy the cache in")."""
+        if self.cfg.autotune_dir:
+            os.makedirs(self.cfg.autotune_dir, exist_ok=True)
+
+    def autotune(self, proc: str) -> None:
+        """FlashInfer's autotune of the MoE kernel, which reads the hash dir "roughly two minutes after the KV gate"
+        ([000]; the sim: --autotune-read-seconds). A dir holding autotune_configs.json is loaded and nothing is
+        tuned ("Loaded 168 configs", LCH-G3); an empty one is tuned, with "nothing in the log but 100% GPU" for 74
+        minutes ([000]; the sim: --autotune-tune-seconds with one CPU busy), and the tuned configs written there.
+        The `[Autotuner]:` lines are FlashInfer's autotuner's wording and line numbers as a vLLM log of FlashInfer
+        0.6.14 shows them (the seeds quote only "Loaded 168 configs"); vLLM's log format wraps them here."""
+        c = self.cfg
+        if not c.autotune_dir:
+            return
+        deadline = time.monotonic() + c.autotune_read_seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.check()
+            self.stop.wait(min(left, 0.05))
+        path = os.path.join(c.autotune_dir, "autotune_configs.json")
+        shown = os.path.join(c.autotune_shown or c.autotune_dir, "autotune_configs.json")
+        try:
+            with open(path) as fh:
+                configs = json.load(fh).get("configs") or {}
+        except (OSError, ValueError, AttributeError):
+            configs = {}
+        if configs:
+            self.log.info(proc, "autotuner.py:1899", f"[Autotuner]: Loaded {len(configs)} configs from {shown}")
+            return
+        self.log.info(proc, "autotuner.py:651", "[Autotuner]: Autotuning process starts ...")
+        self.busy(c.autotune_tune_seconds)
+        tuned = {f"trtllm_fp4_block_scale_moe_op/{i}": i % 32 for i in range(c.autotune_tuned)}  # op/shape -> tactic
+        tmp = path + f".{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"simulation": "sparkfleet-sim: tuned configs of no real kernel", "configs": tuned}, fh)
+        os.replace(tmp, path)
+        self.log.info(proc, "autotuner.py:674", "[Autotuner]: Autotuning process ends")
 
     def banner(self, proc: str) -> None:
         c = self.cfg
@@ -195,6 +240,7 @@ class Rank:
         # distributed/parallel_state.py:1162
         log.info(p, "parallel_state.py:1162", f"world_size={c.world_size} rank={c.rank} local_rank=0 "
                  f"distributed_init_method=tcp://{c.master_addr}:{c.master_port} backend=nccl")
+        self.autotune_dir_made()
         if c.has("engine-warning"):
             # Looks fatal to a grep for "CUDA error", but it is a WARNING and the boot carries on. The sim's
             # own wording (vLLM's custom all-reduce warnings differ by version).
@@ -287,8 +333,7 @@ class Rank:
         if kv_line and not c.tensorfold:  # vLLM's KV line (from the budget the launch gave); TensorFold prints none
             log.info(p, "gpu_worker.py:376", kv_line)
         report_kv(kv)
-        if c.autotune_configs is not None:  # the Station's FlashInfer autotune hook (the seeds, LCH-G3)
-            log.info(p, "autotuner.py:283", f"Loaded {c.autotune_configs} configs from the FlashInfer autotune cache")
+        self.autotune(p)
         captured = time.monotonic()
         if c.rank == 0:  # "Only rank 0 should print progress bar during capture" (gpu_model_runner.py:4606)
             for mode in (("mixed prefill-decode", "PIECEWISE"), ("decode", "FULL")):

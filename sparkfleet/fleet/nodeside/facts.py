@@ -397,6 +397,9 @@ def docker(errors: list[str]) -> dict:
         started = state.get("StartedAt")
         if not started or started.startswith("0001-01-01"):
             started = None  # docker's zero time: never started
+        finished = state.get("FinishedAt")
+        if not finished or finished.startswith("0001-01-01"):
+            finished = None  # never ended
         labels = (c.get("Config") or {}).get("Labels") or {}
         containers.append({
             "id": c.get("Id") or "",
@@ -406,6 +409,8 @@ def docker(errors: list[str]) -> dict:
             "image_digests": digests.get(c.get("Image"), []),
             "state": state.get("Status") or "unknown",
             "started_at": started,
+            "finished_at": finished,
+            "exit_code": state.get("ExitCode") if not state.get("Running") else None,
             "labels": {str(k): str(v) for k, v in labels.items()},
             "host_ports": _ports(c),
             "network_mode": (c.get("HostConfig") or {}).get("NetworkMode"),

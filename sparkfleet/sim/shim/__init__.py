@@ -18,10 +18,10 @@ from __future__ import annotations
 from .docker import container_record
 from .engine import RANK_FAULTS, engine_argv, engine_standin_argv
 from .node import earlyoom_argv
-from .render import BOUND_FILES, bound_source, gid_entries, render
+from .render import BOUND_FILES, bound_source, gid_entries, render, uptime_state
 from .state import STATE, ShimError, load, locked, node_path, save, write_bytes
 from .tools import TOOLS, main
 
 __all__ = ["BOUND_FILES", "RANK_FAULTS", "STATE", "TOOLS", "ShimError", "bound_source", "container_record",
            "earlyoom_argv", "engine_argv", "engine_standin_argv", "gid_entries", "load", "locked", "main",
-           "node_path", "render", "save", "write_bytes"]
+           "node_path", "render", "save", "uptime_state", "write_bytes"]

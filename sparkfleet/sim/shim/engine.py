@@ -141,6 +141,7 @@ def vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[s
         argv += ["--moe-backend", cfg.get("moe_kernels", {}).get(name, name.upper())]
     if pin_hook_on(env, binds, cfg):  # the hook the launch carries re-homes every MoE layer (HLT-27)
         argv += ["--rehome-layers", str(cfg["moe_layers"])]
+    argv += autotune_argv(root, container, f, env, binds, cfg)
     if env.get("DSV41_ENGRAM_DISK") == "1":
         tp = int((f.get("--tensor-parallel-size") or f.get("-tp") or [str(world)])[0])
         model_dir = node_path(binds, model) if model else None
@@ -170,6 +171,29 @@ def vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[s
     if (faults.get("silent-tune") or {}).get("seconds") is not None:
         argv += ["--silent-tune-seconds", str(faults["silent-tune"]["seconds"])]
     return argv
+
+
+def autotune_argv(root: Path, container: dict, flags: dict[str, list[str]], env: dict[str, str], binds: list[str],
+                  cfg: dict) -> list[str]:
+    """The FlashInfer autotune a rank on a Station GPU runs (values.AUTOTUNE_*): its engine-config hash dir, from
+    the launch's hash inputs and the image, under vLLM's cache root; where the engine opens it (the node's
+    persistent cache when the launch binds one there, else the container's own, empty at every start)."""
+    at = cfg.get("autotune")
+    if not at or load(root, "gpu.json")["gpus"][0].get("name") not in at["gpus"]:
+        return []
+    key = json.dumps({"flags": {k: flags.get(k) for k in at["hash_flags"]}, "image": engine_version(root, container)},
+                     sort_keys=True)
+    shown = posixpath.join(env.get("VLLM_CACHE_ROOT") or at["cache"], at["subdir"], hashlib.sha256(key.encode())
+                           .hexdigest())
+    on_node = node_path(binds, shown)
+    if on_node is not None:
+        opened = str(root / on_node.lstrip("/"))
+    elif str(root) == "/":  # inside a real container: its own layer, which goes with the container
+        opened = shown
+    else:  # the docker shim's container has no layer of its own: a scratch dir of this container's
+        opened = str(root / STATE / "logs" / f"{container['Id']}.vllm-cache" / shown.lstrip("/"))
+    return ["--autotune-dir", opened, "--autotune-shown", shown, "--autotune-read-seconds", str(at["read_s"]),
+            "--autotune-tune-seconds", str(at["tune_s"]), "--autotune-tuned", str(at["configs"])]
 
 
 def tensorfold_config(root: Path, container: dict) -> dict[str, str] | None:

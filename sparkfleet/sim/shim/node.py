@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,20 @@ def start_dockerd(node: dict) -> subprocess.Popen:
         return subprocess.Popen(dockerd_argv(node), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
 
+def keep_uptime(root: Path, every_s: float = 1.0) -> None:
+    """The node's /proc/uptime counts, as the kernel's does: rewritten in place every second while the node runs
+    (a file the sim binds there cannot count by itself)."""
+    from .render import bound_source, uptime_line
+    from .state import locked, write_in_place
+
+    path = bound_source(root, "/proc/uptime")
+    while True:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # a state file mid-write: next second
+            with locked(root):
+                write_in_place(path, uptime_line(load(root, "node.json")).encode())
+        time.sleep(every_s)
+
+
 def sim_node_init(argv: list[str], root: Path) -> int:
     """The node's init: earlyoom (unless the earlyoom-off fault is on), the node's own dockerd when it has
     one, in ssh mode the node's sshd, then it waits; SIGTERM ends the node (and the pid namespace with it)."""
@@ -109,6 +124,7 @@ def sim_node_init(argv: list[str], root: Path) -> int:
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    threading.Thread(target=keep_uptime, args=(root,), daemon=True).start()
     write_bytes(root / STATE / "init.ready", f"{os.getpid()}\n".encode())
     while True:
         try:

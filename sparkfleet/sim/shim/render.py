@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import time
 from pathlib import Path
 
 from .state import STATE, load, write_bytes, write_in_place
@@ -62,7 +63,20 @@ def gid_entries(port: dict, faults: dict) -> list[tuple[str, str]]:
 
 # Files the node shows at these node paths come from the sim (bind-mounted over the real ones when the node
 # starts, so they are rewritten in place, never replaced): node path -> file under R/STATE/node/.
-BOUND_FILES = ("/proc/meminfo", "/proc/uptime", "/etc/hostname", "/etc/mtab", "/etc/default/earlyoom")
+BOUND_FILES = ("/proc/meminfo", "/proc/uptime", "/etc/hostname", "/etc/mtab", "/etc/default/earlyoom",
+               "/etc/ld.so.preload", "/etc/sparkfleet-sim-clock")
+
+
+def uptime_state(uptime_s: float, idle_per_s: float) -> dict:
+    """node.json's uptime: a node up `uptime_s` seconds now, on this machine's CLOCK_BOOTTIME (which no node's wall
+    clock moves: the clock-skew fault leaves it alone), so /proc/uptime keeps counting (sim-node-init rewrites it)."""
+    return {"base": time.clock_gettime(time.CLOCK_BOOTTIME) - uptime_s, "idle_per_s": idle_per_s}
+
+
+def uptime_line(node: dict) -> str:
+    """/proc/uptime now: seconds since the node booted, and idle CPU seconds (every CPU mostly idle)."""
+    up = max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - node["uptime"]["base"])
+    return f"{up:.2f} {up * node['uptime']['idle_per_s']:.2f}\n"
 
 
 def bound_source(root: Path, node_path: str) -> Path:
@@ -81,9 +95,12 @@ def desired_tree(root: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
                                   "\n# Options to pass to earlyoom\n"
                                   f"EARLYOOM_ARGS=\"{node['earlyoom']['default_args']}\"\n"),
         "/proc/meminfo": render_meminfo(node, faults),
-        "/proc/uptime": node["uptime"] + "\n",
+        "/proc/uptime": uptime_line(node),
         # what getmntent(3) reads: the lab's filesystems (NFS, XFS, CIFS cannot be mounted here)
         "/etc/mtab": "".join(" ".join(r) + " 0 0\n" for r in mount_rows(node, faults)),
+        # the clock-skew fault's node clock (sim/clock.py): named for every program the node starts while on
+        "/etc/ld.so.preload": "/usr/local/bin/sim-clock.so\n" if "clock-skew" in faults else "",
+        "/etc/sparkfleet-sim-clock": f"{faults['clock-skew']['seconds']:g}\n" if "clock-skew" in faults else "0\n",
     }
     files: dict[str, str] = {}
     size = node["sim"]["gid_table_size"]
