@@ -16,7 +16,7 @@ V2 = Path(__file__).parent / "fixtures/records/v2-stop-failed.json"  # written b
 
 def test_a_stored_v2_record_still_reads() -> None:
     doc = json.loads(V2.read_text())
-    assert doc["schema_version"] == 2 and SCHEMA_VERSION == 3
+    assert doc["schema_version"] == 2 and SCHEMA_VERSION == 4
     rec = read_record(doc, str(V2))
     assert (rec.schema_version, rec.outcome, rec.reason) == (2, "failed", "stop: cannot list containers on every node")
     assert rec.data.fleet_lock is not None and rec.data.overrides == {} and rec.data.legacy is None

@@ -22,8 +22,9 @@ from sparkfleet.schema.errors import UserError
 __all__ = ["REDACTED", "SECRET_NAME", "Record", "RunRecord", "list_runs", "new_run_id", "read_record", "redact"]
 
 # 1: the record as a free-form dict (before the typed model); 2: typed, with per-rank launches and pins;
-# 3: every key the runner and watch write is declared (RecordData forbids others), one validation on write
-SCHEMA_VERSION = 3
+# 3: every key the runner and watch write is declared (RecordData forbids others), one validation on write;
+# 4: a Slurm lane's job and the nodes drained for it (slurm_job, slurm_drained)
+SCHEMA_VERSION = 4
 
 
 def new_run_id() -> str:
@@ -220,7 +221,7 @@ class RecordError(UserError):
 
 
 def read_record(doc: Any, origin: str = "run record") -> RunRecord:
-    """Parse a record dict: schema 1 (no schema_version) and 2 read; a newer schema is refused, clearly."""
+    """Parse a record dict: schemas 1 (no schema_version) to 3 read; a newer schema is refused, clearly."""
     if not isinstance(doc, dict):
         raise RecordError(f"{origin}: not a run record (expected a JSON object)")
     version = doc.get("schema_version", 1)
