@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from sparkfleet.runner.record import SCHEMA_VERSION, Record, read_record
 
 V2 = Path(__file__).parent / "fixtures/records/v2-stop-failed.json"  # written by sparkfleet 733d167 (schema 2)
+V3 = Path(__file__).parent / "fixtures/records/v3-down-ok.json"  # written by sparkfleet 395af8e (schema 3): a lab `down`
 
 
 def test_a_stored_v2_record_still_reads() -> None:
@@ -21,6 +22,15 @@ def test_a_stored_v2_record_still_reads() -> None:
     assert (rec.schema_version, rec.outcome, rec.reason) == (2, "failed", "stop: cannot list containers on every node")
     assert rec.data.fleet_lock is not None and rec.data.overrides == {} and rec.data.legacy is None
     assert [s.step for s in rec.steps] == ["stop"]
+
+
+def test_a_stored_v3_record_still_reads() -> None:
+    doc = json.loads(V3.read_text())
+    assert doc["schema_version"] == 3
+    rec = read_record(doc, str(V3))
+    assert (rec.schema_version, rec.playbook, rec.profile, rec.outcome) == (3, "down", "llamacpp-lab", "ok")
+    assert rec.data.legacy is None and rec.data.slurm_job is None
+    assert [s.step for s in rec.steps] == [s["step"] for s in doc["steps"]]
 
 
 def test_a_v2_key_this_version_no_longer_names_is_kept_as_legacy() -> None:
