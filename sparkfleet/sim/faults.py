@@ -26,6 +26,7 @@ from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import shim, values
 from sparkfleet.sim.build import image_record
 from sparkfleet.sim.paths import inside
+from sparkfleet.sim.shim.faults import VANISH_WATCH_PID
 
 
 @dataclass(frozen=True)
@@ -452,16 +453,33 @@ def _rank_act(t: Target, params: dict[str, Any], kind: str) -> None:
 
     if t.dir is None:
         return
+    since = f"{time.time():.3f}"
     proc = node.run_in(t.dir, ["/usr/bin/python3", f"{node.SHIM_DIR}/sim-fault", kind])
     if proc is None or proc.returncode != 0:
         raise UserError(f"{t.node}: sim-fault {kind} failed: {proc.stderr.decode().strip() if proc else ''}")
-    if int(proc.stdout.decode().strip() or 0) > 0:
+    acted = int(proc.stdout.decode().strip() or 0)
+    if (kind == "rank-vanish" and (not acted or params.get("sticky"))
+            and shim.load(t.root(), "node.json").get("dockerd")):
+        # a real container cannot remove itself at its start, as the shim's do: a watcher in the node does
+        node.run_in(t.dir, ["/usr/bin/python3", f"{node.SHIM_DIR}/sim-fault", "--watch-vanish", since], detach=True)
+        _wait_file(t.root() / shim.STATE / VANISH_WATCH_PID)
+    if acted > 0:
         root = t.root()
         with shim.locked(root):
             faults = shim.load(root, "faults.json")
             if kind in faults["faults"]:
                 faults["faults"][kind]["acted"] = True
                 shim.save(root, "faults.json", faults)
+
+
+def _rank_unact(t: Target, params: dict[str, Any]) -> None:
+    """Heal of rank-vanish on a node with its own dockerd: its watcher (if still waiting) stopped."""
+    from sparkfleet.sim import node
+
+    pid_file = t.root() / shim.STATE / VANISH_WATCH_PID
+    if t.dir is not None and pid_file.exists():
+        node.run_in(t.dir, ["/bin/sh", "-c", f"kill $(cat /{shim.STATE}/{VANISH_WATCH_PID}) 2>/dev/null; "
+                            f"rm -f /{shim.STATE}/{VANISH_WATCH_PID}"])
 
 
 def _tbf_on(t: Target, params: dict[str, Any]) -> None:
@@ -561,7 +579,7 @@ ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
 UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off,
-    "docker-down": _dockerd_start, "daemon-slow": _slow_off}
+    "docker-down": _dockerd_start, "daemon-slow": _slow_off, "rank-vanish": _rank_unact}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }
