@@ -77,3 +77,31 @@ def test_inject_binds_the_system_python_and_state_and_keeps_the_lanes_mounts(tmp
     assert out["mounts"][1]["options"] == ["rbind", "ro", "nosuid"]
     assert out["mounts"][3] == {"destination": "/var/lib/sparkfleet-sim", "type": "bind",
                                 "source": str(tmp_path / "var/lib/sparkfleet-sim"), "options": ["rbind", "rw", "nosuid"]}
+
+
+def _as_init(tmp_path: Path, program: str):
+    """A process running `sh -c program` under llama.run_as_init, as a real container's first process would."""
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path / "ready"
+    ready.unlink(missing_ok=True)
+    code = ("import sys; from pathlib import Path; from sparkfleet.sim.llama import run_as_init; "
+            "sys.exit(run_as_init(Path('/bin/sh'), ['sh', '-c', sys.argv[1]], {'PATH': '/usr/bin:/bin'}))")
+    proc = subprocess.Popen([sys.executable, "-c", code, f"touch {ready}; {program}"])
+    deadline = time.monotonic() + 10
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    return proc
+
+
+def test_under_the_containers_init_a_signal_the_binary_does_not_handle_ends_it_as_tini_says(tmp_path):
+    import signal
+
+    proc = _as_init(tmp_path, "sleep 30")  # sh waits on sleep; USR2 (sh has no handler) ends sh
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(10) == 128 + signal.SIGUSR2
+    proc = _as_init(tmp_path, "exit 3")
+    assert proc.wait(10) == 3  # the binary's own exit status is the container's
