@@ -90,7 +90,7 @@ def container_write(sim, node: str, cid: str, text: str) -> None:
         return
     before = container_log(sim, node, cid)
     r = sim.exec(node, ["docker", "exec", cid, "/bin/sh", "-c", 'printf "%s" "$1" >/proc/1/fd/1', "sh", text])
-    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     done = text[:text.rfind("\n") + 1]
     if not done:
         return
