@@ -173,8 +173,8 @@ def test_force_restores_despite_a_drifted_pin_and_the_record_says_forced(env, ca
     assert pins["status"] == "warn" and pins["summary"].endswith("(--force)")
     fs = [f for f in findings(events, "pins") if f["check"] == "pins"]
     assert sorted(f["node"] for f in fs) == sorted(NODES)
-    assert all(f["status"] == "warn" and "image id" in f["message"] and f["message"].endswith(f"now {new_id.removeprefix('sha256:')[:12]}")
-               for f in fs)
+    now = f"now {new_id.removeprefix('sha256:')[:12]}"
+    assert all(f["status"] == "warn" and "image id" in f["message"] and f["message"].endswith(now) for f in fs)
     assert run_record(state, events)["forced"] is True
 
 
