@@ -105,3 +105,15 @@ def test_under_the_containers_init_a_signal_the_binary_does_not_handle_ends_it_a
     assert proc.wait(10) == 128 + signal.SIGUSR2
     proc = _as_init(tmp_path, "exit 3")
     assert proc.wait(10) == 3  # the binary's own exit status is the container's
+
+
+def test_a_docker_exec_process_gets_the_containers_rlimits_lowered_as_on_create(tmp_path):
+    _soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    spec = tmp_path / "process.json"
+    asked = {"type": "RLIMIT_MEMLOCK", "hard": runtime.INFINITY, "soft": runtime.INFINITY}
+    spec.write_text(json.dumps({"args": ["/bin/true"], "rlimits": [asked]}))
+    runtime.lower_exec(["--root", "/r", "exec", "--process", str(spec), "--detach", "--pid-file", "/p", "cid"])
+    got = json.loads(spec.read_text())
+    assert got["args"] == ["/bin/true"] and got["rlimits"] == runtime.clamp_rlimits([asked])
+    if hard != resource.RLIM_INFINITY:  # this machine (no CAP_SYS_RESOURCE): runc would refuse the ask
+        assert got["rlimits"][0]["hard"] == hard

@@ -11,7 +11,8 @@ stand-ins run on (the node's /usr, with its nvidia-smi, and the Python of the si
 node's sim state (the "GPU" the stand-ins read and mark busy). It also lowers each rlimit the launch asks for
 to what this machine can grant: here the capability bounding set lacks CAP_SYS_RESOURCE even for root, so
 runc would fail `--ulimit memlock=-1` ("error setting rlimit type 8: operation not permitted"). `docker
-inspect` still shows what the lane asked for: only the runtime's copy of the spec is changed.
+inspect` still shows what the lane asked for: only the runtime's copy of the spec is changed. A `docker exec`
+process gets the container's rlimits, so its `runc exec --process` spec is lowered the same way.
 
 `nvidia-container-runtime-hook` must be on dockerd's PATH for `--gpus` to mean anything (moby
 daemon/nvidia_linux.go registers its "nvidia" device driver only when it finds that binary, and adds it as a
@@ -93,12 +94,34 @@ def inject(spec: dict, root: Path) -> dict:
     return spec
 
 
+def _process_file(argv: list[str]) -> Path | None:
+    """The process spec file of `runc exec --process FILE` (how containerd hands runc a `docker exec`)."""
+    for i, a in enumerate(argv):
+        if a in ("--process", "-p") and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if a.startswith("--process="):
+            return Path(a.split("=", 1)[1])
+    return None
+
+
+def lower_exec(argv: list[str]) -> None:
+    """`runc exec --process FILE ...` (a `docker exec`): the process's rlimits, the container's, lowered as
+    on create (clamp_rlimits), in that file."""
+    path = _process_file(argv)
+    if path is not None and path.is_file():
+        proc = json.loads(path.read_text())
+        proc["rlimits"] = clamp_rlimits(proc.get("rlimits") or [])
+        path.write_text(json.dumps(proc))
+
+
 def sim_nvidia_runtime(argv: list[str], root: Path) -> int:
     sub, bundle = _bundle(argv)
     if sub in ("create", "run"):
         path = bundle / "config.json"
         spec = json.loads(path.read_text())
         path.write_text(json.dumps(inject(spec, root)))
+    elif sub == "exec":
+        lower_exec(argv)
     os.execv(RUNC, [RUNC, *argv])
     return 127  # not reached
 
