@@ -71,9 +71,10 @@ def container_log(sim, node: str, cid: str) -> str:
     record's `log`), or the shim's log file."""
     if sim.docker == "daemon":
         path = sim.exec(node, ["docker", "inspect", "-f", "{{.LogPath}}", cid]).stdout.decode().strip()
-        lines = (sim.root(node) / path.lstrip("/")).read_text(errors="replace").splitlines()
+        lines = (sim.root(node) / path.lstrip("/")).read_bytes().decode(errors="replace").split("\n")
         return "".join(json.loads(line)["log"] for line in lines if line)
-    return (sim.state_dir(node) / "logs" / f"{cid}.log").read_text(errors="replace")
+    # bytes, not read_text: its universal newlines would turn a tqdm bar's `\r` into a line break
+    return (sim.state_dir(node) / "logs" / f"{cid}.log").read_bytes().decode(errors="replace")
 
 
 LOG_WAIT_S = 10.0  # dockerd logs a container's line as soon as it reads it; a loaded 2-core machine is slower
