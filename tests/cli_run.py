@@ -51,8 +51,10 @@ def record_of(events: list[dict]) -> dict:
 def node_containers(sim, node: str) -> list[dict]:
     """Every container of a node as `docker inspect` shows it, oldest first, straight from the node's docker:
     its real daemon (sim up --docker daemon), or the shim's state."""
-    if sim.docker == "daemon":
-        ids = sim.exec(node, ["docker", "ps", "-aq", "--no-trunc"]).stdout.decode().split()
+    if sim.docker == "daemon":  # a node that is off or whose daemon is down cannot say: never read as "none"
+        ps = sim.exec(node, ["docker", "ps", "-aq", "--no-trunc"])
+        assert ps.returncode == 0, f"{node}: docker ps: {ps.stderr.decode(errors='replace').strip()}"
+        ids = ps.stdout.decode().split()
         found = json.loads(sim.exec(node, ["docker", "inspect", *ids]).stdout) if ids else []
         return sorted(found, key=lambda c: c["Created"])
     return json.loads((sim.state_dir(node) / "docker.json").read_text())["containers"]

@@ -52,12 +52,12 @@ def test_power_cycle_loses_what_lived_in_ram_and_keeps_the_disks(sim, capsys) ->
     assert not sim.reachable("bluey")
     assert sorted(p.name for p in (root / "run").iterdir()) == ["sshd"]  # tmpfs: gone
     assert sorted(p.relative_to(engram).as_posix() for p in engram.rglob("*")) == on_disk  # /nvme: kept
-    bluey = lane_containers(sim, "dcp2")["bluey"]
-    assert [(c["State"]["Status"], c["State"]["ExitCode"], c["Config"]["Labels"]["sparkfleet.run"])
-            for c in bluey] == [("exited", 255, run_id)]  # as dockerd shows it after an unclean restart
 
     sim.heal("bluey", "power-cycle")  # the power is back
     assert sim.reachable("bluey")
+    bluey = lane_containers(sim, "dcp2")["bluey"]
+    assert [(c["State"]["Status"], c["State"]["ExitCode"], c["Config"]["Labels"]["sparkfleet.run"])
+            for c in bluey] == [("exited", 255, run_id)]  # as dockerd shows it after an unclean restart
     assert main(["facts", "--inventory", "sim", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     uptimes = {n: f["uptime_s"] for n, f in facts.items()}
