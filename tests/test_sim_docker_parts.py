@@ -71,9 +71,13 @@ def test_the_runtime_finds_the_bundle_of_create_after_runcs_global_options():
 def test_inject_binds_the_system_python_and_state_and_keeps_the_lanes_mounts(tmp_path):
     (tmp_path / "var/lib/sparkfleet-sim").mkdir(parents=True)
     (tmp_path / "var/lib/sparkfleet-sim/engine.json").write_text(json.dumps({"python_roots": [str(tmp_path)]}))
+    (tmp_path / "var/lib/sparkfleet-sim/node/proc").mkdir(parents=True)
+    (tmp_path / "var/lib/sparkfleet-sim/node/proc/meminfo").write_text("MemTotal:       126877696 kB\n")
     spec = {"process": {"rlimits": []}, "mounts": [{"destination": "/models", "type": "bind", "source": "/nvme/m"}]}
     out = runtime.inject(spec, tmp_path)
-    assert [m["destination"] for m in out["mounts"]] == ["/models", "/usr", str(tmp_path), "/var/lib/sparkfleet-sim"]
+    assert [m["destination"] for m in out["mounts"]] == ["/models", "/usr", str(tmp_path), "/var/lib/sparkfleet-sim",
+                                                         "/proc/meminfo"]  # the node's memory, not this machine's
+    assert out["mounts"][4]["source"] == str(tmp_path / "var/lib/sparkfleet-sim/node/proc/meminfo")
     assert out["mounts"][1]["options"] == ["rbind", "ro", "nosuid"]
     assert out["mounts"][3] == {"destination": "/var/lib/sparkfleet-sim", "type": "bind",
                                 "source": str(tmp_path / "var/lib/sparkfleet-sim"), "options": ["rbind", "rw", "nosuid"]}

@@ -28,6 +28,7 @@ import resource
 import sys
 from pathlib import Path
 
+from .render import bound_source
 from .state import STATE, load
 
 RUNC = "/usr/sbin/runc"
@@ -37,6 +38,7 @@ SYSTEM_DIRS = ("/usr",)  # the image holds /bin, /lib, /sbin as links into /usr 
 RLIMITS = {"RLIMIT_MEMLOCK": resource.RLIMIT_MEMLOCK, "RLIMIT_STACK": resource.RLIMIT_STACK,
            "RLIMIT_NOFILE": resource.RLIMIT_NOFILE, "RLIMIT_NPROC": resource.RLIMIT_NPROC,
            "RLIMIT_CORE": resource.RLIMIT_CORE, "RLIMIT_AS": resource.RLIMIT_AS}
+PROC_FILES = ("/proc/meminfo", "/proc/uptime")  # the node's own, of render.BOUND_FILES
 INFINITY = 2**64 - 1  # the OCI spec's "unlimited" (Go's uint64 max)
 
 
@@ -90,6 +92,12 @@ def inject(spec: dict, root: Path) -> dict:
     state = "/" + STATE
     mounts.append({"destination": state, "type": "bind", "source": str(root / STATE),
                    "options": ["rbind", "rw", "nosuid"]})
+    # A container's /proc shows its host's memory and uptime: here the node's, which the sim renders into the
+    # node's bound files (runc allows these /proc binds, as lxcfs uses them), not this machine's.
+    for p in PROC_FILES:
+        src = bound_source(root, p)
+        if p not in have and src.is_file():
+            mounts.append(_ro(str(src), p))
     spec["mounts"] = list(spec.get("mounts") or []) + mounts
     return spec
 
