@@ -666,7 +666,8 @@ def _set_power(root: Path, **changes: Any) -> None:
 
 
 def _boot(name: str) -> None:
-    """Power the node on: its init again (earlyoom, sshd) in the same network namespace, as `sim up` starts it."""
+    """Power the node on: its init again (earlyoom, sshd, its own dockerd) in the same network namespace, as
+    `sim up` starts it."""
     import json
 
     from sparkfleet.sim import netlab, node, paths, sshd
@@ -677,9 +678,15 @@ def _boot(name: str) -> None:
     manifest = json.loads(paths.manifest_path().read_text())
     info = manifest["nodes"][name].get("ssh")
     argv = [sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]] if info else None
-    node.start(nd, name, netns=netlab.netns_name(name) if manifest.get("netns") else None, sshd=argv)
+    daemon = manifest.get("docker") == "daemon"
+    node.start(nd, name, netns=netlab.netns_name(name) if manifest.get("netns") else None, sshd=argv,
+               dockerd=daemon)
     if info:
         sshd.wait_banner(name, info["host"], info["port"])
+    if daemon:  # booted as `sim up` boots a node: once its own dockerd answers (it restores its containers)
+        from sparkfleet.sim import dockerd
+
+        dockerd.wait_ready(nd, name)
     _set_power(paths.node_root(name), back=True, back_at=time.time(), supply=None)
 
 
