@@ -196,6 +196,6 @@ def repulled(sim, nodes: tuple[str, ...], ref: str) -> Iterator[str]:
             _unpull(sim, n, ref, olds[n], new)
 
 
-def lane_states(sim, profile: str = "dcp2") -> dict[str, list[str]]:
-    """Every node's container states of a lane (docker's State.Status), in the order docker holds them."""
-    return {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, profile).items()}
+def lane_states(sim, profile: str = "dcp2", nodes: tuple[str, ...] = LAB_NODES) -> dict[str, list[str]]:
+    """Each node's container states of a lane (docker's State.Status), in the order docker holds them."""
+    return {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, profile, nodes).items()}
