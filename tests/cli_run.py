@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import os
+import tarfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from sparkfleet.cli.main import main
@@ -45,8 +51,10 @@ def record_of(events: list[dict]) -> dict:
 def node_containers(sim, node: str) -> list[dict]:
     """Every container of a node as `docker inspect` shows it, oldest first, straight from the node's docker:
     its real daemon (sim up --docker daemon), or the shim's state."""
-    if sim.docker == "daemon":
-        ids = sim.exec(node, ["docker", "ps", "-aq", "--no-trunc"]).stdout.decode().split()
+    if sim.docker == "daemon":  # a node that is off or whose daemon is down cannot say: never read as "none"
+        ps = sim.exec(node, ["docker", "ps", "-aq", "--no-trunc"])
+        assert ps.returncode == 0, f"{node}: docker ps: {ps.stderr.decode(errors='replace').strip()}"
+        ids = ps.stdout.decode().split()
         found = json.loads(sim.exec(node, ["docker", "inspect", *ids]).stdout) if ids else []
         return sorted(found, key=lambda c: c["Created"])
     return json.loads((sim.state_dir(node) / "docker.json").read_text())["containers"]
@@ -65,11 +73,129 @@ def container_log(sim, node: str, cid: str) -> str:
     record's `log`), or the shim's log file."""
     if sim.docker == "daemon":
         path = sim.exec(node, ["docker", "inspect", "-f", "{{.LogPath}}", cid]).stdout.decode().strip()
-        lines = (sim.root(node) / path.lstrip("/")).read_text(errors="replace").splitlines()
+        lines = (sim.root(node) / path.lstrip("/")).read_bytes().decode(errors="replace").split("\n")
         return "".join(json.loads(line)["log"] for line in lines if line)
-    return (sim.state_dir(node) / "logs" / f"{cid}.log").read_text(errors="replace")
+    # bytes, not read_text: its universal newlines would turn a tqdm bar's `\r` into a line break
+    return (sim.state_dir(node) / "logs" / f"{cid}.log").read_bytes().decode(errors="replace")
 
 
-def lane_states(sim, profile: str = "dcp2") -> dict[str, list[str]]:
-    """Every node's container states of a lane (docker's State.Status), in the order docker holds them."""
-    return {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, profile).items()}
+LOG_WAIT_S = 10.0  # dockerd logs a container's line as soon as it reads it; a loaded 2-core machine is slower
+REPULLED_AT = "2026-12-01T00:00:00Z"  # when the re-pulled build of a tag was made (its config's `created`)
+
+
+def container_write(sim, node: str, cid: str, text: str) -> None:
+    """The container's main process writes `text` to its stdout, as its engine does: on the real daemon
+    through its pid 1's stdout (`docker exec`), and only once dockerd has logged `text` through its last
+    newline (dockerd's log copier keeps a line back until its newline); on the shim, its log file."""
+    if sim.docker != "daemon":
+        with (sim.state_dir(node) / "logs" / f"{cid}.log").open("a") as f:
+            f.write(text)
+        return
+    before = container_log(sim, node, cid)
+    r = sim.exec(node, ["docker", "exec", cid, "/bin/sh", "-c", 'printf "%s" "$1" >/proc/1/fd/1', "sh", text])
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    done = text[:text.rfind("\n") + 1]
+    if not done:
+        return
+    last = done[:-1].rsplit("\n", 1)[-1] + "\n"
+    deadline = time.monotonic() + LOG_WAIT_S
+    while last not in container_log(sim, node, cid)[len(before):]:
+        assert time.monotonic() < deadline, f"dockerd on {node} did not log {last!r} within {LOG_WAIT_S:.0f} s"
+        time.sleep(0.05)
+
+
+def _image_id(sim, node: str, ref: str) -> str:
+    r = sim.exec(node, ["docker", "image", "inspect", "-f", "{{.Id}}", ref])
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout.decode().strip()
+
+
+def _rebuilt(saved: bytes) -> tuple[bytes, str]:
+    """A `docker save` archive of one image as another build of it under the same tag (its config made at
+    REPULLED_AT, its layers the same): (the archive, the new image id)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(saved)) as src, tarfile.open(fileobj=out, mode="w") as dst:
+        (entry,) = json.loads(src.extractfile("manifest.json").read())
+        cfg = json.loads(src.extractfile(entry["Config"]).read())
+        cfg["created"] = REPULLED_AT
+        for h in cfg.get("history") or []:
+            h["created"] = REPULLED_AT
+        data = json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        entry["Config"] = f"{digest}.json"
+        for m in src.getmembers():
+            if m.name in ("manifest.json", "repositories") or m.name.endswith(".json") and "/" not in m.name:
+                continue
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        for name, body in ((entry["Config"], data), ("manifest.json", json.dumps([entry]).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            dst.addfile(info, io.BytesIO(body))
+    return out.getvalue(), "sha256:" + digest
+
+
+def _repull(sim, node: str, ref: str, old: str) -> str:
+    """The tag `ref` re-pulled on `node` (another build of its image); returns the tag's new image id."""
+    if sim.docker == "daemon":
+        saved = sim.exec(node, ["docker", "save", ref])
+        assert saved.returncode == 0, saved.stderr.decode(errors="replace")
+        data, new = _rebuilt(saved.stdout)
+        tar = sim.state_dir(node) / "repulled.tar"
+        tar.write_bytes(data)
+        try:
+            r = sim.exec(node, ["docker", "load", "-q", "-i", f"/{tar.relative_to(sim.root(node))}"])
+        finally:
+            tar.unlink()
+        assert r.returncode == 0, r.stderr.decode(errors="replace")
+        assert _image_id(sim, node, ref) == new
+        return new
+    path = sim.state_dir(node) / "docker.json"
+    docker = json.loads(path.read_text())
+    new = "sha256:" + hashlib.sha256(f"{old} re-pulled at {REPULLED_AT}".encode()).hexdigest()
+    (image,) = [i for i in docker["images"] if i["Id"] == old]
+    image["Id"] = new
+    path.write_text(json.dumps(docker))
+    return new
+
+
+def _unpull(sim, node: str, ref: str, old: str, new: str) -> None:
+    """The tag `ref` back on its old image `old`; the re-pulled build `new` removed unless a container runs it."""
+    if sim.docker == "daemon":
+        r = sim.exec(node, ["docker", "tag", old, ref])
+        assert r.returncode == 0, r.stderr.decode(errors="replace")
+        if not [c for c in node_containers(sim, node) if c["Image"] == new]:
+            r = sim.exec(node, ["docker", "image", "rm", new])
+            assert r.returncode == 0, r.stderr.decode(errors="replace")
+        assert _image_id(sim, node, ref) == old
+        return
+    path = sim.state_dir(node) / "docker.json"
+    docker = json.loads(path.read_text())
+    for i in docker["images"]:
+        if i["Id"] == new:
+            i["Id"] = old
+    path.write_text(json.dumps(docker))
+
+
+@contextlib.contextmanager
+def repulled(sim, nodes: tuple[str, ...], ref: str) -> Iterator[str]:
+    """Within the block, the tag `ref` was re-pulled on each of `nodes`: another build of its image (one new
+    id on every node), the old image kept for what still runs it; after it, the tag is back on the old image.
+    Yields the new image id. On the real daemon this is `docker load` of a rebuilt archive; on the shim, its
+    image record's id."""
+    olds = {n: _image_id(sim, n, ref) if sim.docker == "daemon" else
+            next(i["Id"] for i in json.loads((sim.state_dir(n) / "docker.json").read_text())["images"]
+                 if ref in i["RepoTags"]) for n in nodes}
+    done: dict[str, str] = {}
+    try:
+        for n in nodes:
+            done[n] = _repull(sim, n, ref, olds[n])
+        assert len(set(done.values())) == 1, done
+        yield next(iter(done.values()))
+    finally:
+        for n, new in done.items():
+            _unpull(sim, n, ref, olds[n], new)
+
+
+def lane_states(sim, profile: str = "dcp2", nodes: tuple[str, ...] = LAB_NODES) -> dict[str, list[str]]:
+    """Each node's container states of a lane (docker's State.Status), in the order docker holds them."""
+    return {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, profile, nodes).items()}

@@ -18,7 +18,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
-from tests.cli_run import lane_containers, record_of, result, run
+from tests.cli_run import container_log, container_write, lane_containers, node_containers, record_of, result, run
 from tests.conftest import REPO, engram_copies, tensorfold_built
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
@@ -71,7 +71,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys, monkeypatch
     assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--rank", "0", "--tail", "0", "--json"]) == 0
     lines = [json.loads(x)["line"] for x in capsys.readouterr().out.splitlines()]
     (head,) = running["reddie"]
-    written = (sim.state_dir("reddie") / "logs" / f"{head['Id']}.log").read_bytes().decode().split("\n")
+    written = container_log(sim, "reddie", head["Id"]).split("\n")
     assert lines == written[:len(lines)] and len(lines) >= len(written) - 1  # the head may log on meanwhile
     (bar,) = [x for x in lines if "Capturing CUDA graphs (decode, FULL)" in x]
     assert bar.count("\r") >= 2
@@ -80,15 +80,13 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys, monkeypatch
     assert re.fullmatch(r"reddie/r0 \| Capturing CUDA graphs \(decode, FULL\): 100%\|█{10}\| (\d+)/\1 \[.*\]\s*",
                         shown), shown
     # --follow reads as `up` reads: each line once, when complete (a bar still moving waits for its `\n`)
-    log = sim.state_dir("reddie") / "logs" / f"{head['Id']}.log"
     more = iter(["\rCompiling (sim):  50%", "\rCompiling (sim): 100%\nINFO followed\n"])
 
     def poll(seconds: float) -> None:  # between two polls the head writes the next piece
         piece = next(more, None)
         if piece is None:
             raise KeyboardInterrupt  # the operator's Ctrl-C
-        with log.open("a") as f:
-            f.write(piece)
+        container_write(sim, "reddie", head["Id"], piece)
 
     monkeypatch.setattr("sparkfleet.cli.observe.time", SimpleNamespace(sleep=poll))
     assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--rank", "0", "--tail", "1", "--follow",
@@ -99,8 +97,7 @@ def test_up_serves_then_status_then_down_leaves_nothing(sim, capsys, monkeypatch
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0
     assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
-    engines = [json.loads((sim.state_dir(n) / "docker.json").read_text()) for n in ("reddie", "asusi")]
-    assert all(not d["containers"] for d in engines)
+    assert not node_containers(sim, "reddie") and not node_containers(sim, "asusi")
 
 
 def test_a_second_up_removes_the_old_lane_first(sim, capsys) -> None:
@@ -146,7 +143,7 @@ def test_a_warning_line_is_not_fatal(sim, capsys) -> None:
     rec = record_of(events)
     assert rec["data"]["log_facts"]["1"]["fatal"] is None
     (c,) = lane_containers(sim, "dcp2")["asusi"]
-    log = (sim.state_dir("asusi") / "logs" / f"{c['Id']}.log").read_text()
+    log = container_log(sim, "asusi", c["Id"])
     assert any("WARNING" in line and "CUDA error" in line for line in log.splitlines())
 
 
@@ -177,8 +174,7 @@ def test_a_foreign_container_on_the_port_refuses_before_anything_starts(sim, cap
     conflict = [f for f in fs if f["status"] == "fail"]
     assert len(conflict) == 1 and conflict[0]["node"] == "reddie" and "foreign-lane-8410" in conflict[0]["message"]
     assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}
-    docker = json.loads((sim.state_dir("reddie") / "docker.json").read_text())
-    assert [c["State"]["Status"] for c in docker["containers"]] == ["running"]  # never touched
+    assert [c["State"]["Status"] for c in node_containers(sim, "reddie")] == ["running"]  # never touched
 
 
 def test_an_unreachable_node_stops_the_run_before_launch(sim, capsys) -> None:
@@ -384,6 +380,7 @@ def test_docker_down_on_a_node_is_not_reported_as_unreachable(sim, capsys) -> No
          "`sparkfleet down --profile dcp2 --limit spark4`")]
     assert fs[0]["message"] == ("the docker daemon is not running: Cannot connect to the Docker daemon at "
                                 "unix:///var/run/docker.sock. Is the docker daemon running?")
+    sim.heal("spark4")  # its docker answers again (on a real daemon, nothing can list spark4's containers before)
     assert lane_containers(sim, "dcp2") == {"reddie": [], "asusi": [], "bluey": [], "spark4": []}  # nothing was started
 
 

@@ -10,6 +10,7 @@ copy's manifest can be read back on a node until the lab's node roots land (issu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -95,25 +96,16 @@ def test_restore_refuses_a_drifted_pin_naming_node_and_pin_and_stops_nothing(env
     before = lane_containers(sim)
     assert all(len(v) == 1 and v[0][1] == "running" for v in before.values())
     launch = next(x for x in point(state)["record"]["data"]["launches"] if x["node"] == "bluey")
-    path = sim.state_dir("bluey") / "docker.json"
-    saved = path.read_text()
-    if pin == "image":  # the tag was re-pulled on bluey: its local image id moved
-        docker = json.loads(saved)
-        image = next(i for i in docker["images"] if i["Id"] == launch["image_id"])
-        image["Id"] = "sha256:" + "e" * 64
-        path.write_text(json.dumps(docker))
-        want = (f"bluey: image id of {launch['image_ref']}: recorded {launch['image_id'].removeprefix('sha256:')[:12]}"
-                ", now eeeeeeeeeeee")
-    else:  # a global IPv6 address moved bluey's RoCE v2 IPv4 GID entry
-        sim.fault("bluey", "wrong-gid")
-        want = f"bluey: resolved GID index: recorded {launch['inventory']['gid_index']}, now 5"
-    try:
+    with contextlib.ExitStack() as undo:
+        if pin == "image":  # the tag was re-pulled on bluey: its local image id moved
+            new_id = undo.enter_context(cli_run.repulled(sim, ("bluey",), launch["image_ref"]))
+            want = (f"bluey: image id of {launch['image_ref']}: recorded "
+                    f"{launch['image_id'].removeprefix('sha256:')[:12]}, now {new_id.removeprefix('sha256:')[:12]}")
+        else:  # a global IPv6 address moved bluey's RoCE v2 IPv4 GID entry
+            sim.fault("bluey", "wrong-gid")
+            undo.callback(sim.heal, "bluey")
+            want = f"bluey: resolved GID index: recorded {launch['inventory']['gid_index']}, now 5"
         code, events = restore(capsys, ops)
-    finally:
-        if pin == "image":
-            path.write_text(saved)
-        else:
-            sim.heal("bluey")
     assert code == 1, result(events)
     assert step(events, "pins")["status"] == "fail"
     assert [s["step"] for s in events if s["event"] == "step" and s["status"] != "start"] == ["pins"]
@@ -170,32 +162,19 @@ def test_force_restores_despite_a_drifted_pin_and_the_record_says_forced(env, ca
     """The tag was re-pulled on every node (one new image id everywhere, so the lane's own drift check
     passes): the pins refuse, --force relaunches the recorded lane and the record says forced."""
     sim, ops, state = env
-    image_id = point(state)["record"]["data"]["launches"][0]["image_id"]
-    new_id = "sha256:" + "f" * 64
-
-    def swap(a: str, b: str) -> None:
-        for node in NODES:
-            path = sim.state_dir(node) / "docker.json"
-            docker = json.loads(path.read_text())
-            for i in docker["images"]:
-                if i["Id"] == a:
-                    i["Id"] = b
-            path.write_text(json.dumps(docker))
-
-    swap(image_id, new_id)
-    try:
+    launch = point(state)["record"]["data"]["launches"][0]
+    with cli_run.repulled(sim, NODES, launch["image_ref"]) as new_id:
+        assert new_id != launch["image_id"]
         code, events = restore(capsys, ops)
         assert code == 1 and step(events, "pins")["status"] == "fail"
         code, events = restore(capsys, ops, "--force")
-    finally:
-        swap(new_id, image_id)
     assert code == 0, result(events)
     pins = step(events, "pins")
     assert pins["status"] == "warn" and pins["summary"].endswith("(--force)")
     fs = [f for f in findings(events, "pins") if f["check"] == "pins"]
     assert sorted(f["node"] for f in fs) == sorted(NODES)
-    assert all(f["status"] == "warn" and "image id" in f["message"] and f["message"].endswith("now ffffffffffff")
-               for f in fs)
+    now = f"now {new_id.removeprefix('sha256:')[:12]}"
+    assert all(f["status"] == "warn" and "image id" in f["message"] and f["message"].endswith(now) for f in fs)
     assert run_record(state, events)["forced"] is True
 
 

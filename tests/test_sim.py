@@ -38,9 +38,14 @@ def state(tmp_path, monkeypatch) -> Path:
     lab.down()  # a test that failed half-way leaves no running node behind
 
 
+# This module tests the docker shim itself (its files byte for byte, its output shapes, its faults' changes to
+# them), so its labs are the shim's whatever SPARKFLEET_SIM_DOCKER says; the real daemon's side is
+# test_docker_daemon_lab.py, and test_docker_contract.py holds the two to the same output.
+DOCKER = "shim"
+
 @pytest.fixture
 def sim(state):
-    s = lab.up("lab")
+    s = lab.up("lab", docker=DOCKER)
     yield s
     lab.down()
 
@@ -51,7 +56,7 @@ def shared_state(tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("shared-sim")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state_dir))
-        lab.up("lab")
+        lab.up("lab", docker=DOCKER)
     yield state_dir
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state_dir))
@@ -675,10 +680,10 @@ def test_up_accepts_an_inventory_file_and_force(state, tmp_path):
     two.write_text(text.replace("  sparks: [reddie, asusi, bluey, spark4]", "  sparks: [reddie, asusi]"))
     data = Spec(find_root()).inventory(str(two))
     assert data.groups["sparks"] == ["reddie", "asusi"]
-    lab.up(str(two))
+    lab.up(str(two), docker=DOCKER)
     with pytest.raises(lab.UserError, match="already exists"):
-        lab.up(str(two))
-    s = lab.up("lab", force=True)
+        lab.up(str(two), docker=DOCKER)
+    s = lab.up("lab", force=True, docker=DOCKER)
     assert s.manifest["source_inventory"].endswith("inventories/lab.yaml")
     lab.down()
     assert lab.current() is None
@@ -695,7 +700,7 @@ def need_sshd() -> None:
 
 def test_ssh_mode_sshd_inside_each_node_pinned_keys(state):
     need_sshd()
-    sim = lab.up("lab", transport="ssh")
+    sim = lab.up("lab", transport="ssh", docker=DOCKER)
     try:
         inv = sim.inventory()
         known_hosts = state / "known_hosts"
@@ -915,7 +920,7 @@ def _mounts_and_processes() -> tuple[list[str], set[str]]:
 def test_down_leaves_no_mount_namespace_process_or_directory(state):
     mounts, _ = _mounts_and_processes()
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    sim = lab.up("lab")
+    sim = lab.up("lab", docker=DOCKER)
     nodes_dir = paths.nodes_dir()
     _, during = _mounts_and_processes()
     assert any(str(nodes_dir) in c for c in during)  # the nodes' inits run

@@ -71,9 +71,13 @@ def test_the_runtime_finds_the_bundle_of_create_after_runcs_global_options():
 def test_inject_binds_the_system_python_and_state_and_keeps_the_lanes_mounts(tmp_path):
     (tmp_path / "var/lib/sparkfleet-sim").mkdir(parents=True)
     (tmp_path / "var/lib/sparkfleet-sim/engine.json").write_text(json.dumps({"python_roots": [str(tmp_path)]}))
+    (tmp_path / "var/lib/sparkfleet-sim/node/proc").mkdir(parents=True)
+    (tmp_path / "var/lib/sparkfleet-sim/node/proc/meminfo").write_text("MemTotal:       126877696 kB\n")
     spec = {"process": {"rlimits": []}, "mounts": [{"destination": "/models", "type": "bind", "source": "/nvme/m"}]}
     out = runtime.inject(spec, tmp_path)
-    assert [m["destination"] for m in out["mounts"]] == ["/models", "/usr", str(tmp_path), "/var/lib/sparkfleet-sim"]
+    assert [m["destination"] for m in out["mounts"]] == ["/models", "/usr", str(tmp_path), "/var/lib/sparkfleet-sim",
+                                                         "/proc/meminfo"]  # the node's memory, not this machine's
+    assert out["mounts"][4]["source"] == str(tmp_path / "var/lib/sparkfleet-sim/node/proc/meminfo")
     assert out["mounts"][1]["options"] == ["rbind", "ro", "nosuid"]
     assert out["mounts"][3] == {"destination": "/var/lib/sparkfleet-sim", "type": "bind",
                                 "source": str(tmp_path / "var/lib/sparkfleet-sim"), "options": ["rbind", "rw", "nosuid"]}
@@ -95,3 +99,43 @@ def test_a_lab_node_s_images_take_their_entrypoint_from_the_engine_adapter():
     refs = {p.engine: p.image.ref for p in lanes.profiles}
     assert [entry[t] for t in entry if t.startswith(refs["vllm"])] == [["vllm", "serve"]]
     assert [entry[t] for t in entry if t.startswith(refs["llamacpp"])] in ([None], [[]])
+
+
+def _as_init(tmp_path: Path, program: str):
+    """A process running `sh -c program` under llama.run_as_init, as a real container's first process would."""
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path / "ready"
+    ready.unlink(missing_ok=True)
+    code = ("import sys; from pathlib import Path; from sparkfleet.sim.llama import run_as_init; "
+            "sys.exit(run_as_init(Path('/bin/sh'), ['sh', '-c', sys.argv[1]], {'PATH': '/usr/bin:/bin'}))")
+    proc = subprocess.Popen([sys.executable, "-c", code, f"touch {ready}; {program}"])
+    deadline = time.monotonic() + 10
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    return proc
+
+
+def test_under_the_containers_init_a_signal_the_binary_does_not_handle_ends_it_as_tini_says(tmp_path):
+    import signal
+
+    proc = _as_init(tmp_path, "sleep 30")  # sh waits on sleep; USR2 (sh has no handler) ends sh
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(10) == 128 + signal.SIGUSR2
+    proc = _as_init(tmp_path, "exit 3")
+    assert proc.wait(10) == 3  # the binary's own exit status is the container's
+
+
+def test_a_docker_exec_process_gets_the_containers_rlimits_lowered_as_on_create(tmp_path):
+    _soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    spec = tmp_path / "process.json"
+    asked = {"type": "RLIMIT_MEMLOCK", "hard": runtime.INFINITY, "soft": runtime.INFINITY}
+    spec.write_text(json.dumps({"args": ["/bin/true"], "rlimits": [asked]}))
+    runtime.lower_exec(["--root", "/r", "exec", "--process", str(spec), "--detach", "--pid-file", "/p", "cid"])
+    got = json.loads(spec.read_text())
+    assert got["args"] == ["/bin/true"] and got["rlimits"] == runtime.clamp_rlimits([asked])
+    if hard != resource.RLIM_INFINITY:  # this machine (no CAP_SYS_RESOURCE): runc would refuse the ask
+        assert got["rlimits"][0]["hard"] == hard

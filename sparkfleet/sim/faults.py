@@ -26,6 +26,7 @@ from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import shim, values
 from sparkfleet.sim.build import image_record
 from sparkfleet.sim.paths import inside
+from sparkfleet.sim.shim.faults import VANISH_WATCH_PID
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,8 @@ def _port_taken(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     if not 1 <= port <= 65535:
         raise UserError(f"--port {port}: expected 1-65535")
     node = shim.load(root, "node.json")
+    if node.get("dockerd"):  # the node's real daemon: the foreign lane is a real container (_foreign_run)
+        return {"port": port, "daemon": True}
     docker = shim.load(root, "docker.json")
     name = f"foreign-lane-{port}"
     if any(c["Name"] == "/" + name for c in docker["containers"]):
@@ -261,14 +264,82 @@ def _in_node(t: Target, argv: list[str], detach: bool = False) -> None:
         node.run_in(t.dir, argv, detach=detach)
 
 
+def _docker(t: Target, *argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """The node's own docker CLI, run inside the node (a node with its own dockerd)."""
+    from sparkfleet.sim import node
+
+    r = node.run_in(t.dir, ["/usr/bin/docker", *argv], stdin=stdin, timeout_s=120) if t.dir else None
+    if r is None:
+        raise UserError(f"{t.node}: the node is not running, so its docker cannot be reached")
+    return r
+
+
+def _foreign_run(t: Target, params: dict[str, Any]) -> None:
+    """port-taken on a node with its own dockerd: somebody else's lane, a real container on the host network
+    (the lab's daemons have no bridge to publish a port through) whose server listens on the port. Its image
+    is loaded first where the node lacks it. What it made is added to the fault's record for heal; a run
+    docker refuses (a name in use) drops the fault and says docker's words."""
+    from sparkfleet.fleet.transport import telling_line
+    from sparkfleet.sim import build
+
+    port, name = params["port"], f"foreign-lane-{params['port']}"
+    added = _docker(t, "image", "inspect", values.FOREIGN_IMAGE).returncode != 0
+    if added:
+        r = _docker(t, "load", "-q", stdin=build.images_archive({values.FOREIGN_IMAGE: {"entrypoint": None}}))
+        if r.returncode != 0:
+            _drop_fault(t, "port-taken")
+            raise UserError(f"{t.node}: port-taken: docker load of {values.FOREIGN_IMAGE} failed: "
+                            f"{telling_line(r.stderr.decode(errors='replace'))}")
+    pid_file = f"/{shim.STATE}/foreign-{port}.pid"
+    labels = [a for k, v in values.FOREIGN_LABELS.items() for a in ("--label", f"{k}={v}")]
+    r = _docker(t, "run", "-d", "--name", name, "--network", "host", *labels, values.FOREIGN_IMAGE,
+                "python3", "-c", LISTENER, str(port), pid_file)
+    if r.returncode != 0:
+        if added:
+            _docker(t, "image", "rm", values.FOREIGN_IMAGE)
+        _drop_fault(t, "port-taken")
+        raise UserError(f"{t.node}: port-taken: docker run of {name} failed: "
+                        f"{telling_line(r.stderr.decode(errors='replace'))}")
+    _wait_file(t.root() / shim.STATE / f"foreign-{port}.pid")
+    root = t.root()
+    with shim.locked(root):
+        faults = shim.load(root, "faults.json")
+        faults["faults"]["port-taken"].update(container=r.stdout.decode().strip(), added_image=added)
+        shim.save(root, "faults.json", faults)
+
+
+def _foreign_rm(t: Target, params: dict[str, Any]) -> None:
+    """Heal of _foreign_run: its container removed, its image too where the fault loaded it."""
+    _docker(t, "rm", "-f", f"foreign-lane-{params['port']}")
+    if params.get("added_image"):
+        _docker(t, "image", "rm", values.FOREIGN_IMAGE)
+    (t.root() / shim.STATE / f"foreign-{params['port']}.pid").unlink(missing_ok=True)
+
+
+def _drop_fault(t: Target, kind: str) -> None:
+    root = t.root()
+    with shim.locked(root):
+        faults = shim.load(root, "faults.json")
+        faults["faults"].pop(kind, None)
+        shim.save(root, "faults.json", faults)
+        shim.render(root)
+
+
 def _listen(t: Target, params: dict[str, Any]) -> None:
-    """The foreign lane's server: a real socket listening on the port inside the node."""
+    """The foreign lane's server: a real socket listening on the port inside the node (on a node with its own
+    dockerd, in the foreign lane's real container)."""
+    if params.get("daemon"):
+        _foreign_run(t, params)
+        return
     pid_file = f"/{shim.STATE}/foreign-{params['port']}.pid"
     _in_node(t, ["/usr/bin/python3", "-c", LISTENER, str(params["port"]), pid_file], detach=True)
     _wait_file(t.root() / shim.STATE / f"foreign-{params['port']}.pid")
 
 
 def _unlisten(t: Target, params: dict[str, Any]) -> None:
+    if params.get("daemon"):
+        _foreign_rm(t, params)
+        return
     pid_file = f"/{shim.STATE}/foreign-{params['port']}.pid"
     _in_node(t, ["/bin/sh", "-c", f"kill $(cat {pid_file}) 2>/dev/null; rm -f {pid_file}"])
 
@@ -296,6 +367,8 @@ def _wait_file(path: Path, timeout_s: float = 5.0) -> None:
 
 
 def _unport_taken(root: Path, params: dict[str, Any]) -> None:
+    if params.get("daemon"):
+        return  # nothing in the shim's state: the container is the daemon's (_foreign_rm)
     docker = shim.load(root, "docker.json")
     gone = [c for c in docker["containers"] if c["Id"] == params["container"]]
     docker["containers"] = [c for c in docker["containers"] if c["Id"] != params["container"]]
@@ -380,16 +453,33 @@ def _rank_act(t: Target, params: dict[str, Any], kind: str) -> None:
 
     if t.dir is None:
         return
+    since = f"{time.time():.3f}"
     proc = node.run_in(t.dir, ["/usr/bin/python3", f"{node.SHIM_DIR}/sim-fault", kind])
     if proc is None or proc.returncode != 0:
         raise UserError(f"{t.node}: sim-fault {kind} failed: {proc.stderr.decode().strip() if proc else ''}")
-    if int(proc.stdout.decode().strip() or 0) > 0:
+    acted = int(proc.stdout.decode().strip() or 0)
+    if (kind == "rank-vanish" and (not acted or params.get("sticky"))
+            and shim.load(t.root(), "node.json").get("dockerd")):
+        # a real container cannot remove itself at its start, as the shim's do: a watcher in the node does
+        node.run_in(t.dir, ["/usr/bin/python3", f"{node.SHIM_DIR}/sim-fault", "--watch-vanish", since], detach=True)
+        _wait_file(t.root() / shim.STATE / VANISH_WATCH_PID)
+    if acted > 0:
         root = t.root()
         with shim.locked(root):
             faults = shim.load(root, "faults.json")
             if kind in faults["faults"]:
                 faults["faults"][kind]["acted"] = True
                 shim.save(root, "faults.json", faults)
+
+
+def _rank_unact(t: Target, params: dict[str, Any]) -> None:
+    """Heal of rank-vanish on a node with its own dockerd: its watcher (if still waiting) stopped."""
+    from sparkfleet.sim import node
+
+    pid_file = t.root() / shim.STATE / VANISH_WATCH_PID
+    if t.dir is not None and pid_file.exists():
+        node.run_in(t.dir, ["/bin/sh", "-c", f"kill $(cat /{shim.STATE}/{VANISH_WATCH_PID}) 2>/dev/null; "
+                            f"rm -f /{shim.STATE}/{VANISH_WATCH_PID}"])
 
 
 def _tbf_on(t: Target, params: dict[str, Any]) -> None:
@@ -489,7 +579,7 @@ ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
 UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off,
-    "docker-down": _dockerd_start, "daemon-slow": _slow_off}
+    "docker-down": _dockerd_start, "daemon-slow": _slow_off, "rank-vanish": _rank_unact}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }
@@ -575,8 +665,8 @@ def _set_power(root: Path, **changes: Any) -> None:
 
 
 def _boot(name: str, off_at: float) -> None:
-    """Power the node on: its init again (earlyoom, sshd) in the same network namespace, as `sim up` starts it;
-    `off_at`: when its power went."""
+    """Power the node on: its init again (earlyoom, sshd, its own dockerd) in the same network namespace, as
+    `sim up` starts it; `off_at`: when its power went."""
     import json
 
     from sparkfleet.sim import netlab, node, paths, sshd
@@ -594,9 +684,15 @@ def _boot(name: str, off_at: float) -> None:
     manifest = json.loads(paths.manifest_path().read_text())
     info = manifest["nodes"][name].get("ssh")
     argv = [sshd.find_sshd() or "/usr/sbin/sshd", "-D", "-f", info["config"], "-E", info["log"]] if info else None
-    node.start(nd, name, netns=netlab.netns_name(name) if manifest.get("netns") else None, sshd=argv)
+    daemon = manifest.get("docker") == "daemon"
+    node.start(nd, name, netns=netlab.netns_name(name) if manifest.get("netns") else None, sshd=argv,
+               dockerd=daemon)
     if info:
         sshd.wait_banner(name, info["host"], info["port"])
+    if daemon:  # booted as `sim up` boots a node: once its own dockerd answers (it restores its containers)
+        from sparkfleet.sim import dockerd
+
+        dockerd.wait_ready(nd, name)
     _set_power(paths.node_root(name), back=True, back_at=time.time(), supply=None)
 
 

@@ -149,12 +149,13 @@ class Sim:
 
     def exec(self, name: str, argv: list[str], *, timeout_s: float | None = 60.0,
              capture: bool = True) -> subprocess.CompletedProcess:
-        """Run a command inside a node as the controller's commands run there (its root, namespaces, PATH);
-        `capture=False`: its streams are this process's (`sim exec`)."""
+        """Run a command inside a node as the controller's commands run there (its root, namespaces, PATH),
+        entered as the node's console is, so also while the unreachable fault cuts the node off from the
+        controller; `capture=False`: its streams are this process's (`sim exec`)."""
         if name not in self.nodes:
             raise UserError(f"sim exec: no node {name!r} in the simulated lab (nodes: {', '.join(self.nodes)})")
         return subprocess.run([str(node.enter_path(paths.node_dir(name))), *argv], capture_output=capture,
-                              timeout=timeout_s, env={})
+                              timeout=timeout_s, env={node.CONSOLE_ENV: "1"})
 
 
 def current() -> Sim | None:

@@ -182,8 +182,33 @@ def exec_real(root: Path, c: dict, args: list[str], model: str | None, rpc_serve
             argv[i + 1] = model
     env = dict(e.partition("=")[::2] for e in c["Config"].get("Env") or [])
     env.update(PATH=os.environ.get("PATH", "/usr/bin:/bin"), LD_LIBRARY_PATH=str(bins))
+    if os.getpid() == 1:  # a real container's first process: see run_as_init
+        return run_as_init(exe, [exe.name, *argv], env)
     os.execve(exe, [exe.name, *argv], env)
     return 1  # not reached
+
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def run_as_init(exe: Path, argv: list[str], env: dict[str, str]) -> int:
+    """Run a real binary under this process as the container's init, as `docker run --init` (tini) runs one:
+    the kernel drops a signal to a pid namespace's first process that has no handler for it (pid_namespaces(7)),
+    so llama.cpp's binaries, which handle few, would outlive `docker stop`'s SIGTERM (until its SIGKILL) and
+    the sim's serve-crash signal. Here the binary is a child that gets every such signal, and its end is the
+    container's: its exit status, or 128 + the signal that ended it (as tini exits)."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.execve(exe, argv, env)
+        finally:
+            os._exit(127)
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: os.kill(child, signum))
+    while True:
+        pid, status = os.waitpid(-1, 0)  # reaps any orphan too, as an init does
+        if pid == child:
+            return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def place_binaries(root: Path, node, profiles) -> bool:

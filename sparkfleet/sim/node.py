@@ -300,14 +300,15 @@ def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool, root: 
     d = shlex.quote(str(node_dir))
     state = shlex.quote(shim.STATE)
     user = "root" if root else shlex.quote(pwd.getpwuid(os.getuid()).pw_name)  # as `id -un` says there
-    inner = "exec 2>&8 8>&- 9>&-; exec /usr/bin/env -u " + NOT_RUN_FD + ' "$@"'
+    inner = "exec 2>&8 8>&- 9>&-; exec /usr/bin/env -u " + NOT_RUN_FD + " -u " + CONSOLE_ENV + ' "$@"'
     # bash, not sh: the status pipe's fd may be 10 or more, which dash cannot name in a redirection
     return (f"#!/bin/bash\n# SIMULATION: run a command on simulated node {node} (written by `sparkfleet sim up`)\n"
             f"d={d}\n"
             f'fd=${{{NOT_RUN_FD}:-}}\n'
             'case "$fd" in 9) ;; [0-2]|""|*[!0-9]*) exec 9>&2 ;; *) exec 9>&"$fd" {fd}>&- ;; esac\n'
             f'pid=$(sed -n \'s/.*"pid": \\([0-9]*\\).*/\\1/p\' "$d/init.json" 2>/dev/null)\n'
-            f'if [ -e "$d/unreachable" ] || [ -z "$pid" ] || [ ! -f "/proc/$pid/root/"{state}/node.json ]; then\n'
+            f'if {{ [ -e "$d/unreachable" ] && [ -z "${{{CONSOLE_ENV}:-}}" ]; }} || [ -z "$pid" ] '
+            f'|| [ ! -f "/proc/$pid/root/"{state}/node.json ]; then\n'
             f'  echo "ssh: connect to host {node} port 22: No route to host" >&2\n  exit 255\nfi\n'
             f'if [ ! -x {NSENTER} ]; then\n'
             f'  echo "cannot enter simulated node {node}: {NSENTER} is not installed here (util-linux)" >&9\n'
@@ -315,6 +316,11 @@ def enter_script(node_dir: Path, node: str, *, netns: bool, userns: bool, root: 
             f"exec 8>&2\n"
             f"exec {NSENTER} -t \"$pid\" {ns} -r -w -- /bin/sh -c {shlex.quote(inner)} sh PATH={NODE_PATH} "
             f"HOME={shlex.quote(home_dir())} USER={user} LOGNAME={user} SHELL=/bin/bash LANG=C.UTF-8 \"$@\" 2>&9\n")
+
+
+# Set by the lab's own hand (run_in, Sim.exec): it enters the node as its console does, also while the
+# unreachable fault makes the wrapper answer the controller's transport as ssh does for a host it cannot reach.
+CONSOLE_ENV = "SPARKFLEET_SIM_CONSOLE"
 
 
 def enter_path(node_dir: Path) -> Path:
@@ -327,6 +333,6 @@ def run_in(node_dir: Path, argv: list[str], *, timeout_s: float = 30.0, detach: 
     cmd = [str(enter_path(node_dir)), *argv]
     if detach:
         subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, env={})
+                         start_new_session=True, env={CONSOLE_ENV: "1"})
         return None
-    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout_s, env={})
+    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout_s, env={CONSOLE_ENV: "1"})

@@ -13,7 +13,7 @@ from pathlib import Path
 from .docker import _docker_ready, _remove, reap, stop_engine
 from .engine import RANK_FAULTS, RANK_SIGNALS, _lane
 from .render import render
-from .state import LABEL_PREFIX, ShimError, load, locked, save
+from .state import LABEL_PREFIX, STATE, ShimError, load, locked, save
 
 # The node-lost fault (sim/faults.py): the power goes, so every lane rank stops dead where it is (SIGSTOP: no
 # process exits, no connection closes, docker's state still says running); back: the node powered up again
@@ -24,8 +24,10 @@ POWER = {"node-lost": signal.SIGSTOP, "node-back": signal.SIGKILL}
 def sim_fault(argv: list[str], root: Path) -> int:
     """`sim-fault KIND` (run inside the node by `sparkfleet sim fault`): act on the running lane containers;
     prints how many it acted on."""
+    if argv[:1] == ["--watch-vanish"] and len(argv) == 2:
+        return watch_vanish(root, argv[1])
     if len(argv) != 1 or argv[0] not in (*RANK_FAULTS, *POWER):
-        raise ShimError(f"usage: sim-fault {'|'.join((*RANK_FAULTS, *POWER))}", 2)
+        raise ShimError(f"usage: sim-fault {'|'.join((*RANK_FAULTS, *POWER))} | --watch-vanish SINCE", 2)
     if load(root, "node.json").get("dockerd"):
         return real_daemon_fault(argv[0])
     with locked(root):
@@ -62,4 +64,44 @@ def real_daemon_fault(kind: str) -> int:
         if r.returncode != 0:
             raise ShimError(r.stderr.strip() or f"{' '.join(argv[:2])} exited {r.returncode}", 1)
     print(len(ids))
+    return 0
+
+
+VANISH_WATCH_PID = "rank-vanish.watch.pid"  # in the node's sim state: the watcher heal stops
+
+
+def watch_vanish(root: Path, since: str) -> int:
+    """rank-vanish waiting for the next launch on a node with its own dockerd (a container cannot remove
+    itself): follow the daemon's own start events (`docker events`, from `since`, so none is missed while
+    it connects) and `docker rm -f` each lane container as soon as it has started, marking the fault acted;
+    once only unless the fault is sticky, and never after it is healed. Stopped by SIGTERM (heal)."""
+    import subprocess
+    import sys
+
+    from .state import write_bytes
+
+    events = subprocess.Popen(["docker", "events", "--since", since, "--filter", "type=container", "--filter",
+                               "event=start", "--filter", f"label={LABEL_PREFIX}profile", "--format", "{{.ID}}"],
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
+    def stop(*_: object) -> None:
+        events.terminate()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    write_bytes(root / STATE / VANISH_WATCH_PID, f"{os.getpid()}\n".encode())
+    assert events.stdout is not None
+    for line in events.stdout:
+        with locked(root):
+            faults = load(root, "faults.json")
+            fault = faults["faults"].get("rank-vanish")
+            if fault is None:
+                break  # healed
+            subprocess.run(["docker", "rm", "-f", line.strip()], capture_output=True, timeout=60)
+            fault["acted"] = True
+            save(root, "faults.json", faults)
+        if not fault.get("sticky"):
+            break
+    events.terminate()
+    (root / STATE / VANISH_WATCH_PID).unlink(missing_ok=True)
     return 0

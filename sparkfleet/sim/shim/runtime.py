@@ -11,7 +11,8 @@ stand-ins run on (the node's /usr, with its nvidia-smi, and the Python of the si
 node's sim state (the "GPU" the stand-ins read and mark busy). It also lowers each rlimit the launch asks for
 to what this machine can grant: here the capability bounding set lacks CAP_SYS_RESOURCE even for root, so
 runc would fail `--ulimit memlock=-1` ("error setting rlimit type 8: operation not permitted"). `docker
-inspect` still shows what the lane asked for: only the runtime's copy of the spec is changed.
+inspect` still shows what the lane asked for: only the runtime's copy of the spec is changed. A `docker exec`
+process gets the container's rlimits, so its `runc exec --process` spec is lowered the same way.
 
 `nvidia-container-runtime-hook` must be on dockerd's PATH for `--gpus` to mean anything (moby
 daemon/nvidia_linux.go registers its "nvidia" device driver only when it finds that binary, and adds it as a
@@ -27,6 +28,7 @@ import resource
 import sys
 from pathlib import Path
 
+from .render import bound_source
 from .state import STATE, load
 
 RUNC = "/usr/sbin/runc"
@@ -36,6 +38,7 @@ SYSTEM_DIRS = ("/usr",)  # the image holds /bin, /lib, /sbin as links into /usr 
 RLIMITS = {"RLIMIT_MEMLOCK": resource.RLIMIT_MEMLOCK, "RLIMIT_STACK": resource.RLIMIT_STACK,
            "RLIMIT_NOFILE": resource.RLIMIT_NOFILE, "RLIMIT_NPROC": resource.RLIMIT_NPROC,
            "RLIMIT_CORE": resource.RLIMIT_CORE, "RLIMIT_AS": resource.RLIMIT_AS}
+PROC_FILES = ("/proc/meminfo", "/proc/uptime")  # the node's own, of render.BOUND_FILES
 INFINITY = 2**64 - 1  # the OCI spec's "unlimited" (Go's uint64 max)
 
 
@@ -89,8 +92,34 @@ def inject(spec: dict, root: Path) -> dict:
     state = "/" + STATE
     mounts.append({"destination": state, "type": "bind", "source": str(root / STATE),
                    "options": ["rbind", "rw", "nosuid"]})
+    # A container's /proc shows its host's memory and uptime: here the node's, which the sim renders into the
+    # node's bound files (runc allows these /proc binds, as lxcfs uses them), not this machine's.
+    for p in PROC_FILES:
+        src = bound_source(root, p)
+        if p not in have and src.is_file():
+            mounts.append(_ro(str(src), p))
     spec["mounts"] = list(spec.get("mounts") or []) + mounts
     return spec
+
+
+def _process_file(argv: list[str]) -> Path | None:
+    """The process spec file of `runc exec --process FILE` (how containerd hands runc a `docker exec`)."""
+    for i, a in enumerate(argv):
+        if a in ("--process", "-p") and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if a.startswith("--process="):
+            return Path(a.split("=", 1)[1])
+    return None
+
+
+def lower_exec(argv: list[str]) -> None:
+    """`runc exec --process FILE ...` (a `docker exec`): the process's rlimits, the container's, lowered as
+    on create (clamp_rlimits), in that file."""
+    path = _process_file(argv)
+    if path is not None and path.is_file():
+        proc = json.loads(path.read_text())
+        proc["rlimits"] = clamp_rlimits(proc.get("rlimits") or [])
+        path.write_text(json.dumps(proc))
 
 
 def sim_nvidia_runtime(argv: list[str], root: Path) -> int:
@@ -99,6 +128,8 @@ def sim_nvidia_runtime(argv: list[str], root: Path) -> int:
         path = bundle / "config.json"
         spec = json.loads(path.read_text())
         path.write_text(json.dumps(inject(spec, root)))
+    elif sub == "exec":
+        lower_exec(argv)
     os.execv(RUNC, [RUNC, *argv])
     return 127  # not reached
 
