@@ -118,4 +118,4 @@ def test_records_of_an_older_schema_are_read_and_a_newer_one_is_refused(state, c
     (state / "runs/r9.json").write_text(json.dumps(doc | {"schema_version": 99}))
     assert main(["diff", "r9", "dcp2"]) == 2
     err = capsys.readouterr().err
-    assert "r9.json: schema_version 99 is newer than this sparkfleet reads (3); upgrade sparkfleet to read it" in err
+    assert "r9.json: schema_version 99 is newer than this sparkfleet reads (4); upgrade sparkfleet to read it" in err

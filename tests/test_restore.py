@@ -74,7 +74,7 @@ def restore(capsys, ops: Path, *extra: str) -> tuple[int, list[dict]]:
 def test_a_point_holds_each_ranks_launch_and_its_pins(env) -> None:
     sim, ops, state = env
     p = point(state)
-    assert p["schema_version"] == 3 and p["record"]["outcome"] == "ok" and p["record"]["profile"] == "dcp2"
+    assert p["schema_version"] == 4 and p["record"]["outcome"] == "ok" and p["record"]["profile"] == "dcp2"
     launches = {x["rank"]: x for x in p["record"]["data"]["launches"]}
     assert sorted(launches) == [0, 1, 2, 3]
     head = launches[0]

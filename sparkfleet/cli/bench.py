@@ -189,6 +189,7 @@ def probe_lane(sp: Spec, loaded: Loaded, inventory_name: str) -> dict:
     from sparkfleet.cli.check import run_probes
     from sparkfleet.fleet.connect import transport_for
     from sparkfleet.fleet.gather import facts_requests, gather
+    from sparkfleet.fleet.op import Executor
     from sparkfleet.plan import make_plan
 
     inventory = fleet_inventory(sp, inventory_name)
@@ -197,7 +198,8 @@ def probe_lane(sp: Spec, loaded: Loaded, inventory_name: str) -> dict:
     transport = transport_for(nodes)
     try:
         facts = gather(transport, nodes, facts_requests(inventory, plan, loaded.profile))
-        runs = run_probes(transport, nodes, facts, loaded.profile, inventory, None)
+        runs = run_probes(Executor(transport, {n.name: n for n in nodes}), nodes, facts, loaded.profile, inventory,
+                          None)
     finally:
         transport.close()
     verdicts = {name: probe.verdict(run, **clock.thresholds(inventory.hardware(inventory.nodes[name])))
