@@ -189,7 +189,7 @@ def test_a_second_measurement_keeps_the_better_figures_and_only_suspects_are_mea
     x = picked[0]
     fp._best(x, {"out_bps": 0.95e9, "in_bps": 0.2e9, "rtt_s": {"49152": 1e-3, "409600": 9e-3}})
     assert (x.a_to_b_bps, x.b_to_a_bps, x.remeasured) == (0.95e9, 0.3e9, True)
-    assert x.rtt_s == {"49152": 1e-3, "409600": 9e-3} and "measured twice" in verdict(run, lambda y: None)[1].observed
+    assert x.rtt_s == {"49152": 1e-3, "409600": 9e-3} and "measured again" in verdict(run, lambda y: None)[1].observed
 
 
 def test_dry_run_shows_exactly_what_the_probe_sends() -> None:

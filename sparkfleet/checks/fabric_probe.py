@@ -26,7 +26,7 @@ def kib(size: str) -> str:
 def figures(x: Link) -> str:
     rtt = ", ".join(f"RTT {kib(k)} {v * 1e3:.3g} ms" for k, v in x.rtt_s.items())
     bw = (f"{x.a}->{x.b} {gbps(x.a_to_b_bps)}, {x.b}->{x.a} {gbps(x.b_to_a_bps)}")
-    again = " (measured twice, the better figures)" if x.remeasured else ""
+    again = " (measured again, the best figures)" if x.remeasured else ""
     return (f"{rtt}; {bw}" if rtt else bw) + again
 
 
@@ -77,7 +77,7 @@ def verdict(run: ProbeRun, ratio_of: Callable[[Link], float | None]) -> list[Fin
 
 
 def suspects(ratio_of: Callable[[Link], float | None]) -> Callable[[ProbeRun], list[Link]]:
-    """For probe(confirm=...): the measured links the verdict would fail now (to be measured once more)."""
+    """For probe(confirm=...): the measured links the verdict would fail now (to be measured again)."""
     def pick(run: ProbeRun) -> list[Link]:
         bad = {f.message.split(":", 1)[0] for f in verdict(run, ratio_of) if f.status == "fail"}
         return [x for x in run.links if x.name in bad and x.error is None]
