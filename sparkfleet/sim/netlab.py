@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
+from pathlib import Path
 
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory, Node
-from sparkfleet.sim import values
+from sparkfleet.sim import paths, values
 
 PREFIX = "sfsim"
 MGMT_BRIDGE = "sfsim0"
@@ -27,6 +28,21 @@ MGMT_NET = ipaddress.IPv4Network("10.78.0.0/24")
 FABRIC_NS = "sfsim-fabric"
 FABRIC_BRIDGE = "sfsimfab"
 FABRIC_MTU = 9000  # the lab's RoCE links run jumbo frames (the MTU the mtu-mismatch fault departs from)
+# The first `ip netns add` on a machine makes /run/netns a mount (a bind onto itself, made shared: iproute2's
+# ip/ipnetns.c netns_add, "Upgrade NETNS_RUN_DIR to a mount point") and leaves it there. The lab takes that
+# mount back when it made it: the file below, in the lab's dir, says so.
+NETNS_RUN = Path("/run/netns")
+
+
+def _netns_mount_marker() -> Path:
+    return paths.sim_dir() / "netns-run-mount"
+
+
+def _mounted(path: Path) -> bool:
+    """Whether `path` is a mount point (a bind onto itself has the parent's st_dev, so os.path.ismount misses
+    it: read the mount table)."""
+    table = Path("/proc/self/mountinfo").read_text().splitlines()
+    return any(len(f := line.split()) > 4 and f[4] == str(path) for line in table)
 
 
 def netns_name(node: str) -> str:
@@ -67,6 +83,8 @@ def check_free() -> None:
 
 def create(inv: Inventory, names: list[str]) -> None:
     """Namespaces, bridges and veth pairs for every node (see the module docstring)."""
+    if not _mounted(NETNS_RUN):
+        _netns_mount_marker().write_text(f"{NETNS_RUN} was not a mount before the lab's first `ip netns add`\n")
     _ip("link", "add", MGMT_BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{MGMT_NET.network_address + 1}/{MGMT_NET.prefixlen}", "dev", MGMT_BRIDGE)
     _ip("link", "set", MGMT_BRIDGE, "up")
@@ -106,6 +124,13 @@ def remove() -> bool:
         found = True
     if _ip("link", "show", MGMT_BRIDGE, check=False).returncode == 0:
         _ip("link", "del", MGMT_BRIDGE, check=False)
+        found = True
+    marker = _netns_mount_marker()
+    if marker.exists():
+        # iproute2's mount of /run/netns, ours to take back once no namespace (anybody's) is pinned under it
+        if _mounted(NETNS_RUN) and not any(NETNS_RUN.iterdir()):
+            subprocess.run(["umount", str(NETNS_RUN)], capture_output=True)
+        marker.unlink()
         found = True
     return found
 
