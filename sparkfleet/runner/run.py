@@ -141,8 +141,16 @@ def _in_flight_done(bound_s: float = IN_FLIGHT_BOUND_S) -> None:
     pool's set): that worker's `docker run` would start a rank after the cleanup looked for them."""
     end = time.monotonic() + bound_s
     for t in threading.enumerate():
-        if t is not threading.current_thread() and not t.daemon and t.name.startswith("ThreadPoolExecutor"):
-            t.join(max(0.0, end - time.monotonic()))
+        if t is threading.current_thread() or t.daemon or not t.name.startswith("ThreadPoolExecutor"):
+            continue
+        while True:
+            try:
+                t.join(max(0.0, end - time.monotonic()))
+                break
+            except RuntimeError:  # "cannot join thread before it is started": the signal came inside its
+                if time.monotonic() >= end:  # start(); the thread runs a moment later, so ask again
+                    break
+                time.sleep(0.01)
 
 
 def _steps(ctx: RunContext) -> None:
