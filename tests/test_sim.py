@@ -711,6 +711,13 @@ def test_ssh_mode_sshd_inside_each_node_pinned_keys(state):
             assert sim.status()["nodes"][name]["sshd"]["pid"]
         if os.geteuid() == 0:  # each node in its own network namespace, reached on its management address
             assert [n.ssh.host for n in inv.nodes.values()] == [netlab.mgmt_ip(i) for i in range(5)]
+            # the names are fixed: a `sim down` under another state dir must leave this lab's network alone
+            spaces = sorted(netlab.ours())
+            assert spaces == sorted([netlab.FABRIC_NS, *(netlab.netns_name(name) for name in inv.nodes)])
+            with pytest.MonkeyPatch.context() as elsewhere:
+                elsewhere.setenv("SPARKFLEET_STATE", str(state / "elsewhere"))
+                assert lab.down() is False
+            assert sorted(netlab.ours()) == spaces
 
         def ssh(node_name: str, command: str, kh: Path = known_hosts) -> subprocess.CompletedProcess:
             n = inv.nodes[node_name]

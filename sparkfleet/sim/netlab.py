@@ -9,12 +9,14 @@
   A node with a fabric IP and no RDMA (the Station: a TCP port on the fabric) gets the same link, its
   interface named values.PLAIN_FABRIC_IFACE (its inventory names none).
 
-Names are fixed (one simulated lab per machine); `remove` deletes exactly these names.
+Names are fixed (one simulated lab per machine); `remove` deletes exactly these names, and only those its own
+state dir's lab made (a `sim down` under another state dir leaves a running lab's network alone).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import subprocess
 from pathlib import Path
 
@@ -30,12 +32,14 @@ FABRIC_BRIDGE = "sfsimfab"
 FABRIC_MTU = 9000  # the lab's RoCE links run jumbo frames (the MTU the mtu-mismatch fault departs from)
 # The first `ip netns add` on a machine makes /run/netns a mount (a bind onto itself, made shared: iproute2's
 # ip/ipnetns.c netns_add, "Upgrade NETNS_RUN_DIR to a mount point") and leaves it there. The lab takes that
-# mount back when it made it: the file below, in the lab's dir, says so.
+# mount back when it made it.
 NETNS_RUN = Path("/run/netns")
 
 
-def _netns_mount_marker() -> Path:
-    return paths.sim_dir() / "netns-run-mount"
+def _made_file() -> Path:
+    """Written in the lab's dir before its first link: what `remove` may take away is this lab's. The names
+    are fixed, so without it a `sim down` under another state dir would cut a running lab's network."""
+    return paths.sim_dir() / "networks.json"
 
 
 def _mounted(path: Path) -> bool:
@@ -83,8 +87,7 @@ def check_free() -> None:
 
 def create(inv: Inventory, names: list[str]) -> None:
     """Namespaces, bridges and veth pairs for every node (see the module docstring)."""
-    if not _mounted(NETNS_RUN):
-        _netns_mount_marker().write_text(f"{NETNS_RUN} was not a mount before the lab's first `ip netns add`\n")
+    _made_file().write_text(json.dumps({"netns_run_mount": not _mounted(NETNS_RUN)}) + "\n")
     _ip("link", "add", MGMT_BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{MGMT_NET.network_address + 1}/{MGMT_NET.prefixlen}", "dev", MGMT_BRIDGE)
     _ip("link", "set", MGMT_BRIDGE, "up")
@@ -114,25 +117,23 @@ def create(inv: Inventory, names: list[str]) -> None:
 
 
 def remove() -> bool:
-    """Delete the lab's namespaces (their veths go with them) and the management bridge. True if any existed."""
-    found = False
+    """Delete the lab's namespaces (their veths go with them) and the management bridge, when this state dir's
+    lab made them. True if any existed."""
+    made = _made_file()
+    if not made.exists():
+        return False
     for ns in ours():
         pids = _ip("netns", "pids", ns, check=False).stdout.split()
         for pid in pids:  # processes left in a namespace (the node's init ended them already)
             subprocess.run(["kill", "-9", pid], capture_output=True)
         _ip("netns", "del", ns, check=False)
-        found = True
     if _ip("link", "show", MGMT_BRIDGE, check=False).returncode == 0:
         _ip("link", "del", MGMT_BRIDGE, check=False)
-        found = True
-    marker = _netns_mount_marker()
-    if marker.exists():
-        # iproute2's mount of /run/netns, ours to take back once no namespace (anybody's) is pinned under it
-        if _mounted(NETNS_RUN) and not any(NETNS_RUN.iterdir()):
-            subprocess.run(["umount", str(NETNS_RUN)], capture_output=True)
-        marker.unlink()
-        found = True
-    return found
+    # iproute2's mount of /run/netns, ours to take back once no namespace (anybody's) is pinned under it
+    if json.loads(made.read_text()).get("netns_run_mount") and _mounted(NETNS_RUN) and not any(NETNS_RUN.iterdir()):
+        subprocess.run(["umount", str(NETNS_RUN)], capture_output=True)
+    made.unlink()
+    return True
 
 
 def exec_argv(node: str) -> list[str]:
@@ -151,16 +152,12 @@ def tx_bytes(node: str) -> dict[str, int]:
 
 
 def _counters(node: str, way: str) -> dict[str, int]:
-    import json
-
     links = json.loads(_ip("-n", netns_name(node), "-s", "-j", "link", "show").stdout)
     return {link["ifname"]: int(link["stats64"][way]["bytes"]) for link in links}
 
 
 def fabric_peer(node: str, iface: str) -> str:
     """The fabric bridge's end (in FABRIC_NS) of the node's fabric veth: its egress is what the node receives."""
-    import json
-
     (me,) = json.loads(_ip("-n", netns_name(node), "-j", "link", "show", "dev", iface).stdout)
     links = json.loads(_ip("-n", FABRIC_NS, "-j", "link", "show").stdout)
     return next(link["ifname"] for link in links if link["ifindex"] == me["link_index"])
