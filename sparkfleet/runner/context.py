@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engram.fleet import copy_dirs
+from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.op import Executor, shown_as
 from sparkfleet.fleet.transport import Result, Transport
@@ -70,6 +71,7 @@ class RunContext:
     options: RunOptions
     state_dir: Path
     facts: dict[str, NodeFacts | Result] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)  # the preflight's verdicts (the probe's replace the clock's)
     gid_index: dict[str, int] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
     log_facts: dict[int, LogFacts] = field(default_factory=dict)
@@ -79,6 +81,7 @@ class RunContext:
     facts_after_load: dict[str, NodeFacts | Result] = field(default_factory=dict)
     gate_results: list[GateResult] = field(default_factory=list)
     caches_dropped: dict | None = None  # node -> True, or why the drop failed
+    slurm_job: dict | None = None  # launcher: slurm: this run's job once submitted (the record holds the same)
     rendered: bool = False  # the launches are bound and recorded (ctx.launches); restore adopts its own
     tunnel: str | None = None  # the head's base URL once decided (an SSH local forward stays open till the end)
     closers: ExitStack = field(default_factory=ExitStack)  # what the run opened (tunnels): closed at its end
