@@ -68,6 +68,7 @@ def launch(ctx: RunContext, chosen: list[Launch], env: dict[str, str] | None) ->
         op.env = {**(op.env or {}), **(env or {})}
         res = yield op
         if res is None:
+            ctx.would(chosen)
             return StepResult("ok", f"would submit Slurm job {job.name} ({job.comment}): one task per node on "
                               f"{', '.join(job.nodes)}{', heterogeneous' if job.het else ''}, starting {ranks}",
                               data={"slurm_job": {"name": job.name, "comment": job.comment, "script": job.script}})
@@ -82,6 +83,7 @@ def launch(ctx: RunContext, chosen: list[Launch], env: dict[str, str] | None) ->
         ctx.record.data["slurm_job"] = ctx.slurm_job  # the same dict: the record follows what the run learns
         ctx.events.emit("message", text=f"submitted Slurm job {job_id} ({job.name}, {job.comment})")
     elif job_of(ctx) is None:  # --dry-run: the job was shown by the step that would submit it
+        ctx.would(chosen)
         return StepResult("ok", f"would wait for the Slurm job to start {ranks}")
     return (yield from _await_ranks(ctx, chosen))
 
