@@ -66,6 +66,22 @@ def test_up_dry_run_sends_nothing_and_shows_every_step_s_commands(rec, capsys) -
     starts = [e for e in would if e["what"].startswith("start rank")]
     assert [e["node"] for e in starts][-1] == "reddie" and {e["node"] for e in starts} == set(stops)
     assert all("docker run" in e["command"] for e in starts)
+    # the steps that need the live lane show their node commands too: wait_ready one poll's reads of every rank
+    # (its container id a placeholder), expect the facts after load, each after the launch
+    order = [e["what"] for e in would]
+    last_start = max(i for i, w in enumerate(order) if w.startswith("start rank"))
+    inspect = {e["node"]: e["command"] for e in would if e["what"] == "inspect the ranks"}
+    assert inspect == {n: f"docker inspect '<id of rank {r}'\"'\"'s container on {n}>'"
+                       for r, n in enumerate(("reddie", "asusi", "bluey", "spark4"))}
+    logs = {e["node"] for e in would if e["what"] == "read the ranks' new log lines"}
+    assert logs == set(stops) and order.index("inspect the ranks") > last_start
+    assert order.index("read the ranks' new log lines") > order.index("inspect the ranks")
+    assert [i for i, w in enumerate(order) if w == "run facts.py"][-1] > order.index("read the ranks' new log lines")
+    assert sum(w == "run facts.py" for w in order) == 8  # the facts step's and expect's, per node
+    done = {e["step"]: e["summary"] for e in seen if e["event"] == "step" and e["status"] != "start"}
+    assert done["wait_ready"].startswith("would poll http://") and "/health and /v1/models" in done["wait_ready"]
+    assert done["expect"].startswith("would assert the profile's expectations")
+    assert done["gates"].startswith("would run gates ")
     assert [e for e in seen if e["event"] == "result"][0]["outcome"] == "ok"
 
 
@@ -84,6 +100,10 @@ def test_down_restore_check_nccl_patches_push_engram_local_dry_run_send_nothing(
     doc = json.loads(capsys.readouterr().out)
     assert doc["contacted"] == [] and [c["node"] for c in doc["nccl"]["commands"]] == \
         ["reddie", "asusi", "bluey", "spark4"]
+    # the facts it would gather: the helper's command per node, shown by the executor, not only the nodes' names
+    facts = [w for w in doc["would"] if w["what"] == "run facts.py"]
+    assert [w["node"] for w in facts] == doc["would_gather_facts"] == ["reddie", "asusi", "bluey", "spark4"]
+    assert all(w["command"].startswith("python3 ") and json.loads(w["stdin"])["node"] == w["node"] for w in facts)
     # the executor showed the all-reduce it would run, exactly the commands the report names, and the probe
     shown = [(w["node"], w["command"]) for w in doc["would"] if w["what"] == "NCCL all-reduce in the lane's image"]
     assert shown == [(c["node"], c["command"]) for c in doc["nccl"]["commands"]]
@@ -127,14 +147,24 @@ def test_up_dry_run_opens_no_ssh_connection(ops_root: Path, tmp_path: Path, monk
     for node in data["nodes"].values():
         node["ssh"] = {"host": "127.0.0.1", "port": srv.getsockname()[1], "user": "root"}
     (ops_root / "inventories" / "tcp.yaml").write_text(yaml.safe_dump(data))
+    # a head whose API is bound to loopback is reached through an SSH tunnel: shown by the executor, not opened
+    (ops_root / "profiles" / "dcp2-loopback.yaml").write_text("extends: dcp2\nhost: 127.0.0.1\n")
     try:
         code = main(["up", "--profile", "dcp2", "--root", str(ops_root), "-i", "tcp", "--dry-run", "--json"])
+        seen = events(capsys)
+        looped = main(["up", "--profile", "dcp2-loopback", "--root", str(ops_root), "-i", "tcp", "--dry-run",
+                       "--json"])
+        tunnelled = events(capsys)
     finally:
         stop.set()
         t.join(2)
         srv.close()
-    assert code == 0, events(capsys)[-3:]
+    assert code == 0, seen[-3:]
+    assert looped == 0, tunnelled[-3:]
     assert accepted == []
+    assert not [e for e in seen if e["event"] == "would" and e["what"].startswith("forward a local port")]
+    tunnels = [e for e in tunnelled if e["event"] == "would" and e["what"].startswith("forward a local port")]
+    assert [(e["node"], e["command"]) for e in tunnels] == [("reddie", "ssh -N -L <a free local port>:127.0.0.1:8410 reddie")]
 
 
 READS = ("python3 -c 'import hashlib, os, sys",  # the facts helper's sha256 guard (reads its copy)

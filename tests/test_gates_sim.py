@@ -340,6 +340,7 @@ def test_fleet_sampler_reads_every_node_of_a_simulated_lab_and_the_soak_catches_
     """fleet_sampler over the simulated lab (local transport: every node is a sandbox on this machine).
     A node made low on memory fails the soak with its name and numbers; the others pass."""
     from sparkfleet.fleet.connect import transport_for
+    from sparkfleet.fleet.op import Executor
     from sparkfleet.gates import soak
     from sparkfleet.gates.env import GateEnv
     from sparkfleet.sim import lab
@@ -352,7 +353,8 @@ def test_fleet_sampler_reads_every_node_of_a_simulated_lab_and_the_soak_catches_
         names = inv.groups["sparks"]
         ranks = [(inv.nodes[n], "head" if i == 0 else "workers") for i, n in enumerate(names)]
         transport = transport_for([node for node, _ in ranks])
-        sampler = soak.fleet_sampler(transport, ranks, {"head": 5, "workers": 4})
+        sampler = soak.fleet_sampler(Executor(transport, {node.name: node for node, _ in ranks}), ranks,
+                                     {"head": 5, "workers": 4})
         healthy = sampler()
         assert set(healthy) == set(names)
         for name, s in healthy.items():

@@ -161,6 +161,20 @@ def test_operations_make_one_node_commands_that_changes_when_any_does() -> None:
     assert mixed.changes and mixed.serial and mixed.commands["b"] == f"docker rm -f {ID1}"
 
 
+def test_a_rank_s_start_reads_the_container_id_docker_run_printed_else_its_name() -> None:
+    start = c.StartRank("docker pull -q img >/dev/null\ndocker run -d --name sf-dcp2-r0 img\n", "sf-dcp2-r0")
+    assert start.command() == "docker pull -q img >/dev/null\ndocker run -d --name sf-dcp2-r0 img\n" and start.changes
+    assert start.parse(Result("n", True, stdout=f"Unable to find image locally\n{ID1}\n")) == ID1
+    assert start.parse(Result("n", True, stdout="")) == "sf-dcp2-r0"
+    assert start.parse(Result("n", False, stderr=DAEMON_DOWN + "\n", exit_code=125, error="exit")).kind == "docker-down"
+    env = c.on("start rank(s) 0", {"a": start}, 300, env={"VLLM_API_KEY": "k"}, files={"a": {"/x": "y"}})
+    assert (env.env, env.files, env.changes, env.timeout_s) == ({"VLLM_API_KEY": "k"}, {"a": {"/x": "y"}}, True, 300)
+    ready = c.ReadyCheck("(: </dev/tcp/10.0.0.2/50052) 2>/dev/null")
+    assert ready.command() == "(: </dev/tcp/10.0.0.2/50052) 2>/dev/null" and ready.parse(Result("n", True)) is None
+    assert ready.parse(Result("n", False, stderr="rpc-server does not accept\n", exit_code=1, error="exit")).kind == \
+        "failed"
+
+
 def test_the_one_name_of_the_engram_manifest() -> None:
     assert MANIFEST == ENGRAM_MANIFEST  # the node-side copier is stdlib-only and spells it itself
 

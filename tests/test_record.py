@@ -49,3 +49,24 @@ def test_an_undeclared_key_is_refused_on_write_and_a_declared_one_typed(tmp_path
     rec.data["wait_redy"] = {}
     with pytest.raises(ValidationError, match="wait_redy"):
         rec.as_dict()
+
+
+def test_runs_show_reads_a_stored_v2_record_through_the_typed_model(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A key schema 2 wrote that this version no longer names is shown where the typed model keeps it."""
+    from sparkfleet.cli.main import main
+
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path))
+    doc = json.loads(V2.read_text())
+    doc["data"]["schema_errors"] = ["data.x: Extra inputs are not permitted"]
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / f"{doc['run_id']}.json").write_text(json.dumps(doc))
+    assert main(["runs", "show", doc["run_id"]]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # wrapped to the terminal's width
+    assert f"run {doc['run_id']}: up dcp2 on rec: failed (stop: cannot list containers on every node), 0.072 s" \
+        in said and "fail stop 0.02 cannot list containers on every node" in said
+    assert main(["runs", "show", doc["run_id"], "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert "schema_errors" not in shown["data"] and \
+        shown["data"]["legacy"] == {"schema_errors": ["data.x: Extra inputs are not permitted"]}
+    assert shown["steps"][0]["findings"][0]["check"] == "reach" and shown["data"]["fleet_lock"] == \
+        doc["data"]["fleet_lock"]

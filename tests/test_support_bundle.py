@@ -88,7 +88,10 @@ def test_bundle_holds_the_run_and_no_planted_secret(planted, capsys) -> None:
     for f in manifest["files"]:
         assert hashlib.sha256(members[top + f["name"]]).hexdigest() == f["sha256"] and f["what"]
     record = json.loads(members[top + "record.json"])
-    assert record["outcome"] == "failed" and record["data"]["env"] == {"HF_TOKEN": "***", "NCCL_DEBUG": "INFO"}
+    # read through the typed record: a schema-1 record (no schema_version) keeps the keys schema 4 no longer
+    # names under data.legacy
+    assert record["schema_version"] == 1 and record["outcome"] == "failed"
+    assert record["data"]["legacy"]["env"] == {"HF_TOKEN": "***", "NCCL_DEBUG": "INFO"}
     assert record["command"] == "sparkfleet up --profile dcp2 --api-key ***"
     logs = json.loads(members[top + "logs.json"])
     assert logs["rank0"] == ["loading weights", "using HF token ***", "RuntimeError: CUDA error: out of memory"]
@@ -123,3 +126,15 @@ def test_unknown_run_is_one_line_exit_2(planted, capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith("sparkfleet: no run 'nosuch' in ") and err.count("\n") == 1
     assert not planted["out"].exists()
+
+
+def test_a_record_of_a_newer_schema_is_refused_by_the_bundle_and_runs_show(planted, capsys, tmp_path) -> None:
+    """Both read through the typed record (runner/record.py read_record): a schema this sparkfleet does not know
+    is one line, exit 2, and no bundle."""
+    path = tmp_path / "state" / "runs" / f"{RUN}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": 99}))
+    assert main(["support-bundle", "--root", str(REPO), "--run", RUN, "--out", str(planted["out"])]) == 2
+    assert "schema_version 99 is newer than this sparkfleet reads" in capsys.readouterr().err
+    assert not planted["out"].exists()
+    assert main(["runs", "show", RUN]) == 2
+    assert "schema_version 99 is newer than this sparkfleet reads" in capsys.readouterr().err

@@ -115,27 +115,25 @@ def _versions() -> dict[str, Any]:
 def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], set[str]]:
     """The bundle's documents by file name, what could not be collected (by file), and the secrets seen."""
     from sparkfleet.root import state_dir
+    from sparkfleet.runner.record import load_run
 
     runs_dir = state_dir() / "runs"
     run_id = args.run or _newest_run(runs_dir)
-    path = runs_dir / f"{run_id}.json"
-    if not path.is_file():
+    rec = load_run(runs_dir, run_id)  # the typed record (older schemas read, a newer one refused)
+    if rec is None:
         raise UserError(f"no run {run_id!r} in {runs_dir} (see `sparkfleet runs`)")
-    try:
-        record = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UserError(f"{path}: not a run record (invalid JSON: {exc})") from None
-    docs: dict[str, Any] = {"record.json": record, "versions.json": _versions()}
+    docs: dict[str, Any] = {"record.json": rec.model_dump(mode="json", exclude_unset=True),
+                            "versions.json": _versions()}
     missing: dict[str, str] = {}
     secrets = secret_values(dict(os.environ))
-    logs = {f"rank{r}": lines for r, lines in (record.get("data", {}).get("last_log_lines") or {}).items()}
+    logs = {f"rank{r}": lines for r, lines in (rec.data.last_log_lines or {}).items()}
 
     sp = spec(args)
     loaded = None
     try:
         from sparkfleet.schema.overrides import as_mapping, from_mapping
 
-        loaded = sp.profile(record["profile"], from_mapping(record.get("data", {}).get("overrides")))
+        loaded = sp.profile(rec.profile, from_mapping(rec.data.overrides))
         profile = loaded.profile
         docs["profile.json"] = {"files": loaded.chain, "overrides": as_mapping(loaded.overrides),
                                 "profile": profile.model_dump(mode="json")}
@@ -146,14 +144,14 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
         missing["profile.json"] = f"{type(exc).__name__}: {exc}"
     inventory = None
     try:
-        inventory = sp.inventory(args.inventory or record.get("inventory"))
+        inventory = sp.inventory(args.inventory or rec.inventory)
     except Exception as exc:  # noqa: BLE001
         missing["plan.json"] = missing["facts.json"] = f"inventory: {exc}"
     if loaded is not None and inventory is not None:
         from sparkfleet.plan import make_plan
 
         try:
-            plan = make_plan(loaded, inventory, sp.playbook(record.get("playbook") or "up"), sp.root)
+            plan = make_plan(loaded, inventory, sp.playbook(rec.playbook or "up"), sp.root)
             docs["plan.json"] = plan.as_dict()
         except Exception as exc:  # noqa: BLE001
             missing["plan.json"] = f"{type(exc).__name__}: {exc}"
@@ -161,7 +159,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
         if args.no_fleet:
             missing["facts.json"] = "not collected (--no-fleet)"
         elif plan is not None:
-            fleet_inventory(sp, args.inventory or record.get("inventory"))  # the example fleet is never dialled
+            fleet_inventory(sp, args.inventory or rec.inventory)  # the example fleet is never dialled
             docs["facts.json"], live = _fleet(inventory, plan, loaded.profile, args)
             logs.update(live)
     docs["logs.json"] = logs

@@ -113,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
         return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads,
                         show=shown_as(lambda event, **line: would.append(line)))
 
+    requests = facts_requests(inventory, plan, profile, root=sp.root)
     if dry and not reads:  # --dry-run: no node is contacted at all
         ex = ops(NoConnection())
+        ex.drive(gather_ops(nodes, requests, timeout_s=args.timeout))  # the facts helper's run, shown
         fabric = run_fabric(ex, plan, inventory, args) if args.fabric else None
         nccl = run_nccl(ex, plan, profile, {}, args) if args.nccl else None
         return dry_report(plan, nodes, fabric, nccl, would, args)
@@ -122,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         dropped = drop_caches(transport, nodes) if args.drop_caches and not dry else {}
         # through the executor: under --dry-run=facts a node without the helper runs it inline, nothing is shipped
-        facts = ops(transport).drive(gather_ops(nodes, facts_requests(inventory, plan, profile, root=sp.root),
-                                                timeout_s=args.timeout))
+        facts = ops(transport).drive(gather_ops(nodes, requests, timeout_s=args.timeout))
         probes: dict[str, dict[str, Any]] = {}
         if args.probe or args.probe_command:
             probes = run_probes(ops(transport), nodes, facts, profile, inventory, args.probe_command)
@@ -241,8 +242,8 @@ def dry_report(plan: Plan, nodes: list, fabric: tuple[dict[str, Any], list[Findi
                     "would_gather_facts": names, **({"fabric_probe": fabric[0]} if fabric else {}),
                     **({"nccl": nccl[0]} if nccl else {}), **({"would": would} if would else {})})
         return EXIT_OK
-    out.print(f"check --dry-run: no node was contacted; would gather facts on {', '.join(names)} and judge them "
-              "(--dry-run=facts gathers them, read-only)", markup=False, soft_wrap=True)
+    out.print(f"check --dry-run: no node was contacted; would gather facts on {', '.join(names)} (as shown) and "
+              "judge them (--dry-run=facts gathers them, read-only)", markup=False, soft_wrap=True)
     print_would(would, nccl)
     return EXIT_OK
 

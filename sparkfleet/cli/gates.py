@@ -150,10 +150,12 @@ def run(args: argparse.Namespace) -> int:
     base = args.endpoint.rstrip("/") if args.endpoint else lane_base(tunnel, ranks[0].node, profile, args.json)
     if ranks is not None and not args.no_mem_sample and (only is None or "soak" in only):
         from sparkfleet.fleet.connect import transport_for
+        from sparkfleet.fleet.op import Executor
 
         transport = transport_for([r.node for r in ranks])
-        options.mem_sampler = fleet_sampler(transport, [(r.node, r.role if r.role == "head" else "workers")
-                                                        for r in ranks], profile.expect.mem_available_floor_gb)
+        options.mem_sampler = fleet_sampler(Executor(transport, {r.node.name: r.node for r in ranks}),
+                                            [(r.node, r.role if r.role == "head" else "workers") for r in ranks],
+                                            profile.expect.mem_available_floor_gb)
     else:
         transport = None
 

@@ -340,28 +340,25 @@ def run_logs(args: argparse.Namespace) -> int:
 
 def run_runs(args: argparse.Namespace) -> int:
     from sparkfleet.root import state_dir
-    from sparkfleet.runner.record import list_runs
+    from sparkfleet.runner.record import list_runs, load_run
 
     runs_dir = state_dir() / "runs"
     if args.action == "show":
         if not args.run_id:
             raise UserError("runs show needs a run id (see `sparkfleet runs`)")
-        path = runs_dir / f"{args.run_id}.json"
-        if not path.is_file():
+        rec = load_run(runs_dir, args.run_id)  # the typed record (older schemas read, a newer one refused)
+        if rec is None:
             raise UserError(f"no run {args.run_id!r} in {runs_dir}")
-        data = json.loads(path.read_text())
         if args.json:
-            print_json(data)
+            print_json(rec.model_dump(mode="json", exclude_unset=True))
             return EXIT_OK
         from sparkfleet.cli.tables import Column, render, say
 
-        say(f"run {data['run_id']}: {data['playbook']} {data['profile']} on {data['inventory']}: "
-            f"{data['outcome']}" + (f" ({data['reason']})" if data.get("reason") else "")
-            + f", {data.get('duration_s')} s")
+        say(f"run {rec.run_id}: {rec.playbook} {rec.profile} on {rec.inventory}: {rec.outcome}"
+            + (f" ({rec.reason})" if rec.reason else "") + f", {rec.duration_s} s")
         render([Column("status"), Column("step"), Column("seconds"), Column("summary", wrap=True)],
-               [[st["status"], st["step"], f"{st['elapsed_s']:.2f}", st.get("summary") or ""]
-                for st in data["steps"]], wide=args.wide)
-        for rank, lines in (data.get("data", {}).get("last_log_lines") or {}).items():
+               [[st.status, st.step, f"{st.elapsed_s:.2f}", st.summary] for st in rec.steps], wide=args.wide)
+        for rank, lines in (rec.data.last_log_lines or {}).items():
             out.print(f"  last lines of rank {rank}:", markup=False)
             for line in lines[-10:]:
                 out.print(f"    {line}", markup=False)

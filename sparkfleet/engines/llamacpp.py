@@ -81,6 +81,8 @@ def accept_wait(container: str, ip: str, port: int) -> str:
             f"  [ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] || break\n"
             f"  sleep {ACCEPT_POLL_S}\n"
             f"done\n"
+            # not fleet/ops LogTail (`2>&1`, to stdout): inside this script the lines go to stderr, whose tail
+            # the launch step reports, and the plans' goldens hold this text
             f"docker logs --tail 5 {c} >&2\n"
             f"echo \"rpc-server in {container} does not accept on {where}\" >&2\n"  # last: the step keeps the tail
             f"exit 1\n")

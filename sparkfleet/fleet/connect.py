@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from sparkfleet.fleet.local import LocalTransport
+from sparkfleet.fleet.op import Executor
 from sparkfleet.fleet.ssh import SshTransport
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import endpoint, loopback_bound
@@ -73,12 +74,13 @@ def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
 
 
 @contextmanager
-def api_base(head: Node, port: int, host: str | None, transport: Transport | None = None,
+def api_base(head: Node, port: int, host: str | None, transport: Transport | Executor | None = None,
              on_tunnel=None) -> Iterator[str]:
     """The lane's OpenAI-compatible base URL as seen from this machine, for the block's duration: for a
     head that binds its API to loopback (`host: 127.0.0.1`) behind SSH, a local port forward over the
     head's pinned connection (closed when the block ends; `transport` is used when given, else one of its
-    own); else http://HEAD:PORT (sparkfleet.placement.endpoint). `on_tunnel(url)` is told of a tunnel.
+    own; a run's executor shows it under --dry-run instead, and the URL is then the head's own); else
+    http://HEAD:PORT (sparkfleet.placement.endpoint). `on_tunnel(url)` is told of a tunnel.
     The one rule `up`'s readiness and gates, `gates`, `bench` and `status` use; --endpoint overrides it."""
 
     if not (loopback_bound(host) and head.transport == "ssh"):
@@ -88,6 +90,9 @@ def api_base(head: Node, port: int, host: str | None, transport: Transport | Non
     t = transport if transport is not None else transport_for([head])
     try:
         with t.forward(head, port) as local:
+            if local is None:  # shown, not opened (--dry-run)
+                yield endpoint(head, port)
+                return
             url = f"http://127.0.0.1:{local}"
             if on_tunnel is not None:
                 on_tunnel(url)

@@ -11,6 +11,8 @@ and nowhere else:
 - `dry_run` with `reads` (`--dry-run=facts`): read-only commands (`changes=False`) run, the others are
   shown.
 
+A tunnel (`forward`) is decided here too: under --dry-run it is shown and not opened.
+
 A command that depends on what a read would return (the stop step's container ids) is shown with a
 named placeholder in angle brackets, e.g. `docker rm -f <ids of the lane's containers on reddie>`.
 """
@@ -18,7 +20,8 @@ named placeholder in angle brackets, e.g. `docker rm -f <ids of the lane's conta
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -44,6 +47,8 @@ class NodeCommands:
     # started and left running while the generator goes on (a server its later commands talk to): the reply
     # is a Pending, filled in when the commands end
     background: bool = False
+    # names a value only a command that was not run would give (a placeholder): shown, never run under --dry-run
+    placeholders: bool = False
 
 
 class Pending(dict[str, Result]):
@@ -127,7 +132,7 @@ class Executor:
     on_run: Callable[[NodeCommands], None] | None = None  # told each command as it runs (-v shows them)
 
     def skips(self, op: NodeCommands) -> bool:
-        return self.dry_run and (op.changes or not self.reads)
+        return self.dry_run and (op.changes or op.placeholders or not self.reads)
 
     def run(self, op: NodeCommands) -> Reply:
         """Run one NodeCommands now (or show it and return None): files first, and a node whose file
@@ -167,6 +172,21 @@ class Executor:
                 results.update(self.transport.run_each([self.nodes[n] for n in group], group, stdin=op.stdin,
                                                        timeout_s=op.timeout_s, env=op.env))
         return results
+
+    @contextmanager
+    def forward(self, node: Node, remote_port: int, remote_host: str = "127.0.0.1") -> Iterator[int | None]:
+        """A local port reaching remote_host:remote_port as `node` sees it (the transport's forward, e.g. to a
+        head whose API is bound to loopback), for the block's duration. Under --dry-run (also =facts: a tunnel
+        is for a lane the dry run never starts) it is shown, as `ssh -L` would open it, and the block gets None."""
+        if self.dry_run:
+            if self.show is not None:
+                self.show(NodeCommands(f"forward a local port to {remote_host}:{remote_port} on {node.name}", {
+                    node.name: f"ssh -N -L {placeholder('a free local port')}:{remote_host}:{remote_port} {node.name}"},
+                    changes=False))
+            yield None
+            return
+        with self.transport.forward(node, remote_port, remote_host) as local:
+            yield local
 
     def drive(self, gen: OpGen[T]) -> T:
         """Run a generator's NodeCommands as it yields them; what it returns. What a command raises (a

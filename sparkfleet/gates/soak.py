@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.gather import gather
+from sparkfleet.fleet.gather import gather_ops
 from sparkfleet.gates.client import ApiClient, RequestFailed, clip
 from sparkfleet.gates.env import GateEnv, MemSample, MemSampler, user
 from sparkfleet.gates.result import Check, GateResult, verdict
 from sparkfleet.gates.text import judge_count, judge_number
 
 if TYPE_CHECKING:
-    from sparkfleet.fleet.transport import Transport
+    from sparkfleet.fleet.op import Executor
     from sparkfleet.schema.inventory import Node
 
 NAME = "soak"
@@ -296,8 +296,9 @@ def _show(value: float | None, unit: str) -> str:
     return "n/a" if value is None else f"{value:.3g} {unit}"
 
 
-def fleet_sampler(transport: Transport, ranks: list[tuple[Node, str]], floors_gb: dict[str, float]) -> MemSampler:
-    """A sampler over the lane's nodes: one facts round trip per node per sample.
+def fleet_sampler(executor: Executor, ranks: list[tuple[Node, str]], floors_gb: dict[str, float]) -> MemSampler:
+    """A sampler over the lane's nodes: one facts round trip per node per sample, through `executor` (a run's
+    own, so its dry-run rule and -v hold for the samples too).
 
     `ranks` is [(inventory Node, role)] with role head or workers; floors come from the profile's
     expect.mem_available_floor_gb (keys head / workers, 'worker' accepted).
@@ -312,7 +313,7 @@ def fleet_sampler(transport: Transport, ranks: list[tuple[Node, str]], floors_gb
 
     def sample() -> dict[str, MemSample]:
         out: dict[str, MemSample] = {}
-        for name, f in gather(transport, nodes, {}).items():
+        for name, f in executor.drive(gather_ops(nodes, {})).items():
             if not isinstance(f, NodeFacts):
                 out[name] = MemSample(None, error=f.message or f.error or "no answer")
             elif f.meminfo is None:

@@ -6,10 +6,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkfleet.engines.base import Launch
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engram.fleet import copy_dirs
+from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.op import Executor, shown_as
+from sparkfleet.fleet.op import Executor, placeholder, shown_as
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.result import GateResult
 from sparkfleet.opsdir import Spec
@@ -70,8 +72,10 @@ class RunContext:
     options: RunOptions
     state_dir: Path
     facts: dict[str, NodeFacts | Result] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)  # the preflight's verdicts (the probe's replace the clock's)
     gid_index: dict[str, int] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
+    would_start: list[Started] = field(default_factory=list)  # ranks a launch showed, not started (--dry-run)
     log_facts: dict[int, LogFacts] = field(default_factory=dict)
     logs_tail: dict[int, list[str]] = field(default_factory=dict)
     engram_manifests: dict[str, str] = field(default_factory=dict)  # rank -> sha256 of its copy's manifest
@@ -79,6 +83,7 @@ class RunContext:
     facts_after_load: dict[str, NodeFacts | Result] = field(default_factory=dict)
     gate_results: list[GateResult] = field(default_factory=list)
     caches_dropped: dict | None = None  # node -> True, or why the drop failed
+    slurm_job: dict | None = None  # launcher: slurm: this run's job once submitted (the record holds the same)
     rendered: bool = False  # the launches are bound and recorded (ctx.launches); restore adopts its own
     tunnel: str | None = None  # the head's base URL once decided (an SSH local forward stays open till the end)
     closers: ExitStack = field(default_factory=ExitStack)  # what the run opened (tunnels): closed at its end
@@ -107,6 +112,18 @@ class RunContext:
     def node(self, name: str) -> Node:
         return self.inventory.nodes[name]
 
+    @property
+    def lane_shown_only(self) -> bool:
+        """The lane was shown, not started (--dry-run, decided by the executor): the steps that need it live
+        (wait_ready, expect, gates) show their node commands and say what they would do."""
+        return self.executor.dry_run and not self.started
+
+    def would(self, launches: list[Launch]) -> None:
+        """Ranks a launch showed and did not start (--dry-run): the later steps show their commands for them,
+        each container id a named placeholder."""
+        self.would_start += [Started(x.node, x.rank, x.container, placeholder(f"id of rank {x.rank}'s container "
+                                                                              f"on {x.node}")) for x in launches]
+
     def endpoint(self) -> str:
         """The head's OpenAI-compatible base URL as seen from this machine: --endpoint; else, for a head
         that binds its API to loopback (`host: 127.0.0.1`) behind SSH, a local port forward over the
@@ -115,9 +132,9 @@ class RunContext:
             return self.options.endpoint.rstrip("/")
         from sparkfleet.fleet.connect import api_base
 
-        if self.tunnel is None and self.profile.port is not None and not self.options.dry_run:
+        if self.tunnel is None and self.profile.port is not None:  # the executor shows it under --dry-run
             self.tunnel = self.closers.enter_context(api_base(
-                self.head, self.profile.port, self.profile.host, self.transport,
+                self.head, self.profile.port, self.profile.host, self.executor,
                 on_tunnel=lambda url: self.events.emit("message", text=f"{self.head.name} serves on 127.0.0.1:"
                                                        f"{self.profile.port} only: reaching it through an SSH "
                                                        f"tunnel at {url}")))

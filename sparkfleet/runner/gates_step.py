@@ -35,11 +35,11 @@ def gates_step(ctx: RunContext, st: Step) -> StepResult:
     if key:
         ctx.record.secret_values.add(key)
     names = only or default_gates(profile)
-    if ctx.options.dry_run:
+    if ctx.lane_shown_only:  # --dry-run: nothing serves to ask (the tunnel, if any, was shown)
         return StepResult("ok", f"would run gates {', '.join(names)} against {base}")
     roles = [(r.node, r.role if r.role == "head" else "workers") for r in ctx.plan.ranks]
     options.api_key = key
-    options.mem_sampler = soak.fleet_sampler(ctx.transport, roles, profile.expect.mem_available_floor_gb)
+    options.mem_sampler = soak.fleet_sampler(ctx.executor, roles, profile.expect.mem_available_floor_gb)
 
     def started(name: str) -> None:
         ctx.events.emit("message", text=f"gate {name} ...")

@@ -13,9 +13,9 @@ from sparkfleet.runner.ops import NodeCommands, StepGen
 LOG_TAIL = ops.LOG_TAIL  # lines of each rank's log kept in the record when a launch fails
 
 
-def _by_node(ctx: RunContext) -> dict[str, list[Started]]:
+def _by_node(ranks: list[Started]) -> dict[str, list[Started]]:
     by_node: dict[str, list[Started]] = {}
-    for s in ctx.started:
+    for s in ranks:
         by_node.setdefault(s.node, []).append(s)
     return by_node
 
@@ -24,10 +24,16 @@ def follow(ctx: RunContext) -> StepGen:
     """One poll of every rank this run started: its state and its new log lines.
 
     Returns ({rank: (node, ContainerState)}, [(rank, node, NodeError)]): a node whose docker could not
-    answer is an error of its own (never an "unknown" state or log lines)."""
-    by_node = _by_node(ctx)
+    answer is an error of its own (never an "unknown" state or log lines). For ranks only shown (--dry-run,
+    ctx.would_start) both reads are shown, with their ids as placeholders, and it returns None."""
+    shown = not ctx.started
+    by_node = _by_node(ctx.started or ctx.would_start)
     inspect = {n: ops.Inspect(tuple((s.id, s.container) for s in ss)) for n, ss in by_node.items()}
-    results = yield ops.on("inspect the ranks", inspect, 30)
+    results = yield _named(ops.on("inspect the ranks", inspect, 30), shown)
+    if results is None:
+        yield _named(ops.on("read the ranks' new log lines", {n: ops.Logs(ss[0].id) for n, ss in by_node.items()},
+                            30), shown)
+        return None
     states, errors = {}, []
     for n, ss in by_node.items():
         parsed = inspect[n].parse(results[n])
@@ -60,6 +66,12 @@ def follow(ctx: RunContext) -> StepGen:
     return states, errors
 
 
+def _named(op: NodeCommands, placeholders: bool) -> NodeCommands:
+    """`op`, marked when it names placeholder ids (never run under --dry-run, not even =facts)."""
+    op.placeholders = placeholders
+    return op
+
+
 def launch_failure(ctx: RunContext, states: dict) -> tuple[int, str, str] | None:
     """(rank, node, why) when the launch has failed, naming the rank that failed (not a peer that noticed
     later): ranks that are gone (vanished, exited, dead) first, with their own fatal line when they logged one."""
@@ -82,7 +94,7 @@ def launch_failure(ctx: RunContext, states: dict) -> tuple[int, str, str] | None
 def stop_launch_commands(ctx: RunContext) -> NodeCommands:
     """Stop every rank this run started (they stay, stopped, for inspection)."""
     return ops.on("stop every rank of this launch",
-                  {n: ops.Stop(tuple(s.id for s in ss), remove=False) for n, ss in _by_node(ctx).items()}, 120)
+                  {n: ops.Stop(tuple(s.id for s in ss), remove=False) for n, ss in _by_node(ctx.started).items()}, 120)
 
 
 def stop_run(ctx: RunContext) -> StepGen:
@@ -99,7 +111,7 @@ def stop_run(ctx: RunContext) -> StepGen:
         if isinstance(ids, ops.NodeError):
             lost[n] = ids.message
             ids = []
-        ids = list(dict.fromkeys([*ids, *(s.id for s in _by_node(ctx).get(n, []) if n not in lost)]))
+        ids = list(dict.fromkeys([*ids, *(s.id for s in _by_node(ctx.started).get(n, []) if n not in lost)]))
         if ids:
             found[n] = ids
     if found:

@@ -17,11 +17,11 @@ from sparkfleet.runner import slurm_launch
 from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock, NodeLock
-from sparkfleet.runner.ops import StepResult, drive
+from sparkfleet.runner.ops import drive
 from sparkfleet.runner.ranks import stop_launch
 from sparkfleet.runner.record import Record, new_run_id
 from sparkfleet.runner.served import finish, template_hashes
-from sparkfleet.runner.steps import DRY, STEPS
+from sparkfleet.runner.steps import STEPS
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.playbook import Playbook
@@ -159,10 +159,7 @@ def _steps(ctx: RunContext) -> None:
         name = st.step + (f":{st.role}" if st.role else "")
         events.step(name, "start")
         t0 = time.time()
-        if ctx.options.dry_run and st.step in DRY:  # a step that needs the live lane: say what it would do
-            result = StepResult("ok", DRY[st.step](ctx, st))
-        else:
-            result = drive(ctx, STEPS[st.step](ctx, st))
+        result = drive(ctx, STEPS[st.step](ctx, st))
         elapsed = round(time.time() - t0, 3)
         record.steps.append({"step": name, "status": result.status, "summary": result.summary,
                              "elapsed_s": elapsed, "findings": [f.as_dict() for f in result.findings],

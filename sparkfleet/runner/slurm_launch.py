@@ -50,8 +50,8 @@ SIGNALLED = {"143", "137"}  # 128+SIGTERM, 128+SIGKILL: a task ended by Slurm, n
 
 
 def job_of(ctx: RunContext) -> dict | None:
-    """This run's job as the record holds it (None before submission, and under --dry-run)."""
-    return ctx.record.data.get("slurm_job")
+    """This run's job (None before submission, and under --dry-run)."""
+    return ctx.slurm_job
 
 
 def launch(ctx: RunContext, chosen: list[Launch], env: dict[str, str] | None) -> StepGen:
@@ -68,6 +68,7 @@ def launch(ctx: RunContext, chosen: list[Launch], env: dict[str, str] | None) ->
         op.env = {**(op.env or {}), **(env or {})}
         res = yield op
         if res is None:
+            ctx.would(chosen)
             return StepResult("ok", f"would submit Slurm job {job.name} ({job.comment}): one task per node on "
                               f"{', '.join(job.nodes)}{', heterogeneous' if job.het else ''}, starting {ranks}",
                               data={"slurm_job": {"name": job.name, "comment": job.comment, "script": job.script}})
@@ -77,11 +78,12 @@ def launch(ctx: RunContext, chosen: list[Launch], env: dict[str, str] | None) ->
             return StepResult("fail", f"sbatch refused the lane's job: {why}; nothing was started",
                               [Finding("slurm-submit", "fail", f"sbatch: {why}", "see Slurm's message")])
         job_id = slurm.parse_submitted(r.stdout)
-        ctx.record.data["slurm_job"] = {"job_id": job_id, "name": job.name, "comment": job.comment,
-                                        "nodes": job.nodes, "het": job.het, "submitted_at": round(time.time(), 3),
-                                        "script": job.script}
+        ctx.slurm_job = {"job_id": job_id, "name": job.name, "comment": job.comment, "nodes": job.nodes,
+                         "het": job.het, "submitted_at": round(time.time(), 3), "script": job.script}
+        ctx.record.data["slurm_job"] = ctx.slurm_job  # the same dict: the record follows what the run learns
         ctx.events.emit("message", text=f"submitted Slurm job {job_id} ({job.name}, {job.comment})")
     elif job_of(ctx) is None:  # --dry-run: the job was shown by the step that would submit it
+        ctx.would(chosen)
         return StepResult("ok", f"would wait for the Slurm job to start {ranks}")
     return (yield from _await_ranks(ctx, chosen))
 
@@ -155,7 +157,7 @@ def _ended_early(ctx: RunContext, chosen: list[Launch], state: str | None) -> St
     """The job ended before its ranks were all seen: what Slurm and the job's output say; what it left, removed."""
     job = job_of(ctx)
     assert job is not None
-    why = yield from _why_ended(ctx)
+    why, _ = yield from _why_ended(ctx)
     left = yield from _leftovers(ctx)
     return StepResult("fail", f"Slurm job {job['job_id']} ended before it started "
                       + ", ".join(f"rank {x.rank} on {x.node}" for x in chosen) + f": {why}{left}",
@@ -165,7 +167,8 @@ def _ended_early(ctx: RunContext, chosen: list[Launch], state: str | None) -> St
 
 def _why_ended(ctx: RunContext) -> StepGen:
     """One line: the job's final state and exit code (scontrol), and the telling line of its output (srun's
-    line for the first task that failed not by Slurm's signal, else the output's last line)."""
+    line for the first task that failed not by Slurm's signal, else the output's last line); with the output's
+    last lines."""
     job, inv = job_of(ctx), ctx.inventory
     assert job is not None
     res = yield slurm.show_job(inv, job["job_id"])
@@ -181,7 +184,7 @@ def _why_ended(ctx: RunContext) -> StepGen:
         said += f", reason {job['reason']}"
     culprit = _culprit(lines)
     tell = culprit[3] if culprit else next((x for x in reversed(lines) if x.strip()), "")
-    return f"{said}" + (f"; the job's output: {tell.strip()[-300:]}" if tell else "")
+    return f"{said}" + (f"; the job's output: {tell.strip()[-300:]}" if tell else ""), lines
 
 
 def _output(ctx: RunContext) -> StepGen:
@@ -223,9 +226,9 @@ def explain(ctx: RunContext, failure: tuple[int, str, str], states: dict) -> Ste
         time.sleep(POLL_S)
     if state in RUNNING and not failed:
         return failure
-    why = yield from _why_ended(ctx)
+    why, output = yield from _why_ended(ctx)
     rank, node, text = failure
-    culprit = _culprit(ctx.record.data.get("last_log_lines", {}).get(f"slurm job {job['job_id']}", []))
+    culprit = _culprit(output)
     by_node = {x.node: x.rank for x in ctx.plan.launches}
     if culprit and culprit[0] in by_node and "vanished" in text:
         rank, node = by_node[culprit[0]], culprit[0]

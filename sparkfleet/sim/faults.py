@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -22,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkfleet.fleet.transport import telling_line
 from sparkfleet.schema.errors import UserError
-from sparkfleet.sim import shim, values
+from sparkfleet.sim import build, clock, dockerd, netlab, node, paths, shim, sshd, values
 from sparkfleet.sim.build import image_record
 from sparkfleet.sim.paths import inside
 from sparkfleet.sim.shim.faults import VANISH_WATCH_PID
@@ -258,16 +260,12 @@ LISTENER = ("import os,signal,socket,sys;s=socket.socket(socket.AF_INET6);"
 
 
 def _in_node(t: Target, argv: list[str], detach: bool = False) -> None:
-    from sparkfleet.sim import node
-
     if t.dir is not None:
         node.run_in(t.dir, argv, detach=detach)
 
 
 def _docker(t: Target, *argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     """The node's own docker CLI, run inside the node (a node with its own dockerd)."""
-    from sparkfleet.sim import node
-
     r = node.run_in(t.dir, ["/usr/bin/docker", *argv], stdin=stdin, timeout_s=120) if t.dir else None
     if r is None:
         raise UserError(f"{t.node}: the node is not running, so its docker cannot be reached")
@@ -279,9 +277,6 @@ def _foreign_run(t: Target, params: dict[str, Any]) -> None:
     (the lab's daemons have no bridge to publish a port through) whose server listens on the port. Its image
     is loaded first where the node lacks it. What it made is added to the fault's record for heal; a run
     docker refuses (a name in use) drops the fault and says docker's words."""
-    from sparkfleet.fleet.transport import telling_line
-    from sparkfleet.sim import build
-
     port, name = params["port"], f"foreign-lane-{params['port']}"
     added = _docker(t, "image", "inspect", values.FOREIGN_IMAGE).returncode != 0
     if added:
@@ -411,8 +406,6 @@ def _slow_link(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     rate = str(params.get("rate", values.SLOW_LINK_RATE))
     if not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", rate):
         raise UserError(f"--rate {rate}: expected a tc rate such as 100mbit or 1gbit")
-    from sparkfleet.sim import netlab
-
     iface = _fabric_port(root)["netdev"]
     return {"rate": rate, "iface": iface, "peer": netlab.fabric_peer(shim.load(root, "node.json")["node"], iface)}
 
@@ -434,8 +427,6 @@ def _driver_drift(root: Path, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _netns_run(t: Target, *argv: str) -> None:
-    from sparkfleet.sim import netlab
-
     proc = subprocess.run([*netlab.exec_argv(t.node), *argv], capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
         raise UserError(f"{t.node}: `{' '.join(argv)}` failed: {proc.stderr.strip()}")
@@ -449,8 +440,6 @@ def _rank_fault(kind: str) -> Callable[[Path, dict[str, Any]], dict[str, Any]]:
 
 def _rank_act(t: Target, params: dict[str, Any], kind: str) -> None:
     """Act on the node's running lane ranks (inside the node: its docker state, its processes)."""
-    from sparkfleet.sim import node
-
     if t.dir is None:
         return
     since = f"{time.time():.3f}"
@@ -474,8 +463,6 @@ def _rank_act(t: Target, params: dict[str, Any], kind: str) -> None:
 
 def _rank_unact(t: Target, params: dict[str, Any]) -> None:
     """Heal of rank-vanish on a node with its own dockerd: its watcher (if still waiting) stopped."""
-    from sparkfleet.sim import node
-
     pid_file = t.root() / shim.STATE / VANISH_WATCH_PID
     if t.dir is not None and pid_file.exists():
         node.run_in(t.dir, ["/bin/sh", "-c", f"kill $(cat /{shim.STATE}/{VANISH_WATCH_PID}) 2>/dev/null; "
@@ -498,8 +485,6 @@ def _tbf_off(t: Target, params: dict[str, Any]) -> None:
 
 def _fabric_run(*argv: str) -> None:
     """A command in the lab's fabric namespace (the bridge and the nodes' link ends)."""
-    from sparkfleet.sim import netlab
-
     proc = subprocess.run(["ip", "netns", "exec", netlab.FABRIC_NS, *argv], capture_output=True, text=True,
                           timeout=30)
     if proc.returncode != 0:
@@ -512,8 +497,6 @@ def _mtu_on(t: Target, params: dict[str, Any]) -> None:
 
 
 def _mtu_off(t: Target, params: dict[str, Any]) -> None:
-    from sparkfleet.sim import netlab
-
     if params.get("netns"):
         _netns_run(t, "ip", "link", "set", "dev", params["iface"], "mtu", str(netlab.FABRIC_MTU))
 
@@ -559,15 +542,11 @@ APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
 def _dockerd_stop(t: Target, params: dict[str, Any]) -> None:
     """docker-down on a node with its own dockerd: that daemon stops (its containers with it), as
     `systemctl stop docker` does; the docker CLI then fails as the real one does without its daemon."""
-    from sparkfleet.sim import dockerd
-
     if t.dir is not None and shim.load(t.root(), "node.json").get("dockerd"):
         dockerd.stop_daemon(t.dir)
 
 
 def _dockerd_start(t: Target, params: dict[str, Any]) -> None:
-    from sparkfleet.sim import dockerd
-
     if t.dir is not None and shim.load(t.root(), "node.json").get("dockerd"):
         dockerd.start_daemon(t.dir, t.node)
 
@@ -605,8 +584,6 @@ def _power_off(t: Target, params: dict[str, Any]) -> None:
     """Cut the power: every process of the node ends at once (its init and pid namespace: engines, sshd,
     earlyoom, dockerd); what lives in RAM is lost (/run, the page cache, runtime addresses); /nvme, /var
     and the rest of its disks are kept. A detached "power supply" boots it after --off seconds."""
-    from sparkfleet.sim import node
-
     if t.dir is None or node.running_pid(t.dir) is None:
         raise UserError(f"{t.node} is not running: nothing to power-cycle")
     node.stop(t.dir)
@@ -667,10 +644,6 @@ def _set_power(root: Path, **changes: Any) -> None:
 def _boot(name: str, off_at: float) -> None:
     """Power the node on: its init again (earlyoom, sshd, its own dockerd) in the same network namespace, as
     `sim up` starts it; `off_at`: when its power went."""
-    import json
-
-    from sparkfleet.sim import netlab, node, paths, sshd
-
     nd = paths.node_dir(name)
     if node.running_pid(nd) is not None:
         return
@@ -690,16 +663,12 @@ def _boot(name: str, off_at: float) -> None:
     if info:
         sshd.wait_banner(name, info["host"], info["port"])
     if daemon:  # booted as `sim up` boots a node: once its own dockerd answers (it restores its containers)
-        from sparkfleet.sim import dockerd
-
         dockerd.wait_ready(nd, name)
     _set_power(paths.node_root(name), back=True, back_at=time.time(), supply=None)
 
 
 def _power_on(t: Target, params: dict[str, Any]) -> None:
     """heal: the node is back at once (its power supply, if still waiting, is ended first)."""
-    from sparkfleet.sim import node
-
     supply = params.get("supply")
     if supply and _is_supply(int(supply), t.node):
         with contextlib.suppress(ProcessLookupError):
@@ -728,7 +697,6 @@ def _supply_main(argv: list[str]) -> int:
     name, seconds, off_at = argv[1], float(argv[2]), float(argv[3])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     time.sleep(seconds)
-    from sparkfleet.sim import paths
 
     if paths.node_dir(name).is_dir():  # the lab may have been torn down meanwhile
         _boot(name, off_at)
@@ -750,8 +718,6 @@ UNACT["power-cycle"] = _power_on
 
 def _power(t: Target, what: str) -> None:
     """`sim-fault node-lost|node-back` inside the node (sim/shim/faults.py POWER)."""
-    from sparkfleet.sim import node
-
     if t.dir is None:
         return
     proc = node.run_in(t.dir, ["/usr/bin/python3", f"{node.SHIM_DIR}/sim-fault", what])
@@ -810,8 +776,6 @@ CLOCK_SKEW_S = -300.0  # sim input: the default skew, 5 minutes behind (the seed
 
 
 def _clock_skew(root: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from sparkfleet.sim import clock
-
     seconds = float(params.get("seconds", CLOCK_SKEW_S))
     if seconds == 0 or abs(seconds) > 10 * 365 * 86400:
         raise UserError(f"clock-skew --seconds {seconds:g}: expected a skew other than 0 (negative: the node's "
@@ -829,8 +793,6 @@ APPLY["clock-skew"] = _clock_skew
 
 def _clock_unbuilt(t: Target, params: dict[str, Any]) -> None:
     """heal: the node's bin dir as it was (the library goes once /etc/ld.so.preload no longer names it)."""
-    from sparkfleet.sim import clock
-
     if t.dir is not None:
         (t.dir / "bin" / clock.LIBRARY).unlink(missing_ok=True)
 

@@ -119,6 +119,8 @@ def task_script(launches: list[Launch], inventory: Inventory) -> str:
             "  return 1",
             "}", "",
             "\"rank_$RANK\"",
+            # written out, not fleet/ops LogTail: the container is the script's $C, known only in the task (an
+            # op quotes a name it is given), and followed (-f) in the background for the task's whole life
             "docker logs -f \"$C\" &  # the rank's log is the task's output",
             "docker wait \"$C\" >/dev/null & wait $!  # in the background, so a signal reaches the trap at once",
             "code=$(docker inspect -f '{{.State.ExitCode}}' \"$C\")",

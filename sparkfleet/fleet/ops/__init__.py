@@ -17,6 +17,7 @@ from sparkfleet.fleet.ops.docker import (
     Stopped,
 )
 from sparkfleet.fleet.ops.files import ReadFile
+from sparkfleet.fleet.ops.launch import ReadyCheck, StartRank
 from sparkfleet.fleet.ops.lock import LockAnswer, LockRelease, LockStuck, LockTake, Look, Seen
 from sparkfleet.fleet.ops.net import Rail2Alias
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
@@ -24,5 +25,6 @@ from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 __all__ = [
     "LOG_TAIL", "REMEDIES", "ContainerState", "Done", "DropCaches", "EngramLines", "Inspect", "LaneContainers",
     "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError", "Op",
-    "Rail2Alias", "ReadFile", "Seen", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
+    "Rail2Alias", "ReadFile", "ReadyCheck", "Seen", "StartRank", "Stop", "Stopped", "classify", "drop_caches",
+    "failures", "on",
 ]

@@ -44,11 +44,14 @@ class Op(Generic[T]):
         raise NotImplementedError
 
 
-def on(what: str, ops: Mapping[str, Op], timeout_s: float, serial: bool = False) -> NodeCommands:
+def on(what: str, ops: Mapping[str, Op], timeout_s: float, serial: bool = False, *,
+       env: dict[str, str] | None = None, files: dict[str, dict[str, str | bytes]] | None = None) -> NodeCommands:
     """One NodeCommands of per-node operations (node -> operation, run in the mapping's order when
-    `serial`); it changes the nodes when any of them does, so a read stays a read under --dry-run=facts."""
+    `serial`); it changes the nodes when any of them does, so a read stays a read under --dry-run=facts.
+    `env` and `files` as NodeCommands takes them."""
     return NodeCommands(what, {n: op.command() for n, op in ops.items()},
-                        changes=any(op.changes for op in ops.values()), timeout_s=timeout_s, serial=serial)
+                        changes=any(op.changes for op in ops.values()), timeout_s=timeout_s, serial=serial,
+                        env=env, files=files or {})
 
 
 # -- what went wrong on a node -----------------------------------------------------------------------

@@ -3,18 +3,15 @@
 A step is a thin decision over node operations (sparkfleet/fleet/ops/): it yields the commands it
 wants run per node (runner/ops.py runs them, or shows them under --dry-run) and returns a StepResult. A
 step that fails stops the run; once ranks have started, the runner stops every rank of this launch before
-it gives up (and keeps their last log lines in the record). DRY names what a step that needs the live lane
-would do, said under --dry-run instead of running it.
+it gives up (and keeps their last log lines in the record). Under --dry-run the steps that need the live
+lane (wait_ready, expect, gates) show their node commands too, and say what they would do
+(RunContext.lane_shown_only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepFn
 from sparkfleet.runner.steps import build, finish, launch, preflight, prepare, stop
-from sparkfleet.schema.playbook import Step
 
 STEPS: dict[str, StepFn] = {
     "stop": stop.stop,
@@ -35,9 +32,4 @@ STEPS: dict[str, StepFn] = {
     "expect": finish.expect,
     "gates": finish.gates,
     "record": finish.record,
-}
-
-DRY: dict[str, Callable[[RunContext, Step], str]] = {
-    "wait_ready": lambda ctx, st: f"would wait for {ctx.endpoint()}/health",
-    "expect": lambda ctx, st: "would assert the profile's expectations",
 }

@@ -16,6 +16,9 @@ from sparkfleet.schema.playbook import Step
 def expect(ctx: RunContext, st: Step) -> StepGen:
 
     after = yield from gather_facts(ctx)
+    if ctx.lane_shown_only:  # --dry-run: the facts were shown (or, with =facts, read); there are no logs to judge
+        return StepResult("ok", "would assert the profile's expectations on the ranks' logs and the facts above "
+                          "(KV tokens, MoE backend, node-local Engram, MemAvailable after load)")
     ctx.facts_after_load = after
     ctx.record.data["facts_after_load"] = {n: f.model_dump(mode="json") for n, f in after.items()
                                            if isinstance(f, NodeFacts)}

@@ -61,17 +61,17 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
     dry = False
     for wave in sorted({x.wave for x in chosen}):
         batch = [x for x in chosen if x.wave == wave]
-        results = yield NodeCommands(f"start rank(s) {', '.join(str(x.rank) for x in batch)}",
-                                     {x.node: x.script for x in batch}, timeout_s=300, env=env,
-                                     files={x.node: x.files for x in batch if x.files})
-        if results is None:
+        starts = {x.node: ops.StartRank(x.script, x.container) for x in batch}
+        results = yield ops.on(f"start rank(s) {', '.join(str(x.rank) for x in batch)}", starts, 300, env=env,
+                               files={x.node: x.files for x in batch if x.files})
+        if results is None:  # --dry-run: shown, not started
             dry = True
+            ctx.would(batch)
             continue
         refused = [x for x in batch if not results[x.node].ok]
         for x in batch:  # every rank of the wave that did start is recorded first, so the failure stops it too
-            res = results[x.node]
-            if res.ok:
-                cid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else x.container
+            cid = starts[x.node].parse(results[x.node])
+            if not isinstance(cid, ops.NodeError):
                 ctx.started.append(Started(x.node, x.rank, x.container, cid))
         if refused:
             x, res = refused[0], results[refused[0].node]
@@ -80,10 +80,10 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
             if ctx.started:  # the ranks that did start (this wave's or earlier) must not serve half a lane
                 return (yield from _fail_launch(ctx, why, bad))
             return StepResult("fail", why, bad)
-        checks = {x.node: x.ready_check for x in batch if x.ready_check}
+        checks = {x.node: ops.ReadyCheck(x.ready_check) for x in batch if x.ready_check}
         if checks:  # the wave is up only when each such rank says so (Launch.ready_check)
-            ready = yield NodeCommands(f"wait until rank(s) {', '.join(str(x.rank) for x in batch if x.ready_check)} "
-                                       "accept", checks, timeout_s=120)
+            ready = yield ops.on(f"wait until rank(s) {', '.join(str(x.rank) for x in batch if x.ready_check)} "
+                                 "accept", checks, 120)
             for x in batch:
                 res = (ready or {}).get(x.node)
                 if x.ready_check and res is not None and not res.ok:
@@ -99,8 +99,9 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
 
 def wait_ready(ctx: RunContext, st: Step) -> StepGen:
     """Poll the head's /health and /v1/models; follow every rank; fast-fail on a vanished or exited rank,
-    a fatal line, a node whose docker stopped answering, or a lane silent and idle for its stall window."""
-    if not ctx.started:
+    a fatal line, a node whose docker stopped answering, or a lane silent and idle for its stall window.
+    Under --dry-run (the ranks shown, not started) one poll's node commands are shown."""
+    if not ctx.started and not ctx.lane_shown_only:
         return StepResult("fail", "no rank was started by this run")
     budget = ctx.options.boot_budget_s or ctx.profile.expect.boot_budget_s or 900
     deadline = time.time() + budget
@@ -136,7 +137,12 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
                     for d in (autotune.parse(res.stdout)["seeded"] if res.ok else []):
                         ctx.events.emit("message", text=f"seeded autotune cache {d} on {n}")
                         ctx.record.data.setdefault("autotune_seeded", []).append(d)
-            states, errors = yield from follow(ctx)
+            followed = yield from follow(ctx)
+            if followed is None:  # --dry-run: the reads above were shown
+                return StepResult("ok", f"would poll {base}/health and /v1/models every {ctx.options.poll_s:g} s "
+                                  f"until it serves {sorted(names)} (boot budget {budget:.0f} s), reading every "
+                                  "rank's state and new log lines as shown")
+            states, errors = followed
             ctx.events.ranks([{"node": n, "rank": r, "state": s.status,
                                "phase": ctx.log_facts.get(r, LogFacts()).phase,
                                "lines": ctx.log_facts.get(r, LogFacts()).lines_seen}

@@ -54,6 +54,7 @@ def check(ctx: RunContext, st: Step) -> StepResult:
                           "--dry-run=facts gathers them)")
     findings = run_checks(ctx.plan, ctx.inventory, ctx.facts, profile=ctx.profile,
                           caches_dropped=ctx.caches_dropped)
+    ctx.findings = findings
     ctx.record.data["findings"] = [f.as_dict() for f in findings]
     if failed(findings):
         n = sum(1 for f in findings if f.status == "fail")
@@ -115,9 +116,9 @@ def _replace_clock_findings(ctx: RunContext, findings: list[Finding]) -> None:
     """The probe's verdicts stand for the clock checks in the record (what the exporter publishes)."""
 
     nodes = {f.node for f in findings}
-    kept = [f for f in ctx.record.data.get("findings", [])
-            if not (f.get("check") in (clock.CHECK, clock.SLOW) and f.get("node") in nodes)]
-    ctx.record.data["findings"] = kept + [f.as_dict() for f in findings]
+    ctx.findings = [f for f in ctx.findings if not (f.check in (clock.CHECK, clock.SLOW) and f.node in nodes)] \
+        + findings
+    ctx.record.data["findings"] = [f.as_dict() for f in ctx.findings]
 
 
 def probe_ratio(ctx: RunContext):
