@@ -85,11 +85,14 @@ ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL
          "PREEMPTED", "TIMEOUT")  # squeue(1) "JOB STATE CODES" a job does not leave again
 
 
-def lane_jobs(inv: Inventory, job_name: str | None) -> NodeCommands:
-    """Jobs as squeue lists them (JOB_FIELDS): those named `job_name`, or every job (None; status of all lanes)."""
+def lane_jobs(inv: Inventory, job_name: str | None, ended_too: bool = False) -> NodeCommands:
+    """Jobs as squeue lists them (JOB_FIELDS): those named `job_name`, or every job (None; status of all lanes).
+    `ended_too`: also the jobs that ended but that slurmctld still keeps (`--states=all`; for MinJobAge,
+    300 s by default: without slurmdbd, the only place a job's end can be read)."""
     name = f" --name={shlex.quote(job_name)}" if job_name else ""
-    op = query(f"list Slurm jobs{' named ' + job_name if job_name else ''}",
-               {CONTROLLER: f"squeue -h{name} -o {shlex.quote(JOB_FORMAT)}"}, timeout_s=30)
+    states = " --states=all" if ended_too else ""
+    op = query(f"list Slurm jobs{' named ' + job_name if job_name else ''}{', ended ones too' if ended_too else ''}",
+               {CONTROLLER: f"squeue -h{name}{states} -o {shlex.quote(JOB_FORMAT)}"}, timeout_s=30)
     op.env = _env(inv)
     return op
 
