@@ -2,7 +2,8 @@
 and a real dockerd in every node, since a task waits on its container): srun reaches two lab nodes, `plan`
 refuses a lane Slurm cannot take before anything is submitted, `up` runs the lane as one job and serves,
 `status` shows it, `down` cancels only that job and proves no container remains, a pending job is cancelled
-naming Slurm's reason, a rank killed while serving ends the job and its containers, a rank dying at boot
+naming Slurm's reason, a rank killed while serving ends the job and its containers (and `watch` resubmits
+it, standing down when scancel ends it), a rank dying at boot
 fails `up` naming it, `--drain-on-fail` drains the node that fails preflight (and nothing without it), and
 `sim down` leaves no process, file or namespace.
 
@@ -291,6 +292,60 @@ def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, 
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0 and step(events, "stop")["summary"] == \
         "no Slurm job of this lane; no container of this lane on its nodes"
+
+
+def test_watch_resubmits_the_job_a_killed_rank_ended_and_stands_down_when_scancel_ends_it(slurm_lab, capsys) -> None:
+    """watch over a Slurm lane: asusi's engine crashes while serving, which ends the job and every container;
+    watch restarts the group within its budget by resubmitting the job (the up playbook): a new job id, the
+    old job gone, every rank's container of the new run, the lane answering again, one restart spent. Then an
+    admin's scancel of the new job leaves no container either, but Slurm says CANCELLED: watch stands down
+    and restarts nothing."""
+    from tests.watchproc import FAST, WatchProc
+
+    code, events = run(capsys, *UP)
+    assert code == 0, result(events)
+    old = record_of(events)["data"]["slurm_job"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *FAST, "--max-restarts", "2", "--gates",
+                   "models,count100", "--no-fabric-probe"], env)
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        assert main(["sim", "fault", "asusi", "serve-crash"]) == 0
+        capsys.readouterr()
+        failure = w.event("watch.failure")
+        served = w.event("watch.serving")
+        after = w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "the lane answering again")
+        new = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{served['run_id']}.json").read_text())
+        job = new["data"]["slurm_job"]
+        # Slurm's own view: only the new job, of the restart's run, running; the old one is gone
+        assert job["job_id"] != old["job_id"]
+        assert [(j["id"], j["name"], j["state"], j["comment"]) for j in _jobs(slurm_lab)] == [
+            (job["job_id"], JOB, "RUNNING", f"sparkfleet.run={served['run_id']}")]
+        running = lane_containers(slurm_lab, "dcp2")
+        assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
+                for n, cs in running.items()} == {n: [("running", served["run_id"])] for n in LAB_NODES}
+        status = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "watch" / "dcp2.json").read_text())
+        assert status["budget_left"] == 1 and sum(status["restarts"].values()) == 1
+        # an admin cancels the lane's job: no container is left, as after a crash, but Slurm says CANCELLED
+        assert _slurm(slurm_lab, "scancel", job["job_id"]).returncode == 0
+        down = w.event("watch.stand-down")
+        assert w.wait() == 0
+    finally:
+        w.stop()
+    assert after["t"] > served["t"] and new["outcome"] == "ok" and new["playbook"] == "up"
+    assert steps([{"event": "step", **s} for s in new["steps"]])["gates"] == "ok"
+    incident = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{failure['record']}.json").read_text())
+    assert incident["data"]["restart"]["run_id"] == served["run_id"] and incident["outcome"] == "ok"
+    # job-ended: every container was gone by the probe; rank-*: a probe caught the ranks while the job's traps
+    # were removing them. Either way Slurm was asked how the job ended before watch acted.
+    assert failure["reason"] in ("job-ended", "rank-exited", "rank-vanished"), failure
+    assert (incident["data"]["slurm_job"]["job_id"], incident["data"]["slurm_job"]["state"]) == \
+        (old["job_id"], "FAILED")
+    assert any("srun: error: asusi: task 0: Exited with exit code" in x
+               for x in incident["data"]["last_log_lines"][f"slurm job {old['job_id']}"]), incident["data"]
+    assert down["text"].startswith(f"stood down: Slurm job {job['job_id']} CANCELLED"), down["text"]
+    assert not [e for e in w.events if e["event"] == "watch.failure" and e["t"] > served["t"]]
+    assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
 
 
 def test_a_rank_dying_at_boot_fails_up_naming_it_and_leaves_no_job(slurm_lab, capsys) -> None:

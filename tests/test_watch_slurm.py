@@ -114,13 +114,14 @@ def _watcher(ops: Path, tmp_path: Path) -> Watcher:
     return w
 
 
-def _every_container_gone(monkeypatch, end: JobEnd | None) -> list[set[str]]:
-    """The nodes answer with no lock and no container of the lane; Slurm says `end` for the runs asked."""
+def _every_container_gone(monkeypatch, end: JobEnd | None, left: str = "") -> list[set[str]]:
+    """The nodes answer with no lock and no container of the lane (but on reddie `left`, an id, when given);
+    Slurm says `end` for the runs asked."""
     from sparkfleet.fleet.ops.lock import LOOK_SEP
 
     asked: list[set[str]] = []
     monkeypatch.setattr(supervisor, "_run_each", lambda t, inv, what, ops: {
-        n: Result(n, True, f"{LOOK_SEP}\n", "", 0) for n in ops})
+        n: Result(n, True, f"{LOOK_SEP}\n" + (f"{left}\n" if left and n == "reddie" else ""), "", 0) for n in ops})
 
     monkeypatch.setattr(supervisor, "read_end", lambda inv, profile, runs, **kw: asked.append(set(runs)))
     monkeypatch.setattr("sparkfleet.slurm.ops.drive_here", lambda inv, gen: end)
@@ -160,6 +161,24 @@ def test_a_failed_restarts_own_cancelled_job_is_not_the_operators(rec, tmp_path,
     asked = _every_container_gone(monkeypatch, JobEnd("15", "CANCELLED", "R2"))
     w.look_again()
     assert w.job_end is not None and w.job_end.job_id == "15" and asked == [{"R1", "R2"}]
+
+
+def test_a_rank_gone_while_slurm_cancels_the_job_is_the_operators(rec, tmp_path, monkeypatch) -> None:  # noqa: F811
+    """A probe caught one rank gone while an admin's scancel was still ending the job: Slurm decides, not the
+    containers the traps had yet to remove."""
+    w = _watcher(rec[0], tmp_path)
+    w.known_runs = {"R1"}
+    _every_container_gone(monkeypatch, JobEnd("12", "CANCELLED", "R1"), left="c0")
+    with pytest.raises(StandDown, match=r"^Slurm job 12 CANCELLED: scancel ended"):
+        w.look_again()
+
+
+def test_a_rank_gone_and_slurm_unable_to_say_is_restarted(rec, tmp_path, monkeypatch) -> None:  # noqa: F811
+    w = _watcher(rec[0], tmp_path)
+    w.known_runs = {"R1"}
+    _every_container_gone(monkeypatch, None, left="c0")
+    w.look_again()  # a rank gone, the others still there: a failure, as for an SSH lane (the restart's stop
+    assert w.job_end is None  # cancels whatever is left of the lane's job)
 
 
 def test_watch_takes_a_slurm_lane_but_not_compute_nodes_without_ssh(rec, capsys) -> None:  # noqa: F811

@@ -289,7 +289,9 @@ class Watcher:
         round trip each: the fleet lock on the lane's nodes (runner/lock.py's NodeLock) and the lane's
         containers by label. A run of this lane that watch did not start holding the lock — an `up` or
         `down` from here or from another controller — is named and watch stands down; so it does when
-        every rank's container is gone (a `down` that has already finished; `removed`: the probe saw it)."""
+        every rank's container is gone (a `down` that has already finished; `removed`: the probe saw it).
+        A Slurm lane's job says which it was (slurm_job_failed): ended by itself, a failure; by scancel, a
+        removal."""
         path = node_lock_path()
         me = parse_holder(holder_text("", self.command, self.profile.name))
         look = Look(self.profile.name, path)
@@ -303,17 +305,19 @@ class Watcher:
                     and stale_why(holder, None, me, pid_alive) is None:  # a dead run's lock: the runner's rule
                 raise StandDown(f"{describe(n, path, look.lock)} holds the fleet lock of the lane's nodes: "
                                 "the operator has the lane", holder or {"text": look.lock})
+        if self.slurm and self.slurm_job_failed():  # a rank's end ends a Slurm lane's job: how did it end?
+            return  # by itself, each task's trap removing its container: a failure to restart
         if removed or (looks and all(x.ids == [] for x in looks.values())):
-            if self.slurm and self.slurm_job_failed():
-                return  # the lane's job ended by itself, taking every container along: a failure to restart
             raise StandDown("every rank's container was removed (a `down` of the lane, here or by another "
                             "controller): the operator has the lane"
                             + ("; Slurm no longer lists a job of the lane carrying its run label" if self.slurm
                                else ""))
 
     def slurm_job_failed(self) -> bool:
-        """Every rank's container of a Slurm lane is gone: True when the job of the run watch looks after ended
-        by itself (kept in `job_end`); StandDown when scancel ended it; False when Slurm cannot say."""
+        """A rank of a Slurm lane vanished or exited, so its job ends (--kill-on-bad-exit; a task ends when its
+        container does): True when the job of the run watch looks after ended by itself (kept in `job_end`);
+        StandDown when scancel ended it (whatever containers are still being removed); False when Slurm
+        cannot say (no such job any more, or still not ended after END_BOUND_S)."""
         from sparkfleet.slurm.ops import drive_here
 
         runs = self.known_runs | self.failed_restarts
