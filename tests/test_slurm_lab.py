@@ -289,6 +289,13 @@ def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, 
     _bounded("every container is gone", lambda: _no_lane_container(slurm_lab))
     out = (slurm_lab.root("asusi") / "tmp" / f"{JOB}-{job['job_id']}.out").read_text()
     assert "srun: error: asusi: task 0: Exited with exit code" in out, out[-2000:]
+    # no container is left for `logs` to read: it says so and names --job, which reads that output on asusi
+    assert main(["logs", "--profile", "dcp2", "--inventory", "sim"]) == 2
+    assert "`sparkfleet logs --profile dcp2 --job` prints the job's output" in capsys.readouterr().err
+    assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--job", "--tail", "0", "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert {(x["job"], x["node"]) for x in lines} == {(job["job_id"], "asusi")}
+    assert [x["line"] for x in lines] == out.rstrip("\n").split("\n")
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0 and step(events, "stop")["summary"] == \
         "no Slurm job of this lane; no container of this lane on its nodes"

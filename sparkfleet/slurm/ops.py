@@ -178,11 +178,12 @@ def refusals_now(inv: Inventory, lane_nodes: list[str], *, dry_run: bool = False
     return drive_here(inv, check(inv, lane_nodes))
 
 
-def jobs_now(inv: Inventory, job_name: str | None) -> list[dict[str, str]] | str:
+def jobs_now(inv: Inventory, job_name: str | None, ended_too: bool = False) -> list[dict[str, str]] | str:
     """sparkfleet's jobs (this lane's with `job_name`, every lane's with None) as squeue lists them now, each
-    carrying a run label; a string when squeue failed (why). For `status`."""
+    carrying a run label (`ended_too`: the ended ones slurmctld still keeps as well); a string when squeue
+    failed (why). For `status` and `logs --job`."""
     def read() -> OpGen[list[dict[str, str]] | str]:
-        res = (yield lane_jobs(inv, job_name))
+        res = (yield lane_jobs(inv, job_name, ended_too))
         r = (res or {}).get(CONTROLLER)
         if r is None or not r.ok:
             return (r.message or r.stderr.strip() or f"exit {r.exit_code}")[-300:] if r else "not run"
