@@ -99,6 +99,12 @@ def test_what_the_end_means(state: str, run: str, kind: str) -> None:
     assert classify(None) == "unknown"
 
 
+def test_a_job_watchs_own_stop_step_cancelled_is_not_the_operators() -> None:
+    """A restart's stop cancelled job 12, then the restart failed before it submitted one of its own."""
+    assert classify(JobEnd("12", "CANCELLED", "R1"), set(), {"12"}) == "failed"
+    assert classify(JobEnd("13", "CANCELLED", "R1"), set(), {"12"}) == "cancelled"
+
+
 class _Quiet(Events):
     def __init__(self) -> None:
         self.seen: list[tuple[str, dict]] = []
@@ -193,3 +199,17 @@ def test_watch_takes_a_slurm_lane_but_not_compute_nodes_without_ssh(rec, capsys)
     assert "inventory 'rec': slurm.ssh: false (compute nodes without SSH) is not supported yet" in \
         capsys.readouterr().err
     assert not log.exists()
+
+
+def test_the_jobs_watchs_own_playbooks_cancelled_are_remembered(rec, tmp_path, monkeypatch) -> None:  # noqa: F811
+    from sparkfleet.runner.context import RunOptions
+    from sparkfleet.runner.record import Record
+
+    w = _watcher(rec[0], tmp_path)
+    w.prober = type("P", (), {"invalidate": lambda self: None})()
+    done = Record("R2", "up", "dcp2", "rec", "sparkfleet watch dcp2")
+    done.steps = [{"step": "stop", "status": "ok", "summary": "cancelled Slurm job 12; ...",
+                   "data": {"slurm_jobs_cancelled": ["12"]}}, {"step": "launch:workers", "status": "fail"}]
+    monkeypatch.setattr("sparkfleet.runner.run.execute", lambda *a, **kw: done)
+    assert w.run_playbook("up", "restart (probe-failed)", RunOptions()) is done
+    assert w.cancelled_jobs == {"12"} and "R2" in w.ours

@@ -60,15 +60,18 @@ class JobEnd:
         return text
 
 
-def classify(end: JobEnd | None, own_failed: frozenset[str] | set[str] = frozenset()) -> str:
-    """What the end of the lane's job means once every rank's container is gone:
-    `failed` (the job ended by itself: a rank's end ended the group; watch restarts it within the budget; also
-    the job of a restart of watch's own that failed, `own_failed`, which that `up` may have cancelled itself),
+def classify(end: JobEnd | None, own_runs: set[str] | frozenset[str] = frozenset(),
+             own_jobs: set[str] | frozenset[str] = frozenset()) -> str:
+    """What the end of the lane's job means once a rank vanished or exited:
+    `failed` (the job ended by itself: a rank's end ended the group; watch restarts it within the budget),
     `cancelled` (scancel: the operator has the lane), `unknown` (Slurm no longer knows the job, or it has not
-    ended within the bound: watch cannot tell a failure from a removal and treats it as a removal)."""
+    ended within the bound: watch cannot tell). A job watch's own runs cancelled is not the operator's: that
+    of a restart of its own that failed (`own_runs`: its `up` cancels its job itself), or one the stop step of
+    a playbook watch ran cancelled (`own_jobs`, job ids)."""
     if end is None or not end.ended:
         return "unknown"
-    return "cancelled" if end.cancelled and end.run_id not in own_failed else "failed"
+    ours = end.run_id in own_runs or end.job_id in own_jobs
+    return "cancelled" if end.cancelled and not ours else "failed"
 
 
 def _ids(jobs: list[dict[str, str]], name: str, labels: set[str]) -> list[str]:

@@ -8,9 +8,9 @@ preflight, workers then head, readiness, a short gate set. Before acting, watch 
 A Slurm lane (inventory `launcher: slurm`) restarts the same way: the `up` playbook's stop step cancels
 the lane's job (only a job carrying its name and a run label) and proves its containers gone, and its launch
 steps submit a new job. One rank's death ends such a job and every task's trap removes its container, so
-when every rank is gone watch asks Slurm how the job of the run it looks after ended (watch/slurmjob.py):
-by itself (FAILED, ...: a failure, restarted within the budget) or by scancel (CANCELLED: a `down` or an
-admin; watch stands down).
+once a rank vanished or exited watch asks Slurm how the job of the run it looks after ended
+(watch/slurmjob.py): by itself (FAILED, ...: a failure, restarted within the budget) or by scancel
+(CANCELLED: a `down` or an admin; watch stands down).
 
 Signals (SIGTERM, SIGINT/Ctrl-C): between actions watch exits at once and leaves the lane as it is.
 In the middle of a group stop or restart it finishes what it began (the runner's playbook runs to its
@@ -113,6 +113,7 @@ class Watcher:
         self.own_leftovers = False  # the lane's state is what watch's own failed restart left
         self.slurm = inventory.launcher == "slurm"  # the lane runs as one Slurm job: restarts resubmit it
         self.failed_restarts: set[str] = set()  # runs of watch's own restarts that failed (their jobs are ours)
+        self.cancelled_jobs: set[str] = set()  # Slurm jobs the stop steps of watch's own playbooks cancelled
         self.job_end: JobEnd | None = None  # a Slurm lane's job that ended by itself (read by look_again)
 
     # -- events and status ---------------------------------------------------------------------------
@@ -326,7 +327,7 @@ class Watcher:
         except Exception as exc:  # noqa: BLE001 (the controller or login node did not answer: Slurm cannot say)
             self.say("slurm", f"cannot ask Slurm how the lane's job ended: {exc}")
             return False
-        kind = classify(end, self.failed_restarts)
+        kind = classify(end, self.failed_restarts, self.cancelled_jobs)
         if end is not None:
             self.say("slurm", f"{end.said()} (run {end.run_id}): {kind}", job_id=end.job_id, state=end.state,
                      exit_code=end.exit_code)
@@ -455,6 +456,8 @@ class Watcher:
             self.acting = False
             self.prober.invalidate()  # the lane changed: the next probe looks at fresh facts
         self.ours.add(rec.run_id)
+        for step in rec.steps:  # a Slurm lane: the jobs this playbook's stop step cancelled are watch's doing
+            self.cancelled_jobs.update((step.get("data") or {}).get("slurm_jobs_cancelled", []))
         return rec
 
     def stop_lane(self, incident: Record, why: str) -> Outcome | None:
@@ -499,7 +502,6 @@ class Watcher:
         tails = {n: LogTail(r.container or "") for n, r in ranks.items()}
         results = _run_each(self.transport, self.inventory, "read each rank's last log lines", tails)
         return {str(ranks[n].rank): tails[n].parse(res) for n, res in results.items()}
-
 
     def job_output(self, end: JobEnd) -> dict[str, list[str]]:
         """The last lines of a Slurm job's output (srun --label: every task's log and its trap's line), read
