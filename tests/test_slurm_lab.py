@@ -296,7 +296,7 @@ def test_a_rank_killed_while_serving_ends_the_job_and_its_containers(slurm_lab, 
     assert main(["logs", "--profile", "dcp2", "--inventory", "sim", "--job", "--tail", "0", "--json"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert {(x["job"], x["node"]) for x in lines} == {(job["job_id"], "asusi")}
-    assert [x["line"] for x in lines] == out.rstrip("\n").split("\n")
+    assert out.endswith("\n") and [x["line"] for x in lines] == out[:-1].split("\n")
     code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0 and step(events, "stop")["summary"] == \
         "no Slurm job of this lane; no container of this lane on its nodes"

@@ -507,10 +507,14 @@ class Watcher:
         """The last lines of a Slurm job's output (srun --label: every task's log and its trap's line), read
         on its batch host: {'slurm job ID': lines}, or nothing when they cannot be read."""
         from sparkfleet.fleet.op import query
+        from sparkfleet.naming import slurm_job_name
         from sparkfleet.runner.slurm_launch import OUTPUT_LINES
+        from sparkfleet.slurm.job import output_path
 
-        host, path = end.batch_host, end.output
-        if not host or not path or host not in self.inventory.nodes:
+        host = end.batch_host
+        path = end.output if end.output and "%" not in end.output else \
+            output_path(slurm_job_name(self.profile.name), end.job_id)  # a Slurm that printed the pattern
+        if not host or host not in self.inventory.nodes:
             return {}
         tail = query(f"read Slurm job {end.job_id}'s output", {host: f"tail -n {OUTPUT_LINES} {shlex.quote(path)}"},
                      30)
