@@ -425,7 +425,8 @@ def test_the_four_spark_llamacpp_lane_runs_as_one_job(slurm_lab, capsys) -> None
     try:
         code, events = run(capsys, "up", "--profile", lane, "--inventory", "sim", "--no-fabric-probe", "--poll", "0.2",
                            "--probe-seconds", "1")
-        assert code == 0, result(events)
+        assert code == 0, (result(events), [(f["check"], f.get("node"), f["message"]) for e in events
+                                            if e["event"] == "findings" for f in e["findings"] if f["status"] == "fail"])
         rec = record_of(events)
         job = rec["data"]["slurm_job"]
         assert job["het"] is False and job["nodes"] == list(LAB_NODES) and steps(events)["gates"] == "ok"
