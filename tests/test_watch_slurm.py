@@ -4,6 +4,7 @@ the command a user runs accepting a Slurm lane but refusing compute nodes withou
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,17 @@ def test_the_jobs_watchs_own_playbooks_cancelled_are_remembered(rec, tmp_path, m
     monkeypatch.setattr("sparkfleet.runner.run.execute", lambda *a, **kw: done)
     assert w.run_playbook("up", "restart (probe-failed)", RunOptions()) is done
     assert w.cancelled_jobs == {"12"} and "R2" in w.ours
+
+
+def test_an_incident_with_the_jobs_end_is_a_valid_run_record(tmp_path) -> None:
+    from sparkfleet.runner.record import Record
+
+    incident = Record("20261205-001500-cccccc", "watch", "dcp2", "sim", "sparkfleet watch --profile dcp2")
+    end = JobEnd("12", "FAILED", "R1", "1:0", "NonZeroExitCode", "asusi", "/tmp/sparkfleet-dcp2-12.out")
+    incident.data["slurm_job"] = end.as_record("dcp2")
+    incident.data["last_log_lines"] = {"slurm job 12": ["srun: error: asusi: task 0: Exited with exit code 3"]}
+    incident.outcome = "ok"
+    doc = json.loads(incident.write(tmp_path).read_text())
+    assert doc["data"]["slurm_job"] == {"job_id": "12", "name": "sparkfleet-dcp2", "comment": "sparkfleet.run=R1",
+                                        "state": "FAILED", "exit_code": "1:0", "reason": "NonZeroExitCode",
+                                        "batch_host": "asusi", "output": "/tmp/sparkfleet-dcp2-12.out"}

@@ -50,6 +50,12 @@ class JobEnd:
         """scancel ended it: someone took the lane down (watch's own restarts cancel only after deciding)."""
         return self.state == "CANCELLED"
 
+    def as_record(self, profile: str) -> dict:
+        """The run record's `slurm_job` (runner/record.py SlurmJobRecord) of a watch incident: this job's end."""
+        return {"job_id": self.job_id, "name": naming.slurm_job_name(profile), "comment": run_comment(self.run_id),
+                "state": self.state, "exit_code": self.exit_code, "reason": self.reason,
+                "batch_host": self.batch_host, "output": self.output}
+
     def said(self) -> str:
         """`Slurm job 12 FAILED, exit code 1:0`: the job's end in Slurm's words."""
         text = f"Slurm job {self.job_id} {self.state}"

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet.connect import transport_for
@@ -370,7 +370,7 @@ class Watcher:
         if count and verdict.reason in ("rank-vanished", "rank-exited"):
             self.look_again()  # before the budget or the memory stop: a `down` under way is not a failure
         if self.job_end is not None:  # the Slurm job's end and its output's last lines, as evidence
-            incident.data["slurm_job"] = asdict(self.job_end)
+            incident.data["slurm_job"] = self.job_end.as_record(self.profile.name)
             incident.data["last_log_lines"].update(self.job_output(self.job_end))
             self.job_end = None
         if verdict.action == "memory-stop":
