@@ -324,8 +324,7 @@ def test_watch_resubmits_the_job_a_killed_rank_ended_and_stands_down_when_scance
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
         assert main(["sim", "fault", "asusi", "serve-crash"]) == 0
         capsys.readouterr()
-        failure = w.event("watch.failure")
-        slurm_lab.heal("asusi")  # spent by the crash: the restart's launch must not crash again
+        failure = w.event("watch.failure")  # the fault acts once (not --sticky): the restart's launch does not crash
         served = w.event("watch.serving")
         after = w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "the lane answering again")
         new = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{served['run_id']}.json").read_text())
@@ -345,7 +344,7 @@ def test_watch_resubmits_the_job_a_killed_rank_ended_and_stands_down_when_scance
         assert w.wait() == 0
     finally:
         w.stop()
-        slurm_lab.heal("asusi")
+        slurm_lab.heal("asusi")  # spent, but on until healed
         gone, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")  # whatever a failure left
         assert gone == 0, result(events)
     assert after["t"] > served["t"] and new["outcome"] == "ok" and new["playbook"] == "up"
