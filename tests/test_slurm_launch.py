@@ -114,14 +114,6 @@ def test_drain_on_fail_is_refused_without_slurm(ops_root: Path, tmp_path: Path, 
         capsys.readouterr().err
 
 
-def test_watch_refuses_a_slurm_lane_until_it_resubmits_jobs(rec, capsys) -> None:
-    ops, log = rec
-    assert main(["watch", "--profile", "dcp2", "--root", str(ops), "-i", "rec"]) == 2
-    assert "watch: inventory 'rec' has launcher: slurm, and watch does not yet resubmit a Slurm lane's job" in \
-        capsys.readouterr().err
-    assert not log.exists()
-
-
 def test_compute_nodes_without_ssh_are_refused_until_srun_does_their_part(rec, capsys) -> None:
     ops, log = rec
     path = ops / "inventories" / "rec.yaml"

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     lg = sub.add_parser("logs", help="a lane's logs, every rank merged with a node prefix", formatter_class=fmt,
                         epilog="examples:\n  sparkfleet logs --profile dcp2 --tail 50\n"
                         "  sparkfleet logs --profile dcp2 --rank 0 --follow\n"
-                        "  sparkfleet logs --profile dcp2 --json | jq -r 'select(.rank == 0) | .line'")
+                        "  sparkfleet logs --profile dcp2 --json | jq -r 'select(.rank == 0) | .line'\n"
+                        "  sparkfleet logs --profile dcp2 --job           # launcher: slurm: the job's output file")
     add_root(lg)
     add_inventory(lg)
     lg.add_argument("--json", action="store_true",
@@ -62,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     lg.add_argument("--follow", "-f", action="store_true",
                     help="keep printing new lines (every second) until Ctrl-C")
     lg.add_argument("--limit", metavar="NODE[,NODE]", help="only these nodes of the lane")
+    lg.add_argument("--job", action="store_true",
+                    help="launcher: slurm: the output of the lane's newest job instead (every task's lines, srun's "
+                    "`N: ` label first; the only log once the job ended), read on its batch host")
     lg.set_defaults(func=run_logs)
 
     r = sub.add_parser("runs", help="list run records; `runs show ID` prints one", formatter_class=fmt,
@@ -277,6 +281,8 @@ def run_logs(args: argparse.Namespace) -> int:
     from sparkfleet.fleet.transport import Result
     from sparkfleet.schema.inventory import Node
 
+    if args.job:
+        return _job_logs(args)
     sp, inv, nodes, transport, facts = _fleet(args)
 
     def read(node: Node, what: str, op: Op) -> Result:
@@ -293,8 +299,10 @@ def run_logs(args: argparse.Namespace) -> int:
         if not mine:
             where = (f"; could not reach {', '.join(r['node'] for r in lost)}, so it may still run there"
                      if lost else "")
-            raise UserError(f"no container of lane {args.profile!r} on the selected nodes that answered{where}"
-                            if lost else f"no container of lane {args.profile!r} on the selected nodes")
+            job = (f" (a Slurm lane's containers go with its job: `sparkfleet logs --profile {args.profile} --job` "
+                   "prints the job's output)" if inv.launcher == "slurm" else "")
+            raise UserError((f"no container of lane {args.profile!r} on the selected nodes that answered{where}"
+                             if lost else f"no container of lane {args.profile!r} on the selected nodes") + job)
         # lines as the reader splits them (fleet/ops LogTail, Logs: on `\n` only), so a tqdm bar redrawn
         # with `\r` is one line; people see what a terminal shows of it, scripts (--json) the line itself
         seen: dict[str, int] = {}
@@ -332,6 +340,77 @@ def run_logs(args: argparse.Namespace) -> int:
                     seen[r["id"]] = len(got) if isinstance(got, list) else 0
                 first = False
             time.sleep(1.0)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        transport.close()
+
+
+def _job_logs(args: argparse.Namespace) -> int:
+    """`logs --job`: the lane's newest Slurm job's output file, its last --tail lines, then (--follow) what is
+    appended, every second, until Ctrl-C (slurm/output.py)."""
+    from sparkfleet.fleet.connect import transport_for
+    from sparkfleet.fleet.op import query, run_commands
+    from sparkfleet.root import state_dir
+    from sparkfleet.slurm import output as jo
+
+    picked = [flag for flag, v in (("--node", args.node), ("--rank", args.rank), ("--since", args.since),
+                                   ("--limit", args.limit)) if v is not None]
+    if picked:
+        raise UserError(f"logs --job reads the job's one output file: {', '.join(picked)} select containers "
+                        "(leave them out, or leave out --job)")
+    sp = spec(args)
+    inv = fleet_inventory(sp, args.inventory)
+    if inv.launcher != "slurm":
+        raise UserError(f"logs --job reads a Slurm job's output: inventory {inv.name!r} has launcher: {inv.launcher}")
+    from sparkfleet.cli.lifecycle import refuse_slurm_without_ssh
+
+    refuse_slurm_without_ssh(inv)
+    p = sp.profile(args.profile).profile
+    name = slurm_job_name(p.name)
+    jobs = slurm_jobs_now(inv, name, ended_too=True)
+    if isinstance(jobs, str):
+        raise UserError(f"logs --job: cannot list the lane's Slurm jobs (squeue): {jobs}")
+    jid = jo.newest(jobs)
+    job = jo.JobRef(jid, name, "slurm") if jid else jo.from_records(state_dir() / "runs", p.name, inv.name)
+    if job is None:
+        raise UserError(f"no Slurm job of lane {p.name!r}: Slurm lists none (it forgets an ended job after "
+                        f"MinJobAge) and no run record in {state_dir() / 'runs'} names one")
+    nodes = inv.group_nodes(p.group) if p.group in inv.groups else list(inv.nodes.values())
+    transport = transport_for(nodes)
+    try:
+        res = run_commands(transport, nodes, query(f"read Slurm job {job.job_id}'s output",
+                                                   {n.name: jo.read_command(job.path, args.tail or None)
+                                                    for n in nodes}, 60))
+        host = next((n for n, r in res.items() if r.ok), None)
+        if host is None:
+            lost = [f"{n} ({r.message or r.stderr.strip() or 'exit ' + str(r.exit_code)})" for n, r in res.items()
+                    if r.exit_code != jo.NO_FILE]
+            raise UserError(f"Slurm job {job.job_id}'s output {job.path} is on none of the lane's nodes"
+                            + (f"; could not read {', '.join(lost)}" if lost else ""))
+        lines, offset = jo.parse_read(res[host].stdout)
+
+        def show(batch: list[str]) -> None:
+            for line in batch:
+                if args.json:
+                    sys.stdout.write(json.dumps({"job": job.job_id, "node": host, "line": line}) + "\n")
+                else:
+                    out.print(f"job {job.job_id} | {line}", markup=False, highlight=False)
+            if args.json:
+                sys.stdout.flush()
+
+        err.print(f"sparkfleet: logs: Slurm job {job.job_id} ({'squeue' if job.source == 'slurm' else job.source})"
+                  f", {host}:{job.path}", markup=False)
+        show(lines)
+        while args.follow:
+            time.sleep(1.0)
+            r = run_commands(transport, [inv.nodes[host]], query(f"read Slurm job {job.job_id}'s new output",
+                                                                 {host: jo.new_command(job.path, offset)}, 60))[host]
+            if r.ok:
+                batch, used = jo.complete(r.stdout)
+                offset += used
+                show(batch)
+        return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_OK
     finally:

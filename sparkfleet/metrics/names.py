@@ -179,7 +179,7 @@ WATCH_STATE = _m("sparkfleet_watch_state", "gauge",
                  "stopped, stood-down, ended), 0 on the others.", ("profile", "state"), "watch")
 WATCH_RESTARTS = _m("sparkfleet_watch_restarts_total", "counter",
                     "Group restarts watch began since it started, by reason (probe-failed, rank-exited, "
-                    "rank-vanished, memory).", ("profile", "reason"), "watch")
+                    "rank-vanished, job-ended: a Slurm lane's job, memory).", ("profile", "reason"), "watch")
 WATCH_PROBE_OK = _m("sparkfleet_watch_probe_ok", "gauge",
                     "1 when watch's last probe got the right answer from the lane (a tiny checked count at "
                     "temperature 0), else 0.", ("profile",), "watch")

@@ -156,7 +156,7 @@ class RecordData(BaseModel):
     unreachable: dict[str, Doc] | None = None  # stop: node -> {rank, kind, why, remedy}: it may still run there
     # the launch and what served
     launches: list[LaunchRecord] | None = None
-    slurm_job: SlurmJobRecord | None = None  # launcher: slurm: the job the lane ran as
+    slurm_job: SlurmJobRecord | None = None  # launcher: slurm: the job the lane ran as (watch: the one that ended)
     slurm_drained: dict[str, str] | None = None  # up --drain-on-fail: node -> the reason Slurm was given
     wait_ready: Doc | None = None  # poll_s, polls, poll_started, failed_rank, failed_node, detected_at
     autotune_shape_changes: list[str] | None = None

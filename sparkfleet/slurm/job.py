@@ -40,6 +40,11 @@ class Job:
     script: str
 
 
+def output_path(name: str, job_id: str) -> str:
+    """Where a job's output file is on its batch host: OUTPUT with sbatch's %x (job name) and %j (job id)."""
+    return OUTPUT.replace("%x", name).replace("%j", job_id)
+
+
 def run_comment(run_id: str) -> str:
     """The run label a job carries (squeue's %k), as the containers carry sparkfleet.run."""
     return f"{naming.RUN_LABEL}={run_id}"

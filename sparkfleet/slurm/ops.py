@@ -85,11 +85,14 @@ ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL
          "PREEMPTED", "TIMEOUT")  # squeue(1) "JOB STATE CODES" a job does not leave again
 
 
-def lane_jobs(inv: Inventory, job_name: str | None) -> NodeCommands:
-    """Jobs as squeue lists them (JOB_FIELDS): those named `job_name`, or every job (None; status of all lanes)."""
+def lane_jobs(inv: Inventory, job_name: str | None, ended_too: bool = False) -> NodeCommands:
+    """Jobs as squeue lists them (JOB_FIELDS): those named `job_name`, or every job (None; status of all lanes).
+    `ended_too`: also the jobs that ended but that slurmctld still keeps (`--states=all`; for MinJobAge,
+    300 s by default: without slurmdbd, the only place a job's end can be read)."""
     name = f" --name={shlex.quote(job_name)}" if job_name else ""
-    op = query(f"list Slurm jobs{' named ' + job_name if job_name else ''}",
-               {CONTROLLER: f"squeue -h{name} -o {shlex.quote(JOB_FORMAT)}"}, timeout_s=30)
+    states = " --states=all" if ended_too else ""
+    op = query(f"list Slurm jobs{' named ' + job_name if job_name else ''}{', ended ones too' if ended_too else ''}",
+               {CONTROLLER: f"squeue -h{name}{states} -o {shlex.quote(JOB_FORMAT)}"}, timeout_s=30)
     op.env = _env(inv)
     return op
 
@@ -175,11 +178,12 @@ def refusals_now(inv: Inventory, lane_nodes: list[str], *, dry_run: bool = False
     return drive_here(inv, check(inv, lane_nodes))
 
 
-def jobs_now(inv: Inventory, job_name: str | None) -> list[dict[str, str]] | str:
+def jobs_now(inv: Inventory, job_name: str | None, ended_too: bool = False) -> list[dict[str, str]] | str:
     """sparkfleet's jobs (this lane's with `job_name`, every lane's with None) as squeue lists them now, each
-    carrying a run label; a string when squeue failed (why). For `status`."""
+    carrying a run label (`ended_too`: the ended ones slurmctld still keeps as well); a string when squeue
+    failed (why). For `status` and `logs --job`."""
     def read() -> OpGen[list[dict[str, str]] | str]:
-        res = (yield lane_jobs(inv, job_name))
+        res = (yield lane_jobs(inv, job_name, ended_too))
         r = (res or {}).get(CONTROLLER)
         if r is None or not r.ok:
             return (r.message or r.stderr.strip() or f"exit {r.exit_code}")[-300:] if r else "not run"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 # watch's states, in the order they are exported (one series each, 1 on the current one)
 STATES = ("watching", "suspect", "waiting", "backoff", "restarting", "stopped", "stood-down", "ended")
-REASONS = ("probe-failed", "rank-exited", "rank-vanished", "memory")  # why a restart (or stop) began
+# why a restart (or stop) began; job-ended: a Slurm lane's job ended by itself (watch/slurmjob.py)
+REASONS = ("probe-failed", "rank-exited", "rank-vanished", "job-ended", "memory")
 
 
 @dataclass

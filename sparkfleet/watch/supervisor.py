@@ -5,6 +5,13 @@ exactly as `sparkfleet up` runs it: stop every rank and wait until gone, drop ca
 preflight, workers then head, readiness, a short gate set. Before acting, watch writes the evidence
 (failing probes, each rank's last log lines, facts) to a run record of its own (playbook `watch`).
 
+A Slurm lane (inventory `launcher: slurm`) restarts the same way: the `up` playbook's stop step cancels
+the lane's job (only a job carrying its name and a run label) and proves its containers gone, and its launch
+steps submit a new job. One rank's death ends such a job and every task's trap removes its container, so
+once a rank vanished or exited watch asks Slurm how the job of the run it looks after ended
+(watch/slurmjob.py): by itself (FAILED, ...: a failure, restarted within the budget) or by scancel
+(CANCELLED: a `down` or an admin; watch stands down).
+
 Signals (SIGTERM, SIGINT/Ctrl-C): between actions watch exits at once and leaves the lane as it is.
 In the middle of a group stop or restart it finishes what it began (the runner's playbook runs to its
 end: serving, or every rank of that launch stopped), then exits; a second signal interrupts the
@@ -13,6 +20,7 @@ playbook the way Ctrl-C interrupts `up` (every rank of that launch is stopped).
 
 from __future__ import annotations
 
+import shlex
 import signal
 import threading
 import time
@@ -41,6 +49,7 @@ from sparkfleet.schema.load import Loaded
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
 from sparkfleet.watch.probe import Probe, Prober, RankState
+from sparkfleet.watch.slurmjob import JobEnd, classify, read_end
 
 PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch
 
@@ -102,6 +111,10 @@ class Watcher:
         self.signalled: str | None = None
         self.acting = False
         self.own_leftovers = False  # the lane's state is what watch's own failed restart left
+        self.slurm = inventory.launcher == "slurm"  # the lane runs as one Slurm job: restarts resubmit it
+        self.failed_restarts: set[str] = set()  # runs of watch's own restarts that failed (their jobs are ours)
+        self.cancelled_jobs: set[str] = set()  # Slurm jobs the stop steps of watch's own playbooks cancelled
+        self.job_end: JobEnd | None = None  # a Slurm lane's job that ended by itself (read by look_again)
 
     # -- events and status ---------------------------------------------------------------------------
     def say(self, kind: str, text: str, **data) -> None:
@@ -163,6 +176,7 @@ class Watcher:
         first = True
         while True:
             t0 = time.monotonic()
+            self.job_end = None  # a Slurm job's end counts for the probe that found its ranks gone only
             if self.signalled:
                 return self._signalled()
             probe, facts = self.probe()
@@ -182,6 +196,10 @@ class Watcher:
                 self.look_again(removed=True)  # who did it, while their run still holds the lock
             self.own_leftovers = False
             verdict = self.tracker.observe(probe)
+            if self.job_end is not None and verdict.action == "restart":  # every rank gone with the Slurm job
+                verdict = Verdict("restart", "job-ended", f"{self.job_end.said()}: the lane's job ended by itself "
+                                  "(--kill-on-bad-exit: one rank's end ends the group, each task's trap removing "
+                                  "its container)")
             if verdict.action in ("ok", "suspect", "wait"):
                 if verdict.action == "wait" and self.status.state != "waiting":
                     self.say("waiting", verdict.why, node=verdict.node)
@@ -272,7 +290,9 @@ class Watcher:
         round trip each: the fleet lock on the lane's nodes (runner/lock.py's NodeLock) and the lane's
         containers by label. A run of this lane that watch did not start holding the lock — an `up` or
         `down` from here or from another controller — is named and watch stands down; so it does when
-        every rank's container is gone (a `down` that has already finished; `removed`: the probe saw it)."""
+        every rank's container is gone (a `down` that has already finished; `removed`: the probe saw it).
+        A Slurm lane's job says which it was (slurm_job_failed): ended by itself, a failure; by scancel, a
+        removal."""
         path = node_lock_path()
         me = parse_holder(holder_text("", self.command, self.profile.name))
         look = Look(self.profile.name, path)
@@ -286,9 +306,39 @@ class Watcher:
                     and stale_why(holder, None, me, pid_alive) is None:  # a dead run's lock: the runner's rule
                 raise StandDown(f"{describe(n, path, look.lock)} holds the fleet lock of the lane's nodes: "
                                 "the operator has the lane", holder or {"text": look.lock})
+        if self.slurm and self.slurm_job_failed():  # a rank's end ends a Slurm lane's job: how did it end?
+            return  # by itself, each task's trap removing its container: a failure to restart
         if removed or (looks and all(x.ids == [] for x in looks.values())):
             raise StandDown("every rank's container was removed (a `down` of the lane, here or by another "
-                            "controller): the operator has the lane")
+                            "controller): the operator has the lane"
+                            + ("; Slurm no longer lists a job of the lane carrying its run label" if self.slurm
+                               else ""))
+
+    def slurm_job_failed(self) -> bool:
+        """A rank of a Slurm lane vanished or exited, so its job ends (--kill-on-bad-exit; a task ends when its
+        container does): True when the job of the run watch looks after ended by itself (kept in `job_end`);
+        StandDown when scancel ended it (whatever containers are still being removed); False when Slurm
+        cannot say (no such job any more, or still not ended after END_BOUND_S)."""
+        from sparkfleet.slurm.ops import drive_here
+
+        runs = self.known_runs | self.failed_restarts
+        try:
+            end = drive_here(self.inventory, read_end(self.inventory, self.profile.name, runs, poll_s=self.poll_s))
+        except Exception as exc:  # noqa: BLE001 (the controller or login node did not answer: Slurm cannot say)
+            self.say("slurm", f"cannot ask Slurm how the lane's job ended: {exc}")
+            return False
+        kind = classify(end, self.failed_restarts, self.cancelled_jobs)
+        if end is not None:
+            self.say("slurm", f"{end.said()} (run {end.run_id}): {kind}", job_id=end.job_id, state=end.state,
+                     exit_code=end.exit_code)
+        if kind == "cancelled":
+            assert end is not None
+            raise StandDown(f"{end.said()}: scancel ended the lane's job (a `down` of the lane, here or by another "
+                            "controller, or Slurm's admin): the operator has the lane")
+        if kind == "failed":
+            self.job_end = end
+            return True
+        return False
 
     def lock_path(self) -> Path:
         return self.state / "locks" / f"{self.inventory.name}.lock"
@@ -319,6 +369,10 @@ class Watcher:
         self.write(incident, "running")
         if count and verdict.reason in ("rank-vanished", "rank-exited"):
             self.look_again()  # before the budget or the memory stop: a `down` under way is not a failure
+        if self.job_end is not None:  # the Slurm job's end and its output's last lines, as evidence
+            incident.data["slurm_job"] = self.job_end.as_record(self.profile.name)
+            incident.data["last_log_lines"].update(self.job_output(self.job_end))
+            self.job_end = None
         if verdict.action == "memory-stop":
             out = self.stop_lane(incident, f"memory guard: {verdict.why}")
             if out is not None:
@@ -341,7 +395,7 @@ class Watcher:
                 self.write(incident, "interrupted", f"{self.signalled} during the backoff; nothing restarted")
                 return self._signalled()
         self.check_operator()
-        if delay > 0 and count and verdict.reason in ("rank-vanished", "rank-exited"):
+        if delay > 0 and count and verdict.reason in ("rank-vanished", "rank-exited", "job-ended"):
             self.look_again()  # after the backoff: once more (the first look is older than the wait)
         if count:
             self.budget.spend(time.time(), verdict.reason)
@@ -364,6 +418,7 @@ class Watcher:
             return None
         if rec.outcome == "ok":
             self.known_runs = {rec.run_id}
+            self.failed_restarts.clear()
             self.tracker.reset()
             self.write(incident, "ok", f"serving again after {verdict.reason} (run {rec.run_id})")
             self.say("serving", f"serving again (run {rec.run_id}); restarts left in the window: "
@@ -379,6 +434,7 @@ class Watcher:
             why = f"the restart's preflight failed ({rec.reason}); nothing was started"
             return self.leave_stopped(incident, why)
         self.own_leftovers = True
+        self.failed_restarts.add(rec.run_id)
         self.write(incident, "failed", f"restart failed: {rec.reason}")
         self.say("restart-failed", f"restart failed: {rec.reason}", run_id=rec.run_id)
         return None if not self.signalled else self._signalled()
@@ -400,20 +456,26 @@ class Watcher:
             self.acting = False
             self.prober.invalidate()  # the lane changed: the next probe looks at fresh facts
         self.ours.add(rec.run_id)
+        for step in rec.steps:  # a Slurm lane: the jobs this playbook's stop step cancelled are watch's doing
+            self.cancelled_jobs.update((step.get("data") or {}).get("slurm_jobs_cancelled", []))
         return rec
 
     def stop_lane(self, incident: Record, why: str) -> Outcome | None:
-        """Stop every rank, head first, keeping the containers (their logs) for the operator."""
+        """Stop every rank, head first, keeping the containers (their logs) for the operator. A Slurm lane's
+        job is cancelled instead, which makes each task's trap remove its container (the ranks' logs are in
+        the job's output file, and their last lines in the incident record already)."""
         self.set_state("restarting", why)
-        rec = self.run_playbook("down", "stop", RunOptions(keep=True, poll_s=self.poll_s))
+        rec = self.run_playbook("down", "stop", RunOptions(keep=not self.slurm, poll_s=self.poll_s))
+        done = "its Slurm job cancelled, no container left" if self.slurm else "every rank stopped, head first"
         incident.steps.append({"step": "stop", "status": "ok" if rec.outcome == "ok" else "fail",
-                               "summary": rec.reason or "every rank stopped, head first", "run_id": rec.run_id})
-        if not self.dry_run:  # docker's own FinishedAt per rank: what the order really was
+                               "summary": rec.reason or done, "run_id": rec.run_id})
+        if not self.dry_run and not self.slurm:  # docker's own FinishedAt per rank: what the order really was
             stopped = Stopped(self.profile.name)
             results = _run_each(self.transport, self.inventory, "read when each rank stopped",
                                 {r.node.name: stopped for r in self.ranks})
             incident.data["stopped"] = {n: stopped.parse(res) for n, res in results.items()}
-        self.say("stopped", f"{'would stop' if self.dry_run else 'stopped'} every rank, head first (run "
+        self.say("stopped", f"{'would stop' if self.dry_run else 'stopped'} "
+                 f"{'the lane (its Slurm job cancelled)' if self.slurm else 'every rank, head first'} (run "
                  f"{rec.run_id}): {why}", run_id=rec.run_id)
         if rec.outcome == "interrupted":
             self.write(incident, "interrupted", rec.reason)
@@ -440,6 +502,24 @@ class Watcher:
         tails = {n: LogTail(r.container or "") for n, r in ranks.items()}
         results = _run_each(self.transport, self.inventory, "read each rank's last log lines", tails)
         return {str(ranks[n].rank): tails[n].parse(res) for n, res in results.items()}
+
+    def job_output(self, end: JobEnd) -> dict[str, list[str]]:
+        """The last lines of a Slurm job's output (srun --label: every task's log and its trap's line), read
+        on its batch host: {'slurm job ID': lines}, or nothing when they cannot be read."""
+        from sparkfleet.fleet.op import query
+        from sparkfleet.naming import slurm_job_name
+        from sparkfleet.runner.slurm_launch import OUTPUT_LINES
+        from sparkfleet.slurm.job import output_path
+
+        host = end.batch_host
+        path = end.output if end.output and "%" not in end.output else \
+            output_path(slurm_job_name(self.profile.name), end.job_id)  # a Slurm that printed the pattern
+        if not host or host not in self.inventory.nodes:
+            return {}
+        tail = query(f"read Slurm job {end.job_id}'s output", {host: f"tail -n {OUTPUT_LINES} {shlex.quote(path)}"},
+                     30)
+        r = run_commands(self.transport, [self.inventory.nodes[host]], tail).get(host)
+        return {f"slurm job {end.job_id}": r.stdout.splitlines()} if r is not None and r.ok else {}
 
 
 def _rank_dict(r: RankState) -> dict:
