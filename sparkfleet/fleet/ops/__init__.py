@@ -1,4 +1,5 @@
-"""Node operations, one object each (see base.py): docker, the fleet lock, files, network, the kernel.
+"""Node operations, one object each (see base.py): docker, the fleet lock, files, network, the kernel, the
+node-side helpers and the facts they gather.
 
 `from sparkfleet.fleet import ops` and `ops.LaneContainers(profile).command()`; the modules below
 import from each other's modules, never from this package, so nothing loops.
@@ -16,15 +17,17 @@ from sparkfleet.fleet.ops.docker import (
     Stop,
     Stopped,
 )
+from sparkfleet.fleet.ops.facts import Facts
 from sparkfleet.fleet.ops.files import ReadFile
+from sparkfleet.fleet.ops.helper import InlineHelper, RunHelper, ShipHelper
 from sparkfleet.fleet.ops.launch import ReadyCheck, StartRank
 from sparkfleet.fleet.ops.lock import LockAnswer, LockRelease, LockStuck, LockTake, Look, Seen
 from sparkfleet.fleet.ops.net import Rail2Alias
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 
 __all__ = [
-    "LOG_TAIL", "REMEDIES", "ContainerState", "Done", "DropCaches", "EngramLines", "Inspect", "LaneContainers",
-    "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError", "Op",
-    "Rail2Alias", "ReadFile", "ReadyCheck", "Seen", "StartRank", "Stop", "Stopped", "classify", "drop_caches",
-    "failures", "on",
+    "ContainerState", "Done", "DropCaches", "EngramLines", "Facts", "InlineHelper", "Inspect", "LOG_TAIL",
+    "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError",
+    "Op", "REMEDIES", "Rail2Alias", "ReadFile", "ReadyCheck", "RunHelper", "Seen", "ShipHelper", "StartRank",
+    "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
 ]
