@@ -5,12 +5,17 @@ test_fabric_probe.py, test_autotune.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
+from pathlib import Path
 
 from sparkfleet.fleet import ops
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.ship import guard_command, helper_bytes, inline_command, remote_path
 from sparkfleet.fleet.transport import Result
+from sparkfleet.patches import manifest as pm
+from tests.conftest import REPO
 
 GUARD_SAYS_MISSING = "sparkfleet-helper-missing /root/.cache/sparkfleet/bin/facts.py\n"
 
@@ -69,3 +74,41 @@ def test_facts_say_what_was_wrong_with_the_answer() -> None:  # the shapes test_
     assert empty.message == "facts.py on e printed nothing (stderr: warning: no GPU)"
     assert "python3 not found on n" in op.parse(Result("n", False, stderr="sh: 1: python3: not found",
                                                        exit_code=127, error="exit")).message
+
+
+# -- patch sets --------------------------------------------------------------------------------------
+
+def _on_node(op, tmp: Path, stdin: str) -> Result:
+    """The op's command run by a real shell, as a node runs it."""
+    p = subprocess.run(["sh", "-c", op.command()], input=stdin, capture_output=True, text=True, timeout=60, cwd=tmp)
+    return Result("n1", p.returncode == 0, p.stdout, p.stderr, p.returncode, None if p.returncode == 0 else "exit")
+
+
+def test_a_patch_set_s_hashes_read_back(tmp_path: Path) -> None:
+    m = pm.load(REPO, "probe")
+    (f,) = m.files
+    op = ops.HashPatchSet(m, str(tmp_path))
+    assert not op.changes and op.paths() == [f"{tmp_path}/probe/{f.source}"]
+    assert json.loads(op.stdin()) == op.paths()
+    missing = op.parse(_on_node(op, tmp_path, op.stdin()))  # the real script: {"path": null}
+    assert missing.reachable and missing.missing == [f.source] and not missing.ok
+    target = Path(op.paths()[0])
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"not the patch")
+    wrong = op.parse(_on_node(op, tmp_path, op.stdin()))
+    assert wrong.wrong == [f.source] and wrong.found[f.source] == hashlib.sha256(b"not the patch").hexdigest()
+    target.write_bytes((REPO / "patches/probe" / f.source).read_bytes())
+    right = op.parse(_on_node(op, tmp_path, op.stdin()))
+    assert right.ok and right.paths == {f.source: str(target)} and right.found == {f.source: f.sha256}
+    down = op.parse(Result("n1", False, error="unreachable", message="n1: connection refused (10.0.0.9:22)"))
+    assert not down.reachable and down.message == "n1: connection refused (10.0.0.9:22)"
+    odd = op.parse(Result("n1", True, stdout="Python 2.7.18\n", exit_code=0))
+    assert not odd.reachable and odd.message == "unexpected answer: 'Python 2.7.18\\n'"
+
+
+def test_copying_patch_files() -> None:
+    op = ops.CopyPatchFiles((("/nvme/patches/probe/p.py", b"x = 1\n"),))
+    assert op.changes and op.command() == "true" and op.files() == {"/nvme/patches/probe/p.py": b"x = 1\n"}
+    assert op.parse(Result("n1", True, exit_code=0)) is None
+    assert op.parse(Result("n1", False, error="error", message="sftp: No space left on device")) == \
+        "copying failed: sftp: No space left on device"

@@ -23,11 +23,12 @@ from sparkfleet.fleet.ops.helper import InlineHelper, RunHelper, ShipHelper
 from sparkfleet.fleet.ops.launch import ReadyCheck, StartRank
 from sparkfleet.fleet.ops.lock import LockAnswer, LockRelease, LockStuck, LockTake, Look, Seen
 from sparkfleet.fleet.ops.net import Rail2Alias
+from sparkfleet.fleet.ops.patches import CopyPatchFiles, HashPatchSet, PatchState
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 
 __all__ = [
-    "ContainerState", "Done", "DropCaches", "EngramLines", "Facts", "InlineHelper", "Inspect", "LOG_TAIL",
-    "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError",
-    "Op", "REMEDIES", "Rail2Alias", "ReadFile", "ReadyCheck", "RunHelper", "Seen", "ShipHelper", "StartRank",
-    "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
+    "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines", "Facts", "HashPatchSet",
+    "InlineHelper", "Inspect", "LOG_TAIL", "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake",
+    "LogTail", "Logs", "Look", "NodeError", "Op", "PatchState", "REMEDIES", "Rail2Alias", "ReadFile", "ReadyCheck",
+    "RunHelper", "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
 ]
