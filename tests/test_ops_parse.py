@@ -10,6 +10,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from sparkfleet.engines.build import BuildStep, EngineBuild, stage_of
 from sparkfleet.fleet import ops
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.ship import guard_command, helper_bytes, inline_command, remote_path
@@ -112,3 +113,61 @@ def test_copying_patch_files() -> None:
     assert op.parse(Result("n1", True, exit_code=0)) is None
     assert op.parse(Result("n1", False, error="error", message="sftp: No space left on device")) == \
         "copying failed: sftp: No space left on device"
+
+
+# -- an engine build ---------------------------------------------------------------------------------
+
+ZIG_FAILS = ("printf '%s\\n' 'src/main.zig:2:5: error: no sm121 kernel' "  # the zig stand-in's words (test_build.py)
+             "'Build Summary: 0/3 steps succeeded; 1 failed' >&2; exit 1")
+
+
+def _build(tmp: Path, zig: str = "mkdir -p zig-out/bin && printf '#!/bin/sh\\n' > zig-out/bin/tensorfold") -> EngineBuild:
+    built = str(tmp / "recipe" / "TensorFold")
+    return EngineBuild(engine="tensorfold", dir=built, fetch=BuildStep("git clone", f"mkdir {stage_of(built)}"),
+                       steps=(BuildStep("zig build", zig),))
+
+
+def _run(command: str, stdin: str = "") -> Result:
+    p = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True, timeout=60)
+    return Result("n1", p.returncode == 0, p.stdout, p.stderr, p.returncode, None if p.returncode == 0 else "exit")
+
+
+def test_a_build_s_answer_is_its_artefact_or_the_step_that_failed(tmp_path: Path) -> None:
+    (tmp_path / "recipe").mkdir()
+    op = ops.BuildEngine(_build(tmp_path))
+    assert op.changes and op.timeout_s == 3600.0
+    built = op.parse(_run(op.command()))  # the real build script, in a real shell
+    assert built.ok and built.step == "" and list(built.files) == ["bin/tensorfold"]
+    assert built.files["bin/tensorfold"] == hashlib.sha256(b"#!/bin/sh\n").hexdigest()
+    failed = ops.BuildEngine(_build(tmp_path, ZIG_FAILS))
+    got = failed.parse(_run(failed.command()))
+    assert not got.ok and got.step == "zig build" and got.digest is None
+    assert got.tail == ["src/main.zig:2:5: error: no sm121 kernel", "Build Summary: 0/3 steps succeeded; 1 failed"]
+    nothing = ops.BuildEngine(_build(tmp_path / "elsewhere"))
+    got = nothing.parse(_run(nothing.command()))
+    assert (got.ok, got.step) == (False, "prepare") and got.tail[0].endswith("no such directory on this node "
+                                                                            f"(the parent of the build dir "
+                                                                            f"{tmp_path}/elsewhere/recipe/TensorFold)")
+    empty = ops.BuildEngine(_build(tmp_path, "true"))
+    got = empty.parse(_run(empty.command()))
+    assert (got.ok, got.step, got.tail) == (False, "hash the artefact", [
+        f"the build installed nothing under {tmp_path}/recipe/TensorFold.sparkfleet-new/zig-out"])
+    down = op.parse(Result("n1", False, error="unreachable", message="n1: connection refused (10.0.0.9:22)"))
+    assert (down.ok, down.step, down.tail) == (False, "reach the node", ["n1: connection refused (10.0.0.9:22)"])
+
+
+def test_install_remove_and_hash_a_build(tmp_path: Path) -> None:
+    (tmp_path / "recipe").mkdir()
+    b = _build(tmp_path)
+    build, install, remove, hashed = ops.BuildEngine(b), ops.InstallBuild(b), ops.RemoveStage(b), ops.HashArtefact(b)
+    assert install.changes and remove.changes and not hashed.changes
+    assert hashed.stdin() == b.artefact_dir
+    assert hashed.parse(_run(hashed.command(), hashed.stdin())) == {"dir": b.artefact_dir, "exists": False, "files": {}}
+    assert build.parse(_run(build.command())).ok
+    assert install.parse(_run(install.command())) is None
+    got = hashed.parse(_run(hashed.command(), hashed.stdin()))
+    assert got["exists"] and got["files"] == {"bin/tensorfold": hashlib.sha256(b"#!/bin/sh\n").hexdigest()}
+    assert remove.parse(_run(remove.command())) is None
+    assert install.parse(_run(install.command())) == f"mv: cannot stat '{b.stage}': No such file or directory"
+    assert hashed.parse(Result("n1", False, error="timeout", message="n1: no answer in 60 s")) == "n1: no answer in 60 s"
+    assert hashed.parse(Result("n1", True, stdout="", exit_code=0)) == "no answer"

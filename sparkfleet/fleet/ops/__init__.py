@@ -6,6 +6,7 @@ import from each other's modules, never from this package, so nothing loops.
 """
 
 from sparkfleet.fleet.ops.base import REMEDIES, Done, NodeError, Op, classify, failures, on
+from sparkfleet.fleet.ops.build import BuildEngine, HashArtefact, InstallBuild, RankBuild, RemoveStage
 from sparkfleet.fleet.ops.docker import (
     LOG_TAIL,
     ContainerState,
@@ -27,8 +28,9 @@ from sparkfleet.fleet.ops.patches import CopyPatchFiles, HashPatchSet, PatchStat
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 
 __all__ = [
-    "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines", "Facts", "HashPatchSet",
-    "InlineHelper", "Inspect", "LOG_TAIL", "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake",
-    "LogTail", "Logs", "Look", "NodeError", "Op", "PatchState", "REMEDIES", "Rail2Alias", "ReadFile", "ReadyCheck",
-    "RunHelper", "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
+    "BuildEngine", "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines", "Facts", "HashArtefact",
+    "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL", "LaneContainers", "LockAnswer",
+    "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError", "Op", "PatchState", "REMEDIES",
+    "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage", "RunHelper", "Seen", "ShipHelper",
+    "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
 ]
