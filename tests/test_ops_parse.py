@@ -171,3 +171,23 @@ def test_install_remove_and_hash_a_build(tmp_path: Path) -> None:
     assert install.parse(_run(install.command())) == f"mv: cannot stat '{b.stage}': No such file or directory"
     assert hashed.parse(Result("n1", False, error="timeout", message="n1: no answer in 60 s")) == "n1: no answer in 60 s"
     assert hashed.parse(Result("n1", True, stdout="", exit_code=0)) == "no answer"
+
+
+# -- an NCCL all-reduce ------------------------------------------------------------------------------
+
+def test_an_all_reduce_rank_reads_what_nccl_printed() -> None:
+    from tests.test_nccl import RDMA, RECEIPT
+
+    op = ops.AllReduceRank("docker run --rm ... 2>&1")
+    assert op.changes and op.command() == "docker run --rm ... 2>&1"
+    rdma = op.parse(Result("reddie", True, stdout=RDMA, exit_code=0))
+    assert (rdma.network, rdma.gdrdma, rdma.result["latency_us"]) == ("IB", True, {"49152": 31.5, "409600": 58.25})
+    h200 = op.parse(Result("h200", True, stdout=RECEIPT.read_text(), exit_code=0))  # the receipt: a socket fallback
+    assert h200.network == "Socket" and h200.on_socket and h200.version == "2.28.9+cuda13.0"
+    split = op.parse(Result("spark4", False, stdout='{"sparkfleet_nccl": {"rank": 3, "error": "DistBackendError"}}\n',
+                            stderr="spark4:9:9 [0] NCCL WARN NET/IB : Got completion with error 12\n", exit_code=1,
+                            error="exit"))
+    assert split.result == {"rank": 3, "error": "DistBackendError"}
+    assert split.warnings == ["NET/IB : Got completion with error 12"]
+    down = op.parse(Result("bluey", False, error="unreachable", message="bluey: connection refused"))
+    assert down.network is None and down.result is None and not down.via

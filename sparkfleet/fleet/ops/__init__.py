@@ -23,14 +23,15 @@ from sparkfleet.fleet.ops.files import ReadFile
 from sparkfleet.fleet.ops.helper import InlineHelper, RunHelper, ShipHelper
 from sparkfleet.fleet.ops.launch import ReadyCheck, StartRank
 from sparkfleet.fleet.ops.lock import LockAnswer, LockRelease, LockStuck, LockTake, Look, Seen
+from sparkfleet.fleet.ops.nccl import AllReduceRank
 from sparkfleet.fleet.ops.net import Rail2Alias
 from sparkfleet.fleet.ops.patches import CopyPatchFiles, HashPatchSet, PatchState
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 
 __all__ = [
-    "BuildEngine", "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines", "Facts", "HashArtefact",
-    "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL", "LaneContainers", "LockAnswer",
-    "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError", "Op", "PatchState", "REMEDIES",
-    "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage", "RunHelper", "Seen", "ShipHelper",
-    "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
+    "AllReduceRank", "BuildEngine", "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines",
+    "Facts", "HashArtefact", "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL",
+    "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError",
+    "Op", "PatchState", "REMEDIES", "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage", "RunHelper",
+    "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
 ]
