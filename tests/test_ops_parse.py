@@ -191,3 +191,28 @@ def test_an_all_reduce_rank_reads_what_nccl_printed() -> None:
     assert split.warnings == ["NET/IB : Got completion with error 12"]
     down = op.parse(Result("bluey", False, error="unreachable", message="bluey: connection refused"))
     assert down.network is None and down.result is None and not down.via
+
+
+# -- the fabric probe --------------------------------------------------------------------------------
+
+def test_the_fabric_probe_s_answers(tmp_path: Path) -> None:
+    """The helper itself (run as python3 FILE: the guard's hash check aside, the same bytes) on the op's stdin."""
+    helper = REPO / "sparkfleet/fleet/nodeside/fabric_probe.py"
+
+    def on_node(op) -> Result:
+        return _run(f"python3 {helper}", op.stdin())
+
+    refused = ops.FabricProbe({"mode": "drive", "source": "10.0.0.1", "peer": "8.8.8.8", "port": 29570,
+                               "allow": ["10.0.0.1", "10.0.0.2"], "rtt_sizes": [49152], "rtt_count": 1,
+                               "bulk_bytes": 1024, "connect_wait_s": 0.1})
+    assert refused.changes and refused.command() == guard_command("fabric_probe.py")
+    assert json.loads(refused.stdin()) == refused.request
+    got = refused.parse(on_node(refused))
+    assert got["error"] == "refused: 8.8.8.8 is not one of the lane's fabric addresses"
+    quit_ = ops.FabricProbe({"mode": "quit", "bind": "127.0.0.1", "port": 9})  # nothing listens on discard
+    got = quit_.parse(on_node(quit_))
+    assert got["mode"] == "quit" and got["stopped"] is False and got["error"]
+    bad = ops.FabricProbe({"mode": "flood"})
+    assert bad.parse(on_node(bad)).startswith("fabric_probe.py: a request with mode serve, drive or quit is expected")
+    assert bad.parse(Result("n1", True, stdout="", exit_code=0)) == "exit 0"  # ran, answered nothing
+    assert bad.parse(Result("n1", False, error="timeout", message="timed out after 90 s")) == "timed out after 90 s"

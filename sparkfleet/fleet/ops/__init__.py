@@ -26,11 +26,12 @@ from sparkfleet.fleet.ops.lock import LockAnswer, LockRelease, LockStuck, LockTa
 from sparkfleet.fleet.ops.nccl import AllReduceRank
 from sparkfleet.fleet.ops.net import Rail2Alias
 from sparkfleet.fleet.ops.patches import CopyPatchFiles, HashPatchSet, PatchState
+from sparkfleet.fleet.ops.probe import FabricProbe
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 
 __all__ = [
     "AllReduceRank", "BuildEngine", "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines",
-    "Facts", "HashArtefact", "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL",
+    "FabricProbe", "Facts", "HashArtefact", "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL",
     "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError",
     "Op", "PatchState", "REMEDIES", "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage", "RunHelper",
     "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
