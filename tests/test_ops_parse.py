@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
+import time
 from pathlib import Path
 
 from sparkfleet.engines.build import BuildStep, EngineBuild, stage_of
@@ -16,6 +18,7 @@ from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.ship import guard_command, helper_bytes, inline_command, remote_path
 from sparkfleet.fleet.transport import Result
 from sparkfleet.patches import manifest as pm
+from sparkfleet.runner import autotune
 from tests.conftest import REPO
 
 GUARD_SAYS_MISSING = "sparkfleet-helper-missing /root/.cache/sparkfleet/bin/facts.py\n"
@@ -216,3 +219,23 @@ def test_the_fabric_probe_s_answers(tmp_path: Path) -> None:
     assert bad.parse(on_node(bad)).startswith("fabric_probe.py: a request with mode serve, drive or quit is expected")
     assert bad.parse(Result("n1", True, stdout="", exit_code=0)) == "exit 0"  # ran, answered nothing
     assert bad.parse(Result("n1", False, error="timeout", message="timed out after 90 s")) == "timed out after 90 s"
+
+
+# -- seeding the autotune cache ----------------------------------------------------------------------
+
+def test_seeding_the_autotune_cache_answers_the_dirs_it_seeded(tmp_path: Path) -> None:
+    cache = tmp_path / "vllm-cache/flashinfer"
+    old, new = cache / "hash-old", cache / "hash-new"
+    for d in (old, new):
+        d.mkdir(parents=True)
+    (old / "autotune_configs.json").write_text('{"configs": 168}')
+    past = time.time() - 3600
+    os.utime(old, (past, past))
+    op = ops.SeedAutotune(str(tmp_path / "vllm-cache"), 5)
+    assert op.changes and op.command() == autotune.seed_command(str(tmp_path / "vllm-cache"), 5)
+    assert op.parse(_run(op.command())) == [str(new)]  # the real script, in a real shell
+    assert op.parse(_run(op.command())) == []  # a second poll seeds nothing more
+    assert (new / "autotune_configs.json").read_text() == '{"configs": 168}'
+    assert op.parse(Result("station", True, stdout="", exit_code=0)) == []  # printed nothing: nothing seeded
+    assert op.parse(Result("station", False, stdout='{"source": null, "seeded": ["/x"]}', exit_code=1,
+                           error="exit")) == []

@@ -5,6 +5,7 @@ node-side helpers and the facts they gather.
 import from each other's modules, never from this package, so nothing loops.
 """
 
+from sparkfleet.fleet.ops.autotune import SeedAutotune
 from sparkfleet.fleet.ops.base import REMEDIES, Done, NodeError, Op, classify, failures, on
 from sparkfleet.fleet.ops.build import BuildEngine, HashArtefact, InstallBuild, RankBuild, RemoveStage
 from sparkfleet.fleet.ops.docker import (
@@ -34,5 +35,6 @@ __all__ = [
     "FabricProbe", "Facts", "HashArtefact", "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL",
     "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError",
     "Op", "PatchState", "REMEDIES", "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage", "RunHelper",
-    "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures", "on",
+    "SeedAutotune", "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures",
+    "on",
 ]
