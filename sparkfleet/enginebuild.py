@@ -11,122 +11,30 @@ each rank's artefact and compares it with the pin.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
-import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from sparkfleet.engines.build import EngineBuild
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.op import NodeCommands, OpGen, query
+from sparkfleet.fleet.op import OpGen
+from sparkfleet.fleet.ops.base import on
+from sparkfleet.fleet.ops.build import (
+    BuildEngine,
+    HashArtefact,
+    InstallBuild,
+    RankBuild,
+    RemoveStage,
+    tree_digest,
+)
 from sparkfleet.root import state_dir
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Node
 
 BUILDS = "builds"  # in the state dir, beside runs/ and restore/
-MARK = "sparkfleet-build:"  # the lines the build script prints between the programs' own output
-TAIL_LINES = 12  # of a failed step's output, in the finding
-BUILD_TIMEOUT_S = 3600.0  # a bound, not an estimate: the seeds give no build time
-
-# Runs on the node with plain python3: sha256 of every file under the dir on stdin (JSON), or missing.
-TREE_HASH_SCRIPT = (
-    "import hashlib,json,os,sys\n"
-    "top=sys.stdin.read().strip()\n"
-    "out={}\n"
-    "for d,dirs,files in os.walk(top):\n"
-    "    dirs.sort()\n"
-    "    for f in sorted(files):\n"
-    "        p=os.path.join(d,f)\n"
-    "        h=hashlib.sha256()\n"
-    "        if os.path.islink(p):\n"
-    "            h.update(os.readlink(p).encode())\n"
-    "        else:\n"
-    "            with open(p,'rb') as fh:\n"
-    "                for b in iter(lambda: fh.read(1<<20), b''): h.update(b)\n"
-    "        out[os.path.relpath(p,top)]=h.hexdigest()\n"
-    f"print({MARK!r}, 'artefact', json.dumps({{'dir':top,'exists':os.path.isdir(top),'files':out}}))\n"
-)
-
-
-def tree_digest(files: dict[str, str]) -> str:
-    """One sha256 for a tree: over `sha256sum`-style lines (`<sha256>  <path>`), sorted by path."""
-    text = "".join(f"{files[p]}  {p}\n" for p in sorted(files))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def hash_command() -> str:
-    return f"python3 -c {shlex.quote(TREE_HASH_SCRIPT)}"
-
-
-def build_script(b: EngineBuild) -> str:
-    """The shell a rank runs: each published command in turn (its name printed first, so a failure is
-    reported under it), stopping at the first that fails; then the staged artefact's hashes."""
-    q = shlex.quote
-    parent = posixpath.dirname(b.stage)
-    # the build dir's parent (TensorFold: the recipe dir) must be there: a build is never put where nothing
-    # would serve it
-    missing = f"{parent}: no such directory on this node (the parent of the build dir {b.dir})"
-    lines = ["exec 2>&1", f"printf '%s\\n' {q(MARK + ' step prepare')}",
-             f"[ -d {q(parent)} ] || {{ printf '%s\\n' {q(missing)}; exit 1; }}",
-             f"rm -rf -- {q(b.stage)} && cd -- {q(parent)} || exit 1",
-             f"printf '%s\\n' {q(MARK + ' step ' + b.fetch.name)}", f"{b.fetch.command} || exit 1",
-             f"cd -- {q(b.stage)} || exit 1"]
-    for s in b.steps:
-        lines += [f"printf '%s\\n' {q(MARK + ' step ' + s.name)}", f"{s.command} || exit 1"]
-    lines += [f"printf '%s\\n' {q(MARK + ' step hash the artefact')}",
-              f"printf '%s' {q(posixpath.join(b.stage, b.artefact))} | {hash_command()} || exit 1"]
-    return "\n".join(lines)
-
-
-def install_script(b: EngineBuild) -> str:
-    """Move the stage into place (the previous build aside first, removed once the new one is there)."""
-    q = shlex.quote
-    old = b.dir + ".sparkfleet-old"
-    return (f"rm -rf -- {q(old)} && {{ [ ! -e {q(b.dir)} ] || mv -- {q(b.dir)} {q(old)}; }} && "
-            f"mv -- {q(b.stage)} {q(b.dir)} && rm -rf -- {q(old)}")
-
-
-def cleanup_script(b: EngineBuild) -> str:
-    return f"rm -rf -- {shlex.quote(b.stage)}"
-
-
-@dataclass
-class RankBuild:
-    """One node's build: the artefact's files, or the step that failed and its last lines."""
-
-    node: str
-    ok: bool
-    files: dict[str, str] = field(default_factory=dict)
-    step: str = ""
-    tail: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def digest(self) -> str | None:
-        return tree_digest(self.files) if self.ok else None
-
-
-def parse_build(node: str, stdout: str, ok: bool, message: str, elapsed: float) -> RankBuild:
-    """What the build script printed: the artefact line, or the last step named and what followed it."""
-    step, after, artefact = "", [], None
-    for line in stdout.splitlines():
-        if line.startswith(MARK + " step "):
-            step, after = line[len(MARK + " step "):], []
-        elif line.startswith(MARK + " artefact "):
-            artefact = json.loads(line[len(MARK + " artefact "):])
-        else:
-            after.append(line)
-    if ok and artefact is not None:
-        if not artefact["files"]:
-            return RankBuild(node, False, step="hash the artefact", seconds=elapsed,
-                             tail=[f"the build installed nothing under {artefact['dir']}"])
-        return RankBuild(node, True, files=artefact["files"], seconds=elapsed)
-    tail = [ln for ln in after if ln.strip()][-TAIL_LINES:] or ([message] if message else [])
-    return RankBuild(node, False, step=step or "reach the node", tail=tail, seconds=elapsed)
 
 
 # -- the pin -----------------------------------------------------------------------------------------------
@@ -198,14 +106,12 @@ def build_ops(nodes: list[Node], b: EngineBuild) -> OpGen[BuildOutcome | None]:
     """Build on every rank; install and pin only if every rank built the same artefact. None under --dry-run
     (every command was shown: build, then install; the cleanup a failure runs is not)."""
     started = time.monotonic()
-    script = build_script(b)
-    results = yield NodeCommands(f"build {b.engine} in {b.stage}", {n.name: script for n in nodes},
-                                 timeout_s=BUILD_TIMEOUT_S)
+    build, install = BuildEngine(b), InstallBuild(b)
+    results = yield on(f"build {b.engine} in {b.stage}", {n.name: build for n in nodes}, build.timeout_s)
     if results is None:
-        yield NodeCommands(f"move the build into {b.dir}", {n.name: install_script(b) for n in nodes})
+        yield on(f"move the build into {b.dir}", {n.name: install for n in nodes}, 120.0)
         return None
-    ranks = {n: parse_build(n, r.stdout, r.ok, r.message or r.stderr.strip(), r.elapsed_s)
-             for n, r in results.items()}
+    ranks = {n: build.parse(r) for n, r in results.items()}
     findings = [Finding("engine-build", "fail", f"{r.step} failed: " + " | ".join(r.tail[-3:]),
                         "fix what the step's output says on that node, then build again", node=n,
                         observed="\n".join(r.tail)) for n, r in sorted(ranks.items()) if not r.ok]
@@ -214,14 +120,14 @@ def build_ops(nodes: list[Node], b: EngineBuild) -> OpGen[BuildOutcome | None]:
     if findings:
         reachable = [n for n in nodes if results[n.name].error in (None, "exit")]  # a node that answered
         if reachable:
-            yield NodeCommands(f"remove the failed build's {b.stage}", {n.name: cleanup_script(b) for n in reachable})
+            remove = RemoveStage(b)
+            yield on(f"remove the failed build's {b.stage}", {n.name: remove for n in reachable}, 120.0)
         return BuildOutcome(ranks, findings, seconds=time.monotonic() - started)
-    moved = yield NodeCommands(f"move the build into {b.dir}", {n.name: install_script(b) for n in nodes})
+    moved = yield on(f"move the build into {b.dir}", {n.name: install for n in nodes}, 120.0)
     assert moved is not None
-    bad = [Finding("engine-build", "fail", f"could not move {b.stage} to {b.dir}: "
-                   f"{(r.stderr or r.stdout or r.message).strip()[-300:]}",
+    bad = [Finding("engine-build", "fail", f"could not move {b.stage} to {b.dir}: {why}",
                    "fix the node's disk or permissions, then build again", node=n)
-           for n, r in sorted(moved.items()) if not r.ok]
+           for n, why in sorted((n, install.parse(r)) for n, r in moved.items()) if why is not None]
     if bad:
         return BuildOutcome(ranks, bad, seconds=time.monotonic() - started)
     files = next(iter(ranks.values())).files
@@ -235,16 +141,12 @@ def build_ops(nodes: list[Node], b: EngineBuild) -> OpGen[BuildOutcome | None]:
 
 def verify_ops(nodes: list[Node], b: EngineBuild) -> OpGen[dict[str, dict | str] | None]:
     """Each rank's artefact ({exists, files}) or why it could not be read; None under --dry-run."""
-    results = yield query(f"hash the built {b.engine} under {b.artefact_dir}", {n.name: hash_command() for n in nodes},
-                          60, {n.name: b.artefact_dir for n in nodes})
+    hashes = {n.name: HashArtefact(b) for n in nodes}
+    results = yield on(f"hash the built {b.engine} under {b.artefact_dir}", hashes, 60,
+                       stdin={n: op.stdin() for n, op in hashes.items()})
     if results is None:
         return None
-    out: dict[str, dict | str] = {}
-    for n, r in results.items():
-        line = next((ln for ln in r.stdout.splitlines() if ln.startswith(MARK + " artefact ")), None)
-        out[n] = json.loads(line[len(MARK + " artefact "):]) if r.ok and line else (
-            r.message or r.stderr.strip() or "no answer")
-    return out
+    return {n: hashes[n].parse(r) for n, r in results.items()}
 
 
 def verify_findings(found: dict[str, dict | str], b: EngineBuild, pin: dict, profile: str) -> list[Finding]:

@@ -108,6 +108,13 @@ def parse(text: str) -> Transport:
     return t
 
 
+def transcript(result: object | None) -> Transport:
+    """What a rank's run printed (a fleet Result: its stdout, then its stderr), read; nothing for no result."""
+    if result is None:
+        return parse("")
+    return parse(getattr(result, "stdout", "") + "\n" + getattr(result, "stderr", ""))
+
+
 def latency(t: Transport) -> str:
     lat = (t.result or {}).get("latency_us") or {}
     return ", ".join(f"{int(k) // 1024} KB {v:g} us" for k, v in lat.items())
@@ -144,12 +151,13 @@ def expects_rdma(ranks: list) -> bool:
 
 
 def judge(runs: list, rdma: bool) -> tuple[list[Finding], list[dict]]:
-    """Findings and a summary per rank from the ranks' runs (fleet/nccl.RankRun: rank, node, result)."""
+    """Findings and a summary per rank from the ranks' runs (fleet/nccl.RankRun: rank, node, result, and the
+    transcript its operation read from the result)."""
     findings: list[Finding] = []
     seen: list[dict] = []
     for x in runs:
         res = x.result
-        t = parse((res.stdout + "\n" + res.stderr) if res is not None else "")
+        t = x.transcript if getattr(x, "transcript", None) is not None else transcript(res)
         unreachable = res is not None and not res.ok and res.exit_code is None
         findings.append(verdict(x.node, x.rank, t, expects_rdma=rdma,
                                 exit_code=res.exit_code if res is not None else None,

@@ -9,18 +9,18 @@ fabric IPs, and the helper refuses any other peer; servers listen on the fabric 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkfleet.fleet.op import NodeCommands, OpGen, Pending, run_ops
-from sparkfleet.fleet.ship import guard_command, helper_ops
-from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.fleet.op import OpGen, Pending, run_ops
+from sparkfleet.fleet.ops.base import on
+from sparkfleet.fleet.ops.probe import HELPER, FabricProbe, why
+from sparkfleet.fleet.ship import helper_ops
+from sparkfleet.fleet.transport import Transport
 from sparkfleet.placement import Rank
 from sparkfleet.schema.inventory import Node
 
-HELPER = "fabric_probe.py"
 PORT = 29570  # the probe's TCP port on each fabric IP (not one of the lanes' 8410/29551 ...)
 RTT_SIZES = (48 * 1024, 400 * 1024)  # a TP decode step's all-reduces are 48-400 KB (INV-28)
 BULK_BYTES = 64 * 1024 * 1024
@@ -119,26 +119,12 @@ def serve_request(node: Node, allow: list[str], sessions: int, port: int, timeou
 
 def command() -> str:
     """The command each node runs (the helper, verified by sha256); the request goes on its stdin."""
-    return guard_command(HELPER)
+    return FabricProbe({}).command()
 
 
 def server_life(links: list[Link]) -> float:
     """Servers answer any number of sessions until `quit`; this bounds their life should the quit be lost."""
     return 60.0 + 60.0 * len(links)
-
-
-def _doc(r: Result) -> dict[str, Any] | None:
-    if not r.ok:
-        return None
-    try:
-        doc = json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _why(r: Result) -> str:
-    return r.message or (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
 
 
 def _disjoint(links: list[Link]) -> list[list[Link]]:
@@ -190,7 +176,7 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
     shipped = yield from helper_ops(HELPER, nodes, run=False)
     bad = {n: r for n, r in shipped.items() if not r.ok}
     for n, r in bad.items():
-        run.problems.append((n, f"could not ship {HELPER}: {_why(r)}"))
+        run.problems.append((n, f"could not ship {HELPER}: {why(r)}"))
     if bad:
         for x in run.links:
             x.error = "not measured: " + ", ".join(sorted(bad)) + " cannot run the probe"
@@ -198,25 +184,23 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
     timeout_s = server_life(run.links)
     serving = [n for n in nodes if any(x.b == n.name for x in run.links)]
     # the servers answer while the rounds run: left running (background), their answers read at the end
-    servers = yield NodeCommands("fabric probe server", dict.fromkeys((n.name for n in serving), command()),
-                                 timeout_s=timeout_s + 30, background=True,
-                                 stdin={n.name: json.dumps(serve_request(n, allow, 0, port, timeout_s))
-                                        for n in serving})
+    serve = {n.name: FabricProbe(serve_request(n, allow, 0, port, timeout_s)) for n in serving}
+    servers = yield on("fabric probe server", serve, timeout_s + 30, background=True,
+                       stdin={n: op.stdin() for n, op in serve.items()})
 
-    def measure(what: str, batch: list[Link]) -> OpGen[dict[str, tuple[Link, dict[str, Any] | None, Result]] | None]:
-        reqs = {x.a: json.dumps(drive_request(x, allow, bulk_bytes, tuple(rtt_sizes), rtt_count, connect_wait_s))
-                for x in batch}
-        got = yield NodeCommands(what, dict.fromkeys(reqs, command()), stdin=reqs,
-                                 timeout_s=120.0 + bulk_bytes * 16 / 1e7)
-        return None if got is None else {x.name: (x, _doc(got[x.a]), got[x.a]) for x in batch}
+    def measure(what: str, batch: list[Link]) -> OpGen[dict[str, tuple[Link, dict[str, Any] | str]] | None]:
+        drive = {x.a: FabricProbe(drive_request(x, allow, bulk_bytes, tuple(rtt_sizes), rtt_count, connect_wait_s))
+                 for x in batch}
+        got = yield on(what, drive, 120.0 + bulk_bytes * 16 / 1e7, stdin={n: op.stdin() for n, op in drive.items()})
+        return None if got is None else {x.name: (x, drive[x.a].parse(got[x.a])) for x in batch}
 
     closed = False  # closed while suspended (abandoned): nothing may be yielded any more
     try:
         for i, rnd in enumerate(schedule, 1):
             measured = yield from measure(f"fabric probe round {i}: " + ", ".join(x.name for x in rnd), rnd)
-            for x, doc, r in (measured or {}).values():
-                if doc is None:
-                    x.error = f"the probe on {x.a} failed: {_why(r)}"
+            for x, doc in (measured or {}).values():
+                if isinstance(doc, str):
+                    x.error = f"the probe on {x.a} failed: {doc}"
                     continue
                 x.elapsed_s = doc.get("elapsed_s")
                 x.rtt_s = {k: float(v) for k, v in (doc.get("rtt_s") or {}).items()}
@@ -227,25 +211,25 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
             suspects = [x for x in (confirm(run) if confirm and servers is not None else []) if x.error is None]
             for batch in _disjoint(suspects):
                 again = yield from measure("fabric probe again: " + ", ".join(x.name for x in batch), batch)
-                for x, doc, _ in (again or {}).values():
-                    if doc is not None and not doc.get("error"):
+                for x, doc in (again or {}).values():
+                    if isinstance(doc, dict) and not doc.get("error"):
                         _best(x, doc)
     except GeneratorExit:
         closed = True
         raise
     finally:  # also when a round raised (a transport's error, Ctrl-C): the servers must not hold the port
         if not closed:
-            yield NodeCommands("stop the fabric probe servers", dict.fromkeys((n.name for n in serving), command()),
-                               timeout_s=30.0, stdin={n.name: json.dumps({"mode": "quit", "bind": n.fabric_ip,
-                                                                          "port": port}) for n in serving})
+            quit_ = {n.name: FabricProbe({"mode": "quit", "bind": n.fabric_ip, "port": port}) for n in serving}
+            yield on("stop the fabric probe servers", quit_, 30.0, stdin={n: op.stdin() for n, op in quit_.items()})
     if servers is None:  # --dry-run: shown, not run
         return None
     assert isinstance(servers, Pending)
     servers.wait(30.0)
     for n in serving:
         r = servers.get(n.name)
-        doc = _doc(r) if r is not None else None
-        run.servers[n.name] = doc or {"error": _why(r) if r is not None else "no answer"}
+        got = serve[n.name].parse(r) if r is not None else None
+        doc = got if isinstance(got, dict) else None
+        run.servers[n.name] = doc or {"error": why(r) if r is not None else "no answer"}
         if doc is not None and doc.get("error"):
             run.problems.append((n.name, str(doc["error"])))
             for x in run.links:

@@ -9,17 +9,15 @@ a node that fails gives its failed Result and never hides the others.
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.op import OpGen, run_ops
+from sparkfleet.fleet.ops.facts import Facts
 from sparkfleet.fleet.ship import helper_ops
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.patches import manifest as pm
@@ -32,9 +30,6 @@ if TYPE_CHECKING:  # the plan (and the engines it renders with) is loaded only f
     from sparkfleet.plan import Plan
     from sparkfleet.schema.load import Loaded
     from sparkfleet.schema.profile import Profile
-
-HELPER = "facts.py"
-
 
 def _add(paths: list[str], path: str | None) -> None:
     if path and path.startswith("/"):
@@ -116,46 +111,15 @@ def facts_requests(inventory: Inventory, plan: Plan | None = None, profile: Prof
                                hash_paths=hashed.get(name, [])) for name, p in paths.items()}
 
 
-def _failed(node: str, message: str, r: Result) -> Result:
-    return Result(node=node, ok=False, stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code, error="error",
-                  message=message, elapsed_s=r.elapsed_s)
-
-
-def parse_facts(node: str, r: Result) -> NodeFacts | Result:
-    """A helper's output as NodeFacts, or a failed Result saying what was wrong with it."""
-    if not r.ok:
-        return r
-    text = r.stdout.strip()
-    if not text:
-        return _failed(node, f"{HELPER} on {node} printed nothing"
-                       + (f" (stderr: {r.stderr.strip().splitlines()[-1]})" if r.stderr.strip() else ""), r)
-    try:
-        data = json.loads(text.splitlines()[-1])
-    except ValueError as exc:
-        return _failed(node, f"{HELPER} on {node} printed invalid JSON ({exc.msg} at char {exc.pos}): "
-                       f"{text[:80]!r}", r)
-    try:
-        facts = NodeFacts.model_validate(data)
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        where = ".".join(str(x) for x in e["loc"]) or "(document)"
-        return _failed(node, f"{HELPER} on {node} printed facts that do not match this sparkfleet's schema: "
-                       f"{where}: {e['msg']} ({exc.error_count()} error(s)); a helper from another version?", r)
-    if facts.node != node:
-        return _failed(node, f"{HELPER} on {node} answered for node {facts.node!r}", r)
-    if isinstance(r.extra.get("ended_at"), float):
-        facts.received_at = r.extra["ended_at"]
-    return facts
-
-
 def gather_ops(nodes: Iterable[Node], requests: dict[str, FactsRequest],
                timeout_s: float = 30.0) -> OpGen[dict[str, NodeFacts | Result]]:
     """One helper run per node, in parallel; each node's NodeFacts, or its failed Result with the cause.
     Under --dry-run (the helper's run not made) there are no facts: an empty mapping."""
     nodes = list(nodes)
     stdin = {n.name: requests.get(n.name, FactsRequest(node=n.name)).model_dump_json() for n in nodes}
-    results = yield from helper_ops(HELPER, nodes, stdin, timeout_s)
-    out = {n.name: parse_facts(n.name, results[n.name]) for n in nodes if n.name in results}
+    op = Facts()
+    results = yield from helper_ops(op, nodes, stdin, timeout_s)
+    out = {n.name: op.parse(results[n.name]) for n in nodes if n.name in results}
     for n in nodes:  # the inventory says a node is simulated (sim up writes it); tables tag it [sim]
         f = out.get(n.name)
         if isinstance(f, NodeFacts):

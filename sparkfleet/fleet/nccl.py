@@ -12,8 +12,11 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from sparkfleet.checks.nccl import Transport
 from sparkfleet.engines.base import Launch, groups
-from sparkfleet.fleet.op import NodeCommands, OpGen
+from sparkfleet.fleet.op import OpGen
+from sparkfleet.fleet.ops.base import on
+from sparkfleet.fleet.ops.nccl import AllReduceRank
 from sparkfleet.fleet.ship import helper_ops, remote_path
 from sparkfleet.fleet.transport import Result
 from sparkfleet.placement import Rank
@@ -36,6 +39,11 @@ class RankRun:
     node: str
     command: str
     result: Result | None = None
+    transcript: Transport | None = None  # what NCCL printed, as the operation read it (AllReduceRank.parse)
+
+    @property
+    def op(self) -> AllReduceRank:
+        return AllReduceRank(self.command)
 
 
 def container_options(profile: Profile) -> list[str]:
@@ -94,8 +102,11 @@ def allreduce_ops(ranks: list[Rank], runs: list[RankRun], timeout_s: float = 300
     for name, res in shipped.items():
         if not res.ok:
             by_node[name].result = res
-    todo = {n: x.command for n, x in by_node.items() if x.result is None}
-    results = yield NodeCommands(WHAT, todo, timeout_s=timeout_s)
+    todo = {n: x.op for n, x in by_node.items() if x.result is None}
+    results = yield on(WHAT, todo, timeout_s)
     for name, res in (results or {}).items():
         by_node[name].result = res
+    for x in runs:
+        if x.result is not None:
+            x.transcript = x.op.parse(x.result)
     return runs

@@ -1,86 +1,34 @@
-"""Patch sets on the nodes: hash what is there (one round trip per node), push only what differs."""
+"""Patch sets on the nodes: hash what is there (one round trip per node), push only what differs (the two
+operations: fleet/ops/patches.py HashPatchSet, CopyPatchFiles)."""
 
 from __future__ import annotations
 
-import json
-import posixpath
-import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.op import NodeCommands, OpGen, query, run_ops
+from sparkfleet.fleet.op import OpGen, run_ops
+from sparkfleet.fleet.ops.base import on
+from sparkfleet.fleet.ops.patches import CopyPatchFiles, HashPatchSet, PatchState, patch_path
 from sparkfleet.fleet.transport import Transport
 from sparkfleet.patches.manifest import PatchManifest, set_dir
 from sparkfleet.schema.inventory import Node
 
-# Runs on the node with plain python3: sha256 of each path on stdin (JSON list), null when missing.
-HASH_SCRIPT = (
-    "import hashlib,json,sys\n"
-    "out={}\n"
-    "for p in json.load(sys.stdin):\n"
-    "    try:\n"
-    "        h=hashlib.sha256()\n"
-    "        with open(p,'rb') as f:\n"
-    "            for b in iter(lambda: f.read(1<<20), b''): h.update(b)\n"
-    "        out[p]=h.hexdigest()\n"
-    "    except OSError:\n"
-    "        out[p]=None\n"
-    "print(json.dumps(out))\n"
-)
-
-
-@dataclass
-class NodeState:
-    node: str
-    reachable: bool
-    message: str = ""
-    missing: list[str] = field(default_factory=list)  # sources
-    wrong: list[str] = field(default_factory=list)
-    pushed: list[str] = field(default_factory=list)
-    found: dict[str, str | None] = field(default_factory=dict)  # source -> sha256 on the node (None: missing)
-    paths: dict[str, str] = field(default_factory=dict)  # source -> its path on the node
-
-    @property
-    def ok(self) -> bool:
-        return self.reachable and not self.missing and not self.wrong
+NodeState = PatchState  # a patch set on one node
 
 
 def remote_path(node: Node, manifest: PatchManifest, source: str) -> str:
-    return posixpath.join(node.storage.patch_root, manifest.name, source)
+    return patch_path(node.storage.patch_root, manifest, source)
 
 
 def inspect_ops(nodes: list[Node], manifest: PatchManifest,
                 timeout_s: float = 30.0) -> OpGen[dict[str, NodeState] | None]:
     """Which files each node lacks or has with a different hash (one read per node); None under --dry-run."""
-    paths = {n.name: [remote_path(n, manifest, f.source) for f in manifest.files] for n in nodes}
-    command = f"python3 -c {shlex.quote(HASH_SCRIPT)}"
-    results = yield query(f"hash patch set {manifest.name!r}", {n.name: command for n in nodes}, timeout_s,
-                          {n.name: json.dumps(paths[n.name]) for n in nodes})
+    hashes = {n.name: HashPatchSet(manifest, n.storage.patch_root) for n in nodes}
+    results = yield on(f"hash patch set {manifest.name!r}", hashes, timeout_s,
+                       stdin={n: op.stdin() for n, op in hashes.items()})
     if results is None:
         return None
-    states: dict[str, NodeState] = {}
-    for node in nodes:
-        r = results[node.name]
-        if not r.ok:
-            states[node.name] = NodeState(node.name, False, r.message or r.stderr.strip())
-            continue
-        try:
-            got = json.loads(r.stdout)
-        except ValueError:
-            states[node.name] = NodeState(node.name, False, f"unexpected answer: {r.stdout[:200]!r}")
-            continue
-        st = NodeState(node.name, True)
-        for f in manifest.files:
-            st.paths[f.source] = remote_path(node, manifest, f.source)
-            h = got.get(st.paths[f.source])
-            st.found[f.source] = h
-            if h is None:
-                st.missing.append(f.source)
-            elif h != f.sha256:
-                st.wrong.append(f.source)
-        states[node.name] = st
-    return states
+    return {n.name: hashes[n.name].parse(results[n.name]) for n in nodes}
 
 
 def inspect(transport: Transport, nodes: list[Node], manifest: PatchManifest,
@@ -103,16 +51,18 @@ def push_ops(nodes: list[Node], manifest: PatchManifest, root: Path) -> OpGen[di
     writes = {n: {remote_path(by_name[n], manifest, src): (base / src).read_bytes() for src in srcs}
               for n, srcs in todo.items() if srcs}
     if writes:
-        done = yield NodeCommands(f"copy patch set {manifest.name!r} files that differ",
-                                  {n: "true" for n in writes}, files=writes)
+        copies = {n: CopyPatchFiles(tuple(w.items())) for n, w in writes.items()}
+        done = yield on(f"copy patch set {manifest.name!r} files that differ", copies, 120.0,
+                        files={n: op.files() for n, op in copies.items()})
         if done is None or before is None:
             return None
-        for n in writes:
+        for n, op in copies.items():
             st = before[n]
-            if done[n].ok:
+            failed = op.parse(done[n])
+            if failed is None:
                 st.pushed = list(todo[n])
             else:
-                st.message = f"copying failed: {done[n].message or done[n].stderr.strip()}"
+                st.message = failed
     elif before is None:
         return None
     after = yield from inspect_ops([n for n in nodes if before[n.name].reachable], manifest)

@@ -4,14 +4,17 @@ A launch-flag change makes vLLM tune into a new hash directory under the persist
 that lands after the tuner reads it is too late (74-90 minutes lost). While a Station lane boots, `up`
 seeds every new hash directory with the newest `autotune_configs.json` within a poll; when the change
 touched kernel shapes (capture list, speculative depth or schedule, runner) seeding cannot help, and
-`up` says so with the time budget.
+`up` says so with the time budget. The seeding itself is an operation (fleet/ops/autotune.py SeedAutotune).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
+
+from sparkfleet.fleet.ops.autotune import SEED_SCRIPT, parse, seed_command
+
+__all__ = ["CONFIGS", "SEED_SCRIPT", "SHAPE_FLAGS", "flag_values", "parse", "seed_command", "shape_changes"]
 
 CONFIGS = "autotune_configs.json"
 # Flags whose change alters kernel shapes: the tuner ignores entries whose shapes differ (FM-41): the capture list
@@ -20,45 +23,6 @@ CONFIGS = "autotune_configs.json"
 # --max-num-seqs from 8 to 16 produced a fresh hash ... re-tuning kernels whose shapes had not changed ... Copying
 # autotune_configs.json from the old hash directory into the new one was accepted: Loaded 168 configs").
 SHAPE_FLAGS = ("--cudagraph-capture-sizes", "--compilation-config", "--speculative-config")
-
-# Runs on the node (stdlib only).
-SEED_SCRIPT = r'''
-import json, os, shutil, sys, time
-cache, since = sys.argv[1], time.time() - float(sys.argv[2])  # the node's own clock, not the controller's
-found = []
-for d, dirs, files in os.walk(cache):
-    if d[len(cache):].count(os.sep) > 6:
-        dirs[:] = []
-    if "autotune_configs.json" in files:
-        found.append(os.path.join(d, "autotune_configs.json"))
-out = {"source": None, "seeded": []}
-if found:
-    src = max(found, key=os.path.getmtime)
-    out["source"] = src
-    for parent in {os.path.dirname(os.path.dirname(f)) for f in found}:
-        for name in sorted(os.listdir(parent)):
-            d = os.path.join(parent, name)
-            if os.path.isdir(d) and os.path.getmtime(d) >= since and not os.path.exists(
-                    os.path.join(d, "autotune_configs.json")):
-                shutil.copy2(src, os.path.join(d, "autotune_configs.json"))
-                out["seeded"].append(d)
-print(json.dumps(out))
-'''
-
-
-def seed_command(cache_dir: str, age_s: float) -> str:
-    """Seed hash dirs made in the last `age_s` seconds, judged by the node's own clock in the same round trip:
-    a Station whose clock is behind the controller's (FM-40) stamps its new dirs in its own time, so a
-    controller timestamp would make them look old and never seed them. A duration needs no common clock."""
-    return f"python3 -c {shlex.quote(SEED_SCRIPT)} {shlex.quote(cache_dir)} {age_s:.3f}"
-
-
-def parse(stdout: str) -> dict:
-    try:
-        return json.loads(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"source": None, "seeded": []}
-
 
 def flag_values(argv: list[str]) -> dict[str, list[str]]:
     """The values of the shape flags in a launch argv (tokens up to the next --flag)."""

@@ -1,10 +1,13 @@
-"""Node operations, one object each (see base.py): docker, the fleet lock, files, network, the kernel.
+"""Node operations, one object each (see base.py): docker, the fleet lock, files, network, the kernel, the
+node-side helpers and the facts they gather.
 
 `from sparkfleet.fleet import ops` and `ops.LaneContainers(profile).command()`; the modules below
 import from each other's modules, never from this package, so nothing loops.
 """
 
+from sparkfleet.fleet.ops.autotune import SeedAutotune
 from sparkfleet.fleet.ops.base import REMEDIES, Done, NodeError, Op, classify, failures, on
+from sparkfleet.fleet.ops.build import BuildEngine, HashArtefact, InstallBuild, RankBuild, RemoveStage
 from sparkfleet.fleet.ops.docker import (
     LOG_TAIL,
     ContainerState,
@@ -16,15 +19,22 @@ from sparkfleet.fleet.ops.docker import (
     Stop,
     Stopped,
 )
+from sparkfleet.fleet.ops.facts import Facts
 from sparkfleet.fleet.ops.files import ReadFile
+from sparkfleet.fleet.ops.helper import InlineHelper, RunHelper, ShipHelper
 from sparkfleet.fleet.ops.launch import ReadyCheck, StartRank
 from sparkfleet.fleet.ops.lock import LockAnswer, LockRelease, LockStuck, LockTake, Look, Seen
+from sparkfleet.fleet.ops.nccl import AllReduceRank
 from sparkfleet.fleet.ops.net import Rail2Alias
+from sparkfleet.fleet.ops.patches import CopyPatchFiles, HashPatchSet, PatchState
+from sparkfleet.fleet.ops.probe import FabricProbe
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 
 __all__ = [
-    "LOG_TAIL", "REMEDIES", "ContainerState", "Done", "DropCaches", "EngramLines", "Inspect", "LaneContainers",
-    "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError", "Op",
-    "Rail2Alias", "ReadFile", "ReadyCheck", "Seen", "StartRank", "Stop", "Stopped", "classify", "drop_caches",
-    "failures", "on",
+    "AllReduceRank", "BuildEngine", "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines",
+    "FabricProbe", "Facts", "HashArtefact", "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL",
+    "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError",
+    "Op", "PatchState", "REMEDIES", "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage", "RunHelper",
+    "SeedAutotune", "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures",
+    "on",
 ]

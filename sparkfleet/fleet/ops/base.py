@@ -45,13 +45,15 @@ class Op(Generic[T]):
 
 
 def on(what: str, ops: Mapping[str, Op], timeout_s: float, serial: bool = False, *,
-       env: dict[str, str] | None = None, files: dict[str, dict[str, str | bytes]] | None = None) -> NodeCommands:
+       env: dict[str, str] | None = None, files: Mapping[str, Mapping[str, str | bytes]] | None = None,
+       file_mode: int = 0o644, stdin: Mapping[str, str] | None = None, background: bool = False) -> NodeCommands:
     """One NodeCommands of per-node operations (node -> operation, run in the mapping's order when
     `serial`); it changes the nodes when any of them does, so a read stays a read under --dry-run=facts.
-    `env` and `files` as NodeCommands takes them."""
+    `env`, `files`, `file_mode`, `stdin` and `background` as NodeCommands takes them."""
     return NodeCommands(what, {n: op.command() for n, op in ops.items()},
                         changes=any(op.changes for op in ops.values()), timeout_s=timeout_s, serial=serial,
-                        env=env, files=files or {})
+                        env=env, files={n: dict(f) for n, f in (files or {}).items()}, file_mode=file_mode,
+                        stdin=dict(stdin or {}), background=background)
 
 
 # -- what went wrong on a node -----------------------------------------------------------------------

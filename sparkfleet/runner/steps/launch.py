@@ -14,7 +14,7 @@ from sparkfleet.findings import Finding
 from sparkfleet.fleet import ops
 from sparkfleet.runner import progress, slurm_launch
 from sparkfleet.runner.context import RunContext, Started
-from sparkfleet.runner.ops import NodeCommands, StepGen, StepResult, query
+from sparkfleet.runner.ops import StepGen, StepResult, query
 from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands
 from sparkfleet.runner.served import launch_records
 from sparkfleet.schema.playbook import Step
@@ -130,11 +130,10 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
             polls.append(time.time())
             watch.update(polls=len(polls), poll_started=[round(t, 3) for t in polls[-20:]])
             if station:  # seed new autotune hash dirs before the tuner reads them (LCH-G2)
-                seeded = yield NodeCommands("seed the autotune cache", {
-                    n.name: autotune.seed_command(n.storage.cache_dir, time.time() - started_at) for n in station},
-                    timeout_s=30)
+                seeds = {n.name: ops.SeedAutotune(n.storage.cache_dir, time.time() - started_at) for n in station}
+                seeded = yield ops.on("seed the autotune cache", seeds, 30)
                 for n, res in (seeded or {}).items():
-                    for d in (autotune.parse(res.stdout)["seeded"] if res.ok else []):
+                    for d in seeds[n].parse(res):
                         ctx.events.emit("message", text=f"seeded autotune cache {d} on {n}")
                         ctx.record.data.setdefault("autotune_seeded", []).append(d)
             followed = yield from follow(ctx)
