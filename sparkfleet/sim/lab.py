@@ -180,9 +180,13 @@ def down() -> bool:
     had = d.exists()
     sim_slurm.stop(None)  # slurmctld and munged on this machine, by their pid files (issue 30)
     if paths.nodes_dir().is_dir():
-        for nd in sorted(p for p in paths.nodes_dir().iterdir() if p.is_dir()):
-            dockerd.stop(nd)  # a node with its own daemon: its containers and daemons first, then the node
-            node.stop(nd)
+        nds = sorted(p for p in paths.nodes_dir().iterdir() if p.is_dir())
+        # A lab going away needs no graceful stop of its daemons: killing each node's init ends every process
+        # in its pid namespace at once (dockerd, containerd, the shims, each container's nested namespace),
+        # its mount namespace with them; what is left on this machine is each node's container cgroups, now
+        # empty, and its tree. (A dockerd's SIGTERM stopped the containers with a grace first: 6.9 s for 4.)
+        node.stop_all(nds)
+        for nd in nds:
             dockerd.remove_cgroups(dockerd.cgroup_parent(nd.name))
     had = netlab.remove() or had
     if not had:
