@@ -34,8 +34,10 @@ def ssh_sim(tmp_path, monkeypatch):
 def test_up_and_down_over_ssh(ssh_sim, capsys) -> None:
     inv = ssh_sim.inventory()
     assert {n.transport for n in inv.nodes.values()} == {"ssh"}
+    # the transport, not the links (test_fabric_sim's): under load the fabric probe's 48 KB round trips can fail
+    # a healthy veth (seen once here with a real dockerd per node) and stop up before the launch
     code = main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models,count100", "--poll", "0.2",
-                 "--probe-seconds", "1", "--json"])
+                 "--probe-seconds", "1", "--no-fabric-probe", "--json"])
     events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     result = next(e for e in events if e["event"] == "result")
     assert code == 0, result

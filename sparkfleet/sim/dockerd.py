@@ -1,5 +1,6 @@
-"""A lab node's own Docker daemon, from the controller's side: wait for it, give it the lab's images, stop it,
-and remove what it leaves on this machine (its containers' cgroups).
+"""A lab node's own Docker daemon, from the controller's side: wait for it, give it the lab's images, stop and
+start it (the docker-down fault), and remove what it leaves on this machine (its containers' cgroups). `sim down`
+does not stop it: ending the node ends its daemon and containers (lab.down).
 
 The daemon itself runs inside the node (its init starts it: shim/node.py dockerd_argv), so its data-root,
 exec-root and socket are in the node's tree, `--network host` is the node's namespace and `-v /nvme/...`
@@ -77,15 +78,6 @@ def _pid(node_dir: Path) -> int | None:
         return None
 
 
-def stop(node_dir: Path) -> None:
-    """Remove every container on the node, then stop its dockerd (and with it containerd), bounded."""
-    if node.running_pid(node_dir) is None or _pid(node_dir) is None:
-        return
-    node.run_in(node_dir, ["/bin/sh", "-c", "ids=$(docker ps -aq); [ -z \"$ids\" ] || docker rm -f $ids"],
-                timeout_s=STOP_TIMEOUT_S)
-    stop_daemon(node_dir)
-
-
 def start_daemon(node_dir: Path, name: str) -> None:
     """Start the node's dockerd again (as its init does) and wait until it answers."""
     from sparkfleet.sim import shim
@@ -136,14 +128,19 @@ def cgroup_dirs(parent: str) -> list[Path]:
     return out
 
 
-def remove_cgroups(parent: str) -> list[Path]:
+def remove_cgroups(parent: str, wait_s: float = 2.0) -> list[Path]:
     """rmdir the node's parent cgroup and any container cgroups left under it (a cgroup dir goes with
-    rmdir once no process is in it; its files are the kernel's)."""
-    gone = []
-    for top in cgroup_dirs(parent):
-        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
-            with contextlib.suppress(OSError):
-                os.rmdir(dirpath)
-        if not top.exists():
-            gone.append(top)
-    return gone
+    rmdir once no process is in it; its files are the kernel's). A process the kernel is still ending keeps
+    its cgroup busy: tried again for up to `wait_s`."""
+    gone: list[Path] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        for top in cgroup_dirs(parent):
+            for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
+                with contextlib.suppress(OSError):
+                    os.rmdir(dirpath)
+            if not top.exists():
+                gone.append(top)
+        if not cgroup_dirs(parent) or time.monotonic() > deadline:
+            return gone
+        time.sleep(0.05)

@@ -740,6 +740,23 @@ def _remove(root: Path, docker: dict, c: dict) -> None:
         (root / STATE / "logs" / f"{c['Id']}.log").unlink()
 
 
+def since_time(value: str) -> float:
+    """docker's --since (and --until) value as a Unix time: a duration before now (`10m`, `1h30m`, `45s`,
+    Go's units), an RFC 3339 time (`2026-12-05T00:10:00Z`, with fraction or offset) or Unix seconds."""
+    if re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+", value):
+        units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+        return time.time() - sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)",
+                                                                             value))
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        return float(value)
+    try:
+        t = _dt.datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", value).replace("Z", "+00:00"))
+    except ValueError:
+        raise ShimError(f'Error response from daemon: invalid value for "since": failed to parse value as time '
+                        f'or duration: "{value}"', 1) from None
+    return (t if t.tzinfo else t.replace(tzinfo=_dt.UTC)).timestamp()
+
+
 def docker_logs(argv: list[str], root: Path) -> int:
     opts, pos = _opts(argv, {"-n", "--tail", "--since", "--until"},
                       {"-f", "--follow", "-t", "--timestamps", "--details"})
@@ -756,6 +773,11 @@ def docker_logs(argv: list[str], root: Path) -> int:
     tail = _get(opts, "-n", "--tail")
     lines = text.split("\n")
     lines = [x + "\n" for x in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    since = _get(opts, "--since")
+    if since and log.is_file() and since_time(since[-1]) > log.stat().st_mtime:
+        # the shim keeps no time per line (docker's json-file log does): a line counts as written when the
+        # log last changed, so a --since after that shows none and one before it shows every line
+        lines = []
     if tail and tail[-1] != "all":
         lines = lines[-int(tail[-1]):] if int(tail[-1]) else []
     sys.stdout.write("".join(lines))

@@ -92,6 +92,16 @@ def engine_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[st
     return engine_standin_argv(root, container, cfg, faults)
 
 
+def python_argv(container: dict) -> list[str] | None:
+    """A container whose program is the image's python3 (`--entrypoint python3 IMAGE -c ...`: a hand-run
+    container, the docker contract test's): the node's python3 runs it, as the lab image's python3 runs it in
+    a real daemon's container (sim/container.py). None for any other program (nothing runs, as before)."""
+    words = [*(container["Config"].get("Entrypoint") or []), *(container["Config"].get("Cmd") or [])]
+    if words[:1] != ["python3"]:
+        return None
+    return ["/usr/bin/python3", *words[1:]]
+
+
 def engine_standin_argv(root: Path, container: dict, cfg: dict, faults: dict) -> list[str] | None:
     """The stand-in command for a container's command line, whoever launched it (a real container runs
     what its image holds: sim/container.py)."""
@@ -412,7 +422,7 @@ def start_engine(root: Path, container: dict, rank_faults: list[str] | None = No
     if not cfg_path.is_file():
         return
     cfg = json.loads(cfg_path.read_text())
-    argv = engine_argv(root, container, cfg, load(root, "faults.json")["faults"])
+    argv = engine_argv(root, container, cfg, load(root, "faults.json")["faults"]) or python_argv(container)
     if argv is None:
         return
     if "sparkfleet.simengine" in argv:
