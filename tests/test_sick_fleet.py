@@ -109,6 +109,15 @@ def test_down_with_a_node_unreachable_stops_the_others_and_names_the_rank_that_m
     assert run_id  # the up's record names the run the rank belonged to
 
 
+def test_the_blackhole_fault_is_refused_on_nodes_without_their_own_network(sim, capsys) -> None:
+    """A node sharing this machine's network has no management link of its own to drop packets on
+    (tests/test_sick_fleet_blackhole.py runs it in ssh mode)."""
+    assert main(["sim", "fault", "bluey", "blackhole"]) == 2
+    assert "blackhole needs nodes with their own network: `sparkfleet sim up --transport ssh` as root" in \
+        capsys.readouterr().err
+    assert sim.faults("bluey") == {}
+
+
 def record_of_down(events: list[dict]) -> dict:
     from tests.cli_run import record_of
 
