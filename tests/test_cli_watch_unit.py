@@ -95,7 +95,7 @@ def test_the_unit_names_the_inventory_wherever_it_came_from(how: str, tmp_path: 
                           "--inventory", str(tmp_path / "fleet" / "mine.yaml"), "--root", str(REPO)]
     assert s["User"] == [ME.pw_name] and s["WorkingDirectory"] == [str(REPO)]
     assert [systemd_words(e) for e in s["Environment"]] == [[f"SPARKFLEET_STATE={tmp_path / 'state'}"]]
-    assert s["Restart"] == ["on-failure"] and s["RestartPreventExitStatus"] == ["1 2 75 130"]
+    assert s["Restart"] == ["on-failure"] and s["RestartPreventExitStatus"] == ["1 2 75 130 143"]
     assert s["StartLimitBurst"] == ["3"] and s["StartLimitIntervalSec"] == ["1800"]
 
 

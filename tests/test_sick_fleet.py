@@ -58,11 +58,71 @@ def test_a_fixed_gid_that_is_not_the_nodes_roce_v2_entry_fails_check_and_up_befo
     assert states(sim) == {n: [] for n in LAB_NODES}  # nothing was started
 
 
+TF_GID_FAIL = ("rank 1: GID_INDEX=3 on HCA rocep1s0f0,roceP2p1s0f0 is not this node's RoCE v2 IPv4 entry for "
+               "192.168.192.12; the right index is 5")
+
+
+def test_tensorfolds_fixed_gid_index_that_is_not_the_nodes_roce_v2_entry_fails_check_and_up(sim, capsys,
+                                                                                             tmp_path) -> None:
+    """TensorFold's GID_INDEX (its config.env) carries the inventory's index: fixed at seed 002's 3 on asusi,
+    whose entry the fault moved to 5, `check` and `up` of tf1017 fail before anything starts, naming it."""
+    import yaml
+
+    from tests.conftest import tensorfold_built
+
+    tensorfold_built("tf1017")
+    capsys.readouterr()
+    data = yaml.safe_load(sim.inventory_path.read_text())
+    data["nodes"]["asusi"]["rdma"]["gid_index"] = 3
+    inventory = tmp_path / "sim.yaml"  # the lab's inventory (same name), asusi's index fixed
+    inventory.write_text(yaml.safe_dump(data))
+    sim.fault("asusi", "wrong-gid")
+    tf = ["--profile", "tf1017", "--inventory", str(inventory)]
+    code = main(["check", *tf, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    bad = [(f["node"], f["message"]) for f in doc["findings"] if f["check"] == "rdma" and f["status"] != "ok"]
+    assert [n for n, _ in bad] == ["asusi", "asusi"]
+    assert bad[0][1].startswith("gid_index 3 is not this node's RoCE v2 IPv4 entry; the right index is 5")
+    assert bad[1][1] == TF_GID_FAIL
+    f = next(f for f in doc["findings"] if f["message"] == TF_GID_FAIL)
+    assert (f["status"], f["expected"]) == ("fail", "GID_INDEX=5")
+
+    code, events = run(capsys, "up", *tf, "--gates", "models", "--poll", "0.2", "--no-probe")
+    assert code == 1
+    assert result(events)["reason"].startswith("check: ")
+    done = [e["step"] for e in events if e["event"] == "step" and e["status"] != "start"]
+    assert done[-1] == "check" and not any(s.startswith("launch") for s in done)
+    fails = [(f["node"], f["message"]) for e in events if e["event"] == "findings" and e["step"] == "check"
+             for f in e["findings"] if f["status"] == "fail" and f["check"] == "rdma"]
+    assert fails == bad
+    assert lane_states(sim, "tf1017") == {n: [] for n in LAB_NODES}  # nothing was started
+
+
 def test_auto_resolves_and_up_serves_with_the_moved_entry_when_no_fixed_index_is_given(sim, capsys) -> None:
     sim.fault("asusi", "wrong-gid")
     code, events = run(capsys, "up", *LANE, *FAST, "-o", "env.NCCL_IB_GID_INDEX=!unset")
     assert code == 0, result(events)
     assert step(events, "check")["status"] in ("ok", "warn")
+
+
+def test_up_warns_of_a_slow_state_gpu_through_its_probe_step_and_serves(sim, capsys) -> None:
+    """FM-10 through `up`: reddie's steps after an idle pause are slower than back to back (the seeds' 94 ms
+    against 63). `up`'s probe step (the clock probe under load) warns naming reddie and the ratio; slow state
+    is a warning in the seeds (not a refusal), so the lane starts and serves, the warning in its record."""
+    sim.fault("reddie", "slow-state")
+    code, events = run(capsys, "up", *LANE, "--gates", "models", "--poll", "0.2", "--probe-seconds", "1",
+                       "--no-fabric-probe")
+    assert code == 0, result(events)
+    assert step(events, "probe")["status"] == "warn"
+    warned = [(f["node"], f["check"], f["status"], f["message"]) for e in events
+              if e["event"] == "findings" and e["step"] == "probe" for f in e["findings"] if f["status"] != "ok"]
+    assert warned == [("reddie", "slow-state", "warn", "slow state: steps after idle are 1.492x slower than back "
+                       "to back")]
+    rec = record_of_down(events)
+    probe = next(s for s in rec["steps"] if s["step"] == "probe")
+    assert [(f["node"], f["check"]) for f in probe["findings"] if f["status"] == "warn"] == [("reddie", "slow-state")]
+    assert states(sim) == {n: ["running"] for n in LAB_NODES}
 
 
 # -- one node gone: stop what can be reached -------------------------------------------------------------
@@ -107,6 +167,15 @@ def test_down_with_a_node_unreachable_stops_the_others_and_names_the_rank_that_m
     assert step(events, "stop")["summary"] == "removed 1 container(s) on bluey"
     assert states(sim) == {n: [] for n in LAB_NODES}
     assert run_id  # the up's record names the run the rank belonged to
+
+
+def test_the_blackhole_fault_is_refused_on_nodes_without_their_own_network(sim, capsys) -> None:
+    """A node sharing this machine's network has no management link of its own to drop packets on
+    (tests/test_sick_fleet_blackhole.py runs it in ssh mode)."""
+    assert main(["sim", "fault", "bluey", "blackhole"]) == 2
+    assert "blackhole needs nodes with their own network: `sparkfleet sim up --transport ssh` as root" in \
+        capsys.readouterr().err
+    assert sim.faults("bluey") == {}
 
 
 def record_of_down(events: list[dict]) -> dict:

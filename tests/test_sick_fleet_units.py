@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+
+import pytest
+
 from sparkfleet.cli.main import main
 from sparkfleet.engines.logs import LogFacts, feed
 from sparkfleet.engines.vllm import LOG
@@ -82,3 +86,68 @@ def test_a_rank_is_lost_to_a_reboot_when_its_node_booted_after_it_started() -> N
     assert rebooted_under("bluey", node, rank("running", "2026-11-30T00:50:00Z"), "dcp2", 2) == {}
     assert rebooted_under("bluey", node.model_copy(update={"uptime_s": None}),
                           rank("exited", "2026-11-30T00:50:00Z"), "dcp2", 2) == {}
+
+
+# -- a node that only times out costs one run one connect timeout ---------------------------------------------
+
+def _silent_port() -> tuple[socket.socket, list[socket.socket], int]:
+    """A TCP port on this machine that answers no new connection, as a blackholed host does: a listener with
+    a backlog of 0 and its one queued connection never accepted, so Linux drops every later SYN unanswered
+    (no RST: the connect only times out)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fill = []
+    for _ in range(2):  # Linux queues backlog + 1
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+        fill.append(c)
+    return srv, fill, port
+
+
+@pytest.mark.parametrize("wait_once, attempts", [(True, 1), (False, 2)])
+def test_a_run_transport_waits_for_a_silent_node_once_and_says_so_after(monkeypatch, tmp_path, wait_once: bool,
+                                                                        attempts: int) -> None:
+    from sparkfleet.fleet.ssh import SshTransport
+    from sparkfleet.schema.inventory import Node, Ssh, Storage
+
+    srv, fill, port = _silent_port()
+    opened = []
+    real = SshTransport._open
+    monkeypatch.setattr(SshTransport, "_open", lambda self, node: (opened.append(node.name), real(self, node))[1])
+    node = Node(name="bluey", ssh=Ssh(host="127.0.0.1", port=port, user="ops"), hardware="gb10", transport="ssh",
+                storage=Storage(model_root="/m", cache_dir="/c"))
+    try:
+        with SshTransport(tmp_path / "known_hosts", connect_timeout_s=0.5, wait_once=wait_once) as t:
+            first = t.run([node], "true")["bluey"]
+            second = t.run([node], "true")["bluey"]
+    finally:
+        for s in (srv, *fill):
+            s.close()
+    assert (first.error, first.message) == ("unreachable", f"bluey: no answer from ops@127.0.0.1:{port} within 0.5s "
+                                            "(node down, link down or firewalled); check the node and its network")
+    assert opened == ["bluey"] * attempts
+    assert second.error == "unreachable"
+    assert second.message == first.message + (" (earlier in this run: not waited for again)" if wait_once else "")
+
+
+def test_a_refused_node_is_asked_again_by_a_run_transport(tmp_path, monkeypatch) -> None:
+    """Only a timeout is remembered: a refusal costs nothing to ask again (the node may be back)."""
+    from sparkfleet.fleet.ssh import SshTransport
+    from sparkfleet.schema.inventory import Node, Ssh, Storage
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there: connection refused
+    opened = []
+    real = SshTransport._open
+    monkeypatch.setattr(SshTransport, "_open", lambda self, node: (opened.append(node.name), real(self, node))[1])
+    node = Node(name="bluey", ssh=Ssh(host="127.0.0.1", port=port, user="ops"), hardware="gb10", transport="ssh",
+                storage=Storage(model_root="/m", cache_dir="/c"))
+    with SshTransport(tmp_path / "known_hosts", connect_timeout_s=5, wait_once=True) as t:
+        got = [t.run([node], "true")["bluey"].message for _ in range(2)]
+    assert got == [f"bluey: connection refused by ops@127.0.0.1:{port}; is sshd running on the node?"] * 2
+    assert opened == ["bluey", "bluey"]

@@ -176,7 +176,7 @@ def test_unit_quotes_for_systemd_and_verifies(tmp_path: Path) -> None:
                        {"SPARKFLEET_STATE": "/var/lib/sparkfleet"}, 960, REPO / "docs" / "watch.md", "LANE_KEY")
     lines = text.splitlines()
     assert 'ExecStart=/bin/true watch --profile dcp2 --root "/a b"' in lines
-    assert "Restart=on-failure" in lines and "RestartPreventExitStatus=1 2 75 130" in lines
+    assert "Restart=on-failure" in lines and "RestartPreventExitStatus=1 2 75 130 143" in lines
     assert "TimeoutStopSec=960" in lines and "KillMode=mixed" in lines
     assert 'Environment="SPARKFLEET_STATE=/var/lib/sparkfleet"' in lines
     assert any("$LANE_KEY" in x and x.startswith("#") for x in lines)

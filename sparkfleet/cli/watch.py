@@ -38,7 +38,8 @@ examples:
   sparkfleet watch --profile dcp2 --unit | sudo tee /etc/systemd/system/sparkfleet-watch-dcp2.service
 
 exit codes: 0 stood down (an operator ran up/down/restore of the lane) or ended by SIGTERM/Ctrl-C;
-1 the lane was left stopped (restart budget spent, or a restart's preflight failed); 2 bad input.
+1 the lane was left stopped (restart budget spent, or a restart's preflight failed); 2 bad input;
+130/143 a group stop or restart interrupted by a second Ctrl-C/SIGTERM (every rank of that launch stopped).
 SIGTERM/Ctrl-C between actions ends watch at once and leaves the lane as it is; during a group
 stop or restart watch finishes it first (a second signal interrupts it, stopping that launch).
 """

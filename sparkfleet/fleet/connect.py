@@ -18,9 +18,10 @@ from sparkfleet.schema.inventory import Node
 class MixedTransport:
     """Dispatches each node to the transport its `transport:` field names; both halves run at once."""
 
-    def __init__(self, known_hosts: Path | None = None, *, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, known_hosts: Path | None = None, *, connect_timeout_s: float = 10.0,
+                 wait_once: bool = False) -> None:
         self.parts: dict[str, Transport] = {
-            "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s),
+            "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once),
             "local": LocalTransport(),
         }
 
@@ -60,17 +61,18 @@ class MixedTransport:
 
 
 def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
-                  connect_timeout_s: float = 10.0) -> Transport:
+                  connect_timeout_s: float = 10.0, wait_once: bool = False) -> Transport:
     """The transport for these nodes: SshTransport, LocalTransport, or a MixedTransport when they mix.
 
-    `known_hosts` defaults to sparkfleet's own (state_dir()/known_hosts).
+    `known_hosts` defaults to sparkfleet's own (state_dir()/known_hosts). `wait_once`: an SSH node whose
+    connect timed out is not waited for again by this transport (SshTransport; one run's transport).
     """
     kinds = {n.transport for n in nodes}
     if kinds == {"local"}:
         return LocalTransport()
     if kinds == {"ssh"}:
-        return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s)
-    return MixedTransport(known_hosts, connect_timeout_s=connect_timeout_s)
+        return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)
+    return MixedTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)
 
 
 @contextmanager

@@ -91,9 +91,14 @@ class SshTransport:
     """Run commands and copy files over SSH with strict host-key checking; see the module docstring."""
 
     def __init__(self, known_hosts: Path | str | None = None, *, connect_timeout_s: float = 10.0,
-                 put_timeout_s: float = 120.0, max_parallel: int = 64) -> None:
+                 put_timeout_s: float = 120.0, max_parallel: int = 64, wait_once: bool = False) -> None:
         self.known_hosts = Path(known_hosts) if known_hosts is not None else default_known_hosts()
         self.connect_timeout_s = connect_timeout_s
+        # wait_once: a node whose connect timed out (nothing came back: a blackhole, not a refusal) is not
+        # waited for again by this transport; its later calls fail at once with that answer. For one run
+        # (runner/run.py), so each of its steps does not pay the connect timeout again for the same node.
+        self.wait_once = wait_once
+        self._silent: dict[str, Result] = {}
         self.put_timeout_s = put_timeout_s
         self.max_parallel = max_parallel
         self._conns: dict[str, tuple[tuple, Connection]] = {}
@@ -154,10 +159,19 @@ class SshTransport:
     # -- per node ----------------------------------------------------------------------
     def _each(self, nodes: list[Node], work) -> dict[str, Result]:
         def one(node: Node) -> Result:
+            with self._guard:
+                silent = self._silent.get(node.name)
+            if silent is not None:
+                return silent
             try:
                 conn = self._connection(node)
             except Exception as exc:  # noqa: BLE001 - every failure becomes this node's Result
                 result = connect_failure(node, exc, self.known_hosts, self.connect_timeout_s)
+                if self.wait_once and isinstance(exc, TimeoutError):
+                    with self._guard:
+                        self._silent[node.name] = Result(
+                            node.name, False, error=result.error, extra=result.extra,
+                            message=f"{result.message} (earlier in this run: not waited for again)")
             else:
                 try:
                     result = work(conn, node)

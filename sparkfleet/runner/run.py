@@ -87,8 +87,10 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
         return record
     with _signals(), FleetLock(state / "locks" / f"{inventory.name}.lock", command):
         # --dry-run opens no connection at all: a transport that refuses any use (--dry-run=facts reads)
+        # a node that only times out (a blackhole) costs the run one connect timeout, not one per step
         transport = NoConnection() if options.dry_run and not options.dry_reads else transport_for(
-            [r.node for r in plan.ranks] + list(slurm_places(inventory).values()))  # + the Slurm controller
+            [r.node for r in plan.ranks] + list(slurm_places(inventory).values()),  # + the Slurm controller
+            wait_once=True)
         ctx = RunContext(spec, loaded, inventory, playbook, plan, transport, record, events, options, state)
         lock = NodeLock(ctx)
         try:

@@ -770,6 +770,50 @@ ENGINE_FAULTS = ENGINE_FAULTS | {"silent-tune", "boot-stall", "bimodal"}
 APPLY.update({"silent-tune": _silent_tune, "boot-stall": _nothing, "bimodal": _nothing})
 
 
+# -- blackhole: a node that only times out (issue 26's second kind of unreachable) ---------------------------
+
+BLACKHOLE_IFACE = "mgmt0"  # the node's management link (netlab.create): its sshd's address
+BLACKHOLE_RULES = (("INPUT", "-i"), ("OUTPUT", "-o"))  # what arrives on the link, and what leaves by it
+
+
+def _blackhole(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    _own_net(root, "blackhole")
+    if shutil.which("iptables") is None:
+        raise UserError("blackhole drops packets with iptables in the node's network namespace: install it "
+                        "(apt-get install iptables)")
+    return {"iface": BLACKHOLE_IFACE}
+
+
+def _drop_on(t: Target, params: dict[str, Any]) -> None:
+    """Every packet on the node's management link dropped, both ways, inside the node's namespace: a SYN to
+    its sshd gets no answer at all (no RST, no ICMP, as `unreachable`'s stopped sshd gives), so a connect
+    only times out; an open connection hangs. (`ip route blackhole` fails local senders at once instead.)"""
+    added = []
+    try:
+        for chain, way in BLACKHOLE_RULES:
+            _netns_run(t, "iptables", "-w", "-A", chain, way, params["iface"], "-j", "DROP")
+            added.append((chain, way))
+    except UserError:
+        for chain, way in added:  # nothing of a fault that did not take is left
+            _netns_run(t, "iptables", "-w", "-D", chain, way, params["iface"], "-j", "DROP")
+        _drop_fault(t, "blackhole")
+        raise
+
+
+def _drop_off(t: Target, params: dict[str, Any]) -> None:
+    for chain, way in BLACKHOLE_RULES:
+        _netns_run(t, "iptables", "-w", "-D", chain, way, params["iface"], "-j", "DROP")
+
+
+KINDS["blackhole"] = Kind(
+    "blackhole", f"every packet on the node's management link ({BLACKHOLE_IFACE}) is dropped both ways (iptables "
+    "DROP in the node's namespace; ssh mode as root): a connect to its sshd gets no answer and only times out "
+    "(FM-25, a node lost without a refusal)")
+APPLY["blackhole"] = _blackhole
+ACT["blackhole"] = _drop_on
+UNACT["blackhole"] = _drop_off
+
+
 # -- clock-skew (FM-40's Station clock): the node's own wall clock is off -------------------------------------
 
 CLOCK_SKEW_S = -300.0  # sim input: the default skew, 5 minutes behind (the seeds give no figure)

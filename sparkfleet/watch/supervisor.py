@@ -15,7 +15,11 @@ once a rank vanished or exited watch asks Slurm how the job of the run it looks 
 Signals (SIGTERM, SIGINT/Ctrl-C): between actions watch exits at once and leaves the lane as it is.
 In the middle of a group stop or restart it finishes what it began (the runner's playbook runs to its
 end: serving, or every rank of that launch stopped), then exits; a second signal interrupts the
-playbook the way Ctrl-C interrupts `up` (every rank of that launch is stopped).
+playbook the way that signal interrupts `up` (every rank of that launch is stopped; exit 130 or 143).
+Why not stop at once: stopping the supervisor (`systemctl stop`, a controller shutdown) must not take the lane
+down. Between actions a signal leaves the lane serving; a restart cut short would leave it stopped, an outage
+that only the moment of the signal decided. Finishing leaves it as a signal at any other moment would: serving
+(or, if the restart fails, stopped with nothing of that launch left running).
 """
 
 from __future__ import annotations
@@ -56,9 +60,15 @@ PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram
 
 @dataclass(frozen=True)
 class Outcome:
-    code: int  # 0: stood down or stopped by a signal; 1: lane left stopped (budget, preflight); 130: interrupted
+    code: int  # 0: stood down or stopped by a signal; 1: lane left stopped (budget, preflight); 130/143: a
+    # restart interrupted by a second SIGINT/SIGTERM
     state: str
     why: str
+
+
+def interrupted_code(rec: Record) -> int:
+    """The exit code of a restart that a second signal interrupted: 143 for SIGTERM, 130 for SIGINT (as `up`)."""
+    return 143 if rec.data.get("interrupted_by") == "SIGTERM" else 130
 
 
 class StandDown(Exception):
@@ -132,7 +142,11 @@ class Watcher:
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
         if self.signalled and self.acting:
-            raise KeyboardInterrupt  # a second signal mid-restart: interrupt the playbook as Ctrl-C does
+            # a second signal mid-restart interrupts the playbook as the same signal interrupts `up`: every rank
+            # of that launch stopped, the locks given back, exit 130 (SIGINT) or 143 (SIGTERM)
+            from sparkfleet.runner.run import Terminated
+
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
         self.signalled = name
         self.wake.set()
 
@@ -428,7 +442,7 @@ class Watcher:
         if rec.outcome == "interrupted":
             self.write(incident, "interrupted", rec.reason)
             self.set_state("ended", rec.reason)
-            return Outcome(130, "ended", rec.reason)
+            return Outcome(interrupted_code(rec), "ended", rec.reason)
         failed_step = next((s["step"] for s in rec.steps if s["status"] == "fail"), "")
         if failed_step.split(":")[0] in PREFLIGHT or rec.outcome == "refused":
             why = f"the restart's preflight failed ({rec.reason}); nothing was started"
@@ -479,7 +493,7 @@ class Watcher:
                  f"{rec.run_id}): {why}", run_id=rec.run_id)
         if rec.outcome == "interrupted":
             self.write(incident, "interrupted", rec.reason)
-            return Outcome(130, "ended", rec.reason)
+            return Outcome(interrupted_code(rec), "ended", rec.reason)
         return None
 
     def leave_stopped(self, incident: Record, why: str) -> Outcome:
