@@ -282,14 +282,16 @@ class Events:
 
 
 def fake_ctx(url: str, stop_on_gate_failure: bool):
-    """The parts of a RunContext the gates step uses: endpoint, profile, options, record, events, plan, head."""
+    """The parts of a RunContext the gates step uses: endpoint, profile, options, record, events, plan, head,
+    the executor (the soak's memory sampler's; the gates these tests run do not sample),
+    and whether the lane was only shown (a real run's: it was started)."""
     from types import SimpleNamespace
 
     from sparkfleet.runner.record import Record
 
     head = SimpleNamespace(name="reddie")
     return SimpleNamespace(
-        endpoint=lambda: url, profile=lane(), head=head, transport=None, events=Events(),
+        endpoint=lambda: url, profile=lane(), head=head, executor=None, events=Events(), lane_shown_only=False,
         options=SimpleNamespace(dry_run=False, stop_on_gate_failure=stop_on_gate_failure), started=[],
         record=Record("run-1", "up", "sim-lane", "sim", "sparkfleet up"),
         plan=SimpleNamespace(ranks=[SimpleNamespace(node=head, role="head", rank=0)]))
