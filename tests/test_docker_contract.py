@@ -31,9 +31,11 @@ IMAGE = "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2"  # a lab image on e
 NODE = "asusi"
 LABELS = "--label sparkfleet.profile=contract --label sparkfleet.rank=0 --label sparkfleet.run=r1"
 SLEEPER = f"--entrypoint python3 {IMAGE} -c 'import time; time.sleep(600)'"
-# a container of the lane that writes three lines (one an Engram boot line), then waits
-TALKER = (f"--entrypoint python3 {IMAGE} -u -c 'import sys, time; print(\"one\"); "
-          f"print(\"Engram DISK mode: layer 1 rows 0:1024\"); print(\"three\", file=sys.stderr, flush=True); "
+# a container of the lane that writes three lines (one an Engram boot line), then waits; all on stdout:
+# dockerd copies stdout and stderr on their own and keeps no order across them (CI's daemon logged a last
+# stderr line first), so lines split over both would make the order, and `seen` counts, a race
+TALKER = (f"--entrypoint python3 {IMAGE} -u -c 'import time; print(\"one\"); "
+          f"print(\"Engram DISK mode: layer 1 rows 0:1024\"); print(\"three\", flush=True); "
           "time.sleep(600)'")
 TALKED = "for i in $(seq 150); do docker logs sf-contract-r1 2>&1 | grep -q three && exit 0; sleep 0.1; done; exit 1"
 
