@@ -91,7 +91,7 @@ def engram_copies(sim, profile: str = "dcp2", root: Path = REPO) -> None:
                 root=str(node_root))
 
 
-def sim_lab(tmp_path_factory):
+def sim_lab(tmp_path_factory, transport: str = "local"):
     """A simulated lab of the repo's `lab` inventory in a state dir of its own, for a module's tests; down after.
     dcp2's ranks hold their node-local Engram copies (engram_copies): dcp2 and its relatives expect them."""
     from sparkfleet.sim import lab
@@ -99,7 +99,7 @@ def sim_lab(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab")
+        s = lab.up("lab", transport=transport)
         try:
             engram_copies(s)
             yield s

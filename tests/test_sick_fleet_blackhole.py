@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from sparkfleet.sim import lab, netlab
+from sparkfleet.sim import netlab
 from tests.cli_run import LAB_NODES, findings, lane_states, result, step
-from tests.conftest import REPO, engram_copies
+from tests.conftest import REPO, sim_lab
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 LANE = ["--profile", "dcp2", "--inventory", "sim"]
@@ -32,15 +32,7 @@ def ssh_sim(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail("CI runs as root with openssh-server: the blackhole needs the lab's network namespaces")
         pytest.skip("the blackhole fault needs sshd and root (ssh mode's network namespaces)")
-    state = tmp_path_factory.mktemp("state")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab", transport="ssh")
-        try:
-            engram_copies(s)
-            yield s
-        finally:
-            lab.down()
+    yield from sim_lab(tmp_path_factory, transport="ssh")
 
 
 def sf(*argv: str, timeout_s: float) -> tuple[int, list[dict]]:
