@@ -7,6 +7,7 @@ the lab lock (`flock /tmp/sparkfleet-lab.lock ...`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -142,10 +143,14 @@ def test_stale_locks_are_taken_over_with_a_warning_a_live_one_refuses(sim, capsy
 
 
 @pytest.mark.nonroot  # also run as an unprivileged user by .ci/run
-def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_nothing_running(sim, tmp_path) -> None:
+@pytest.mark.parametrize("presses", ["once", "again and again"])
+def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_nothing_running(sim, tmp_path,
+                                                                                           presses) -> None:
     """Ctrl-C as a terminal sends it (SIGINT to the command's process group) while `up` holds every node's
     lock and waits for a head that boots slowly: exit 130, no lock file on any node, nothing it started
-    still running (no lane container running, every node's processes as they were before the up)."""
+    still running (no lane container running, every node's processes as they were before the up). An
+    operator who keeps pressing it (every 5 ms until `up` is gone: through the cleanup, the record, and the
+    interpreter's shutdown) gets the same: exit 130, no traceback, no signal death."""
     sim.fault("reddie", "slow-boot", factor=100)  # the head boots 100 times longer: up still waits when Ctrl-C comes
     before = node_processes(sim)
     log = tmp_path / "up.log"
@@ -168,8 +173,15 @@ def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_noth
         assert {n: [c["State"]["Status"] for c in cs] for n, cs in lane_containers(sim, "dcp2").items()} == {
             n: ["running"] for n in SPARKS}  # what this up started, before the Ctrl-C
         os.killpg(up.pid, signal.SIGINT)
+        if presses == "again and again":
+            deadline = time.monotonic() + 120
+            while up.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(ProcessLookupError):  # gone (a zombie still takes a signal)
+                    os.killpg(up.pid, signal.SIGINT)
+                time.sleep(0.005)
         code = up.wait(timeout=120)
         assert code == 130, (code, log.read_text()[-2000:])  # the code too: a signal death reads negative
+        assert "Traceback" not in log.read_text() and "Exception ignored" not in log.read_text(), log.read_text()
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)

@@ -262,5 +262,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def run() -> int:
+    """The process's entry (the `sparkfleet` script, `python -m sparkfleet.cli.main`): main(), then its exit
+    code stands. A Ctrl-C after main() has decided it (an operator pressing it again while `up` exits, or one
+    that reaches the process late) lands in the interpreter's shutdown, where Python has put SIGINT back to
+    the default: the process would die by the signal (-2, no message) instead of exiting 130 with its record
+    written. Nothing is left to interrupt by then, so SIGINT is ignored until the process is gone; SIGTERM
+    keeps its default, so a shutdown that hangs can still be ended. main() itself stays free of process-wide
+    settings: tests call it in-process."""
+    import signal
+
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
