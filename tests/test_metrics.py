@@ -24,11 +24,12 @@ from sparkfleet.engines.llamacpp import METRICS as LLAMA
 from sparkfleet.engines.vllm import METRICS as VLLM
 from sparkfleet.fleet.facts import Container, Docker, EarlyOom, Gpu, MemInfo, NodeFacts
 from sparkfleet.fleet.local import LocalTransport
+from sparkfleet.fleet.ops.docker import docker_time
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.metrics import dashboards as dash
 from sparkfleet.metrics import extras
 from sparkfleet.metrics import names as n
-from sparkfleet.metrics.collector import FleetCollector, FleetView, NodeState, docker_time, snapshot
+from sparkfleet.metrics.collector import FleetCollector, FleetView, NodeState, snapshot
 from sparkfleet.metrics.poller import Poller, load_lane
 from sparkfleet.metrics.provisioning import EngineTarget, scrape_config, write_all
 from sparkfleet.metrics.records import RunIndex

@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.engines.build import BuildStep, EngineBuild, stage_of
 from sparkfleet.fleet import ops
 from sparkfleet.fleet.facts import NodeFacts
@@ -239,3 +241,20 @@ def test_seeding_the_autotune_cache_answers_the_dirs_it_seeded(tmp_path: Path) -
     assert op.parse(Result("station", True, stdout="", exit_code=0)) == []  # printed nothing: nothing seeded
     assert op.parse(Result("station", False, stdout='{"source": null, "seeded": ["/x"]}', exit_code=1,
                            error="exit")) == []
+
+
+def test_when_each_rank_stopped_reads_as_times_not_text() -> None:
+    """dockerd prints FinishedAt with Go's RFC3339Nano, which drops trailing zeros: `.12Z` is earlier than
+    `.123456789Z` but sorts after it as text. The parse gives unix times that compare as times."""
+    out = ("0 exited 2026-12-05T03:15:05.12Z\n"
+           "1 exited 2026-12-05T03:15:05.123456789Z\n"
+           "2 running 0001-01-01T00:00:00Z\n")
+    rows = ops.Stopped("dcp2").parse(Result("n", True, out))
+    assert [(r["rank"], r["state"], r["finished_at"]) for r in rows] == [
+        ("0", "exited", "2026-12-05T03:15:05.12Z"), ("1", "exited", "2026-12-05T03:15:05.123456789Z"),
+        ("2", "running", "0001-01-01T00:00:00Z")]
+    assert rows[0]["finished_at"] > rows[1]["finished_at"]  # as text: the wrong order
+    assert rows[0]["finished_s"] < rows[1]["finished_s"]  # as times: rank 0 stopped first
+    assert rows[1]["finished_s"] - rows[0]["finished_s"] == pytest.approx(0.003456789, abs=1e-6)
+    assert ops.Stopped("dcp2").parse(Result("n", False, "", "Cannot connect to the Docker daemon", exit_code=1)) \
+        == "Cannot connect to the Docker daemon"

@@ -158,7 +158,7 @@ def test_memory_under_the_floor_stops_the_lane_head_first(lane) -> None:
                      r"line 2\.6 GB \+ 2\.6 GB margin)\)", failure["why"]), failure["why"]
     (incident,) = watch_records(w)
     stopped = incident["data"]["stopped"]  # docker's FinishedAt of every rank, read right after the stop
-    finished = {int(c["rank"]): c["finished_at"] for cs in stopped.values() for c in cs}
+    finished = {int(c["rank"]): c["finished_s"] for cs in stopped.values() for c in cs}  # as times, not text
     assert sorted(finished) == [0, 1, 2, 3]
     assert all(c["state"] == "exited" for cs in stopped.values() for c in cs)
     assert all(finished[0] < finished[r] for r in (1, 2, 3)), finished  # the head stopped first

@@ -127,7 +127,7 @@ def rebooted_under(node: str, f, c, profile: str, rank: int) -> dict:
     """A rank its node rebooted under (power lost, a watchdog reset: FM-25): not running, and started before the
     node's boot, both times the node's own (its uptime and clock from one facts run, docker's StartedAt). However it
     ended (dockerd marks a rank it finds dead at boot exited 255), the lane lost it. {} for any other container."""
-    from sparkfleet.metrics.collector import docker_time
+    from sparkfleet.fleet.ops.docker import docker_time
 
     booted, started = f.booted_at(), docker_time(c.started_at)
     if c.state == "running" or booted is None or started is None or started >= booted:

@@ -10,9 +10,7 @@ does not re-format hundreds of samples while the poller competes for the CPU.
 
 from __future__ import annotations
 
-import datetime as dt
 import posixpath
-import re
 import socket
 import threading
 from collections import Counter
@@ -30,6 +28,7 @@ from sparkfleet.engines.registry import engine_for
 from sparkfleet.engram.manifest import judge_rank
 from sparkfleet.engram.ranges import Harvest
 from sparkfleet.fleet.facts import Container, NodeFacts
+from sparkfleet.fleet.ops.docker import docker_time
 from sparkfleet.metrics import names as n
 from sparkfleet.metrics.records import RunSummary
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
@@ -106,19 +105,6 @@ def _counter(m: n.Metric) -> CounterMetricFamily:
 def groups_of(inv: Inventory, node: str) -> str:
     """The node's groups, comma-joined in inventory order (one label value even in several groups)."""
     return ",".join(g for g, members in inv.groups.items() if node in members)
-
-
-_DOCKER_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
-
-
-def docker_time(s: str | None) -> float | None:
-    """Docker's RFC 3339 time with nanoseconds (2026-11-29T20:08:17.123456789Z) as unix time."""
-    m = _DOCKER_TIME.match(s or "")
-    if not m:
-        return None
-    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
-    base = dt.datetime.fromisoformat(m.group(1) + tz)
-    return base.timestamp() + float("0." + (m.group(2) or "0"))
 
 
 def clock_state(hw_band: tuple[int, int], fraction: float, sm: int | None, top: int | None,

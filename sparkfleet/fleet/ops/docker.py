@@ -17,6 +17,7 @@ Output formats follow the real tools (the sim's shims answer in the same formats
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import shlex
@@ -28,6 +29,18 @@ from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL, RUN_LABEL
 
 NO_SUCH_CONTAINER = re.compile(r"No such (?:container|object): (\S+)")
+_DOCKER_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def docker_time(s: str | None) -> float | None:
+    """Docker's RFC 3339 time with nanoseconds (2026-11-29T20:08:17.123456789Z) as unix time. Go's
+    RFC3339Nano drops trailing zeros (.12Z, not .120000000Z), so two such strings do not sort as times."""
+    m = _DOCKER_TIME.match(s or "")
+    if not m:
+        return None
+    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
+    base = dt.datetime.fromisoformat(m.group(1) + tz)
+    return base.timestamp() + float("0." + (m.group(2) or "0"))
 LOG_TAIL = 60  # a rank's last log lines kept as evidence (a failed launch's record, watch, the bundle)
 
 
@@ -193,12 +206,14 @@ class Stopped(Op[list[dict] | str]):
         return f'ids=$({ids}) && if [ -n "$ids" ]; then docker inspect --format {fmt} $ids; fi'
 
     def parse(self, result: Result) -> list[dict] | str:
-        """[{rank, state, finished_at}] or why the node could not say."""
+        """[{rank, state, finished_at (docker's text), finished_s (unix time, to compare)}] or why the node
+        could not say."""
         if not result.ok:
             return result.message or result.stderr.strip() or f"exit {result.exit_code}"
         out = []
         for line in result.stdout.splitlines():
             parts = line.split()
             if len(parts) == 3:
-                out.append({"rank": parts[0], "state": parts[1], "finished_at": parts[2]})
+                out.append({"rank": parts[0], "state": parts[1], "finished_at": parts[2],
+                            "finished_s": docker_time(parts[2])})
         return out
