@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from sparkfleet.sim import llama
@@ -37,6 +38,12 @@ def mount_points() -> list[str]:
             if point != "/" and not point.startswith(("/proc", "/dev", "/sys")):
                 out.append(point)
     return out
+
+
+def _vanishing() -> bool:
+    """The node's rank-vanish fault is armed for this launch (sticky, or not yet acted on)."""
+    fault = load(ROOT, "faults.json")["faults"].get("rank-vanish")
+    return fault is not None and bool(fault.get("sticky") or not fault.get("acted"))
 
 
 def container_id() -> str:
@@ -73,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
             return gpu_load(ROOT, seconds)
         os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, *args])
     c = record(tool, args)
+    if _vanishing():
+        # rank-vanish armed on this node: the sim's watcher (shim/faults.py watch_vanish) removes this container
+        # as soon as dockerd says it started; until then the rank serves nothing, as the shim's vanished rank
+        # never runs at all (else a fast rpc-server could accept before the removal, and the launch pass)
+        while True:
+            time.sleep(3600)
     if tool in llama.TOOLS:  # llama.cpp's own server or RPC server, in this process (sim/llama.py)
         try:
             return llama.serve_record(ROOT, c)
