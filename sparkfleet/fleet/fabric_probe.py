@@ -9,6 +9,7 @@ fabric IPs, and the helper refuses any other peer; servers listen on the fabric 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ BULK_BYTES = 64 * 1024 * 1024
 RTT_COUNT = 20
 CONNECT_WAIT_S = 5.0
 CONFIRM_ROUNDS = 3  # how many more times a suspect link is measured (see probe_ops)
+CONFIRM_PAUSE_S = 0.5  # before the first re-measure, doubling before each next one (see probe_ops)
 
 
 @dataclass
@@ -165,7 +167,10 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
     measured again, alone, up to CONFIRM_ROUNDS times while it still looks off, keeping its best figures,
     so a moment of CPU contention on one node does not fail a healthy link while a slow link fails every
     time. On the lab's veths (two shared cores) one healthy link in a few dozen probes read 3x the others'
-    48 KB round trip, twice in a row (CI, 2026-12-02): a second look was not enough.
+    48 KB round trip, twice in a row (CI, 2026-12-02): a second look was not enough; and with three looks
+    back to back (within half a second) one read 2.4x four times (CI, 2026-12-05): what slowed it outlasted
+    them. So the looks are spread out (CONFIRM_PAUSE_S, doubling: 3.5 s in all, spent only while a link
+    looks off), and a slow link, slow whenever it is measured, still fails each time.
     """
     nodes, problems = endpoints(ranks)
     schedule = plan_links(nodes, port)
@@ -207,8 +212,10 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
                 x.rtt_median_s = {k: float(v) for k, v in (doc.get("rtt_median_s") or {}).items()}
                 x.a_to_b_bps, x.b_to_a_bps = doc.get("out_bps"), doc.get("in_bps")
                 x.error = doc.get("error")
-        for _ in range(CONFIRM_ROUNDS):  # each a new connection: a healthy link's bad moment does not last
+        for i in range(CONFIRM_ROUNDS):  # each a new connection: a healthy link's bad moment does not last
             suspects = [x for x in (confirm(run) if confirm and servers is not None else []) if x.error is None]
+            if suspects:
+                time.sleep(CONFIRM_PAUSE_S * 2 ** i)
             for batch in _disjoint(suspects):
                 again = yield from measure("fabric probe again: " + ", ".join(x.name for x in batch), batch)
                 for x, doc in (again or {}).values():
