@@ -8,6 +8,7 @@ against the configured rates is bench/fabric_probe.py's business (64 MB, as `up`
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import subprocess
@@ -120,6 +121,10 @@ def lab_inventory(lab, tmp_path: Path, monkeypatch) -> Path:
                     f"    rdma: {{hcas: [mlx5_0], fabric_iface: {lab.iface}}}\n"
                     "    storage: {model_root: /models, cache_dir: /cache}\n" for n in lab.names)
     inv.write_text(f"name: netns\nnodes:\n{nodes}groups:\n  sparks: [{', '.join(lab.names)}]\n")
+    # a module that binds transport_for by name when first imported would keep the lab's for the rest of the
+    # session (test_fabric_sim's `up`, next in the suite, failed on it): they are imported before the patch
+    for module in ("sparkfleet.runner.run", "sparkfleet.watch.supervisor"):
+        importlib.import_module(module)
     monkeypatch.setattr("sparkfleet.fleet.connect.transport_for", lambda ns: lab)
     return inv
 
