@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -379,6 +380,39 @@ def test_a_rank_dying_at_boot_fails_up_naming_it_and_leaves_no_job(slurm_lab, ca
         assert "sparkfleet: rank 1's container sf-dcp2-r1 ended with code" in out, out[-2000:]
     finally:
         slurm_lab.heal("asusi")
+
+
+def test_a_container_whose_task_died_before_its_trap_is_removed_by_up(slurm_lab, capsys) -> None:
+    """bluey's task is SIGKILLed while the lane boots (as slurmd kills a task whose trap outlives KillWait):
+    its trap never runs, so its container outlives the job that --kill-on-bad-exit ends. `up` fails and removes
+    what the job left itself: no container of the lane remains when it returns, with nothing waited for."""
+    slurm_lab.fault("reddie", "slow-boot", factor=100)  # the head boots slowly: up still waits when bluey dies
+    killed: list[str] = []
+
+    def kill_blueys_task() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            if any(c["State"]["Running"] for c in lane_containers(slurm_lab, "dcp2", ("bluey",))["bluey"]):
+                # the task's shells, then their children (`docker logs -f`, `docker wait`), as slurmd kills a step's
+                # processes; the shell first, so it cannot see its child go and run its trap. The task's argv is its
+                # script ([S]: not this command's own); srun's is not a bash
+                r = slurm_lab.exec("bluey", ["sh", "-c", "for p in $(pgrep -f [S]LURMD_NODENAME); do "
+                                             "[ \"$(cat /proc/$p/comm)\" = bash ] || continue; c=$(pgrep -P $p); "
+                                             "kill -9 $p && echo $p; kill -9 $c; done"])
+                killed.append(r.stdout.decode().strip() or f"none ({r.returncode}: {r.stderr.decode().strip()})")
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_blueys_task)
+    killer.start()
+    try:
+        code, events = run(capsys, *UP)
+    finally:
+        killer.join()
+        slurm_lab.heal("reddie")
+    assert killed and killed[0][:1].isdigit(), (killed, result(events))
+    assert code == 1 and result(events)["reason"].startswith("wait_ready: "), result(events)
+    assert _no_lane_container(slurm_lab), lane_containers(slurm_lab, "dcp2")
+    _bounded("the job ends", lambda: _jobs(slurm_lab) == [])
 
 
 def test_the_station_heading_the_sparks_runs_as_one_heterogeneous_job(slurm_lab, capsys) -> None:

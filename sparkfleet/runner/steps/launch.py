@@ -15,7 +15,7 @@ from sparkfleet.fleet import ops
 from sparkfleet.runner import progress, slurm_launch
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import StepGen, StepResult, query
-from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands
+from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands, stop_run
 from sparkfleet.runner.served import launch_records
 from sparkfleet.schema.playbook import Step
 
@@ -212,7 +212,15 @@ def _api_ready(http: httpx.Client, base: str, names: set[str]) -> tuple[bool, st
 
 def _fail_launch(ctx: RunContext, why: str, findings: list[Finding] | None = None) -> StepGen:
     ctx.events.emit("message", text=f"{why}: stopping every rank of this launch")
-    yield stop_launch_commands(ctx)
+    lost: dict[str, str] = {}
+    if ctx.inventory.launcher == "slurm":
+        # the job cancelled (when kill-on-bad-exit has not ended it) and whatever its tasks' traps left removed:
+        # slurmd SIGKILLs a task whose trap outlives KillWait, and its container would outlive the job
+        lost = yield from stop_run(ctx)
+    else:
+        yield stop_launch_commands(ctx)
     ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
     ctx.record.data["last_log_lines"] = {str(r): lines for r, lines in ctx.logs_tail.items()}
-    return StepResult("fail", why + "; every rank of this launch was stopped", findings or [])
+    but = (" but on " + ", ".join(f"{n} ({w})" for n, w in lost.items()) + ", which could not be asked: a rank "
+           "of this run may still run there") if lost else ""
+    return StepResult("fail", why + "; every rank of this launch was stopped" + but, findings or [])
