@@ -38,9 +38,6 @@ POLL_S = 0.5
 # A running job's containers appear once its tasks have run `docker run -d`; the head's only after every
 # worker accepts (the job's bounded wait, WORKER_WAIT_S), so allow that and the docker runs themselves.
 START_BOUND_S = WORKER_WAIT_S + 120
-# scancel sends SIGTERM, then SIGKILL after KillWait (Slurm's default 30 s); the tasks' traps remove the
-# containers in between. Past this the job is reported as not gone.
-CANCEL_BOUND_S = 90.0
 ENDED_BOUND_S = 30.0  # how long explain waits for a failing job to leave RUNNING (kill-on-bad-exit's cascade)
 RUNNING = ("RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT")
 OUTPUT_LINES = 40  # lines of the job's output kept in the record when it failed
@@ -262,7 +259,7 @@ def stop(ctx: RunContext, st: Step, containers: Callable[[RunContext, Step], Ste
         gone = yield from _cancel(ctx, ids)
         if gone:
             return StepResult("fail", f"Slurm job {', '.join(ids)} cancelled but still listed after "
-                              f"{CANCEL_BOUND_S:g} s ({gone}); its containers were not touched")
+                              f"{slurm.END_BOUND_S:g} s ({gone}); its containers were not touched")
     result = yield from containers(ctx, st)
     if res is None:
         return result
@@ -285,7 +282,7 @@ def _cancel(ctx: RunContext, ids: list[str]) -> StepGen:
     inv = ctx.inventory
     if (yield slurm.cancel(inv, ids)) is None:  # --dry-run (=facts too): shown, not cancelled, nothing to wait for
         return ""
-    end = time.time() + CANCEL_BOUND_S
+    end = time.time() + slurm.END_BOUND_S
     while True:
         res = yield slurm.lane_jobs(inv, naming.slurm_job_name(ctx.profile.name))
         r = res[slurm.CONTROLLER]

@@ -83,6 +83,9 @@ JOB_FIELDS = (("id", "%i"), ("name", "%j"), ("state", "%T"), ("reason", "%r"), (
 JOB_FORMAT = "|".join(code for _, code in JOB_FIELDS)
 ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
          "PREEMPTED", "TIMEOUT")  # squeue(1) "JOB STATE CODES" a job does not leave again
+# scancel sends SIGTERM, then SIGKILL after KillWait (Slurm's default 30 s); the tasks' traps remove the
+# containers in between. A job still not ended past this is reported as it stands (`down`, watch).
+END_BOUND_S = 90.0
 
 
 def lane_jobs(inv: Inventory, job_name: str | None, ended_too: bool = False) -> NodeCommands:

@@ -23,9 +23,6 @@ from sparkfleet.schema.inventory import Inventory
 from sparkfleet.slurm import ops as slurm
 from sparkfleet.slurm.job import run_comment
 
-# scancel's SIGTERM, KillWait (30 s by default) and the tasks' traps: a job still ending past this is
-# reported as it stands (runner/slurm_launch.py CANCEL_BOUND_S is the same bound for `down`)
-END_BOUND_S = 90.0
 POLL_S = 0.5
 
 
@@ -91,7 +88,7 @@ def _run_of(jobs: list[dict[str, str]], jid: str) -> str:
     return comment.partition("=")[2]
 
 
-def read_end(inv: Inventory, profile: str, run_ids: set[str], bound_s: float = END_BOUND_S,
+def read_end(inv: Inventory, profile: str, run_ids: set[str], bound_s: float = slurm.END_BOUND_S,
              poll_s: float = POLL_S) -> OpGen[JobEnd | None]:
     """The newest job of this lane carrying one of `run_ids`' labels, waited for (bounded) until Slurm says it
     ended, with scontrol's final state; None when Slurm lists no such job (or could not be asked)."""

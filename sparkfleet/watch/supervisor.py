@@ -332,7 +332,7 @@ class Watcher:
         """A rank of a Slurm lane vanished or exited, so its job ends (--kill-on-bad-exit; a task ends when its
         container does): True when the job of the run watch looks after ended by itself (kept in `job_end`);
         StandDown when scancel ended it (whatever containers are still being removed); False when Slurm
-        cannot say (no such job any more, or still not ended after END_BOUND_S)."""
+        cannot say (no such job any more, or still not ended after slurm/ops.py END_BOUND_S)."""
         from sparkfleet.slurm.ops import drive_here
 
         runs = self.known_runs | self.failed_restarts
