@@ -258,3 +258,20 @@ def test_when_each_rank_stopped_reads_as_times_not_text() -> None:
     assert rows[1]["finished_s"] - rows[0]["finished_s"] == pytest.approx(0.003456789, abs=1e-6)
     assert ops.Stopped("dcp2").parse(Result("n", False, "", "Cannot connect to the Docker daemon", exit_code=1)) \
         == "Cannot connect to the Docker daemon"
+
+
+def test_the_clock_probe_s_command_and_answer() -> None:
+    """up's probe step and `check --probe` run the same op: the sampler around the load, a change (it starts a
+    container), and the sampler's document or why there is none."""
+    from sparkfleet.checks import probe
+
+    op = ops.ClockProbe("sim-gpu-load 5")
+    assert op.command() == probe.probe_command("sim-gpu-load 5") and op.changes
+    assert ops.on("x", {"n": op}, op.timeout_s).timeout_s == probe.PROBE_MAX_S + 30
+    doc = {"probe": "sparkfleet-clock-probe", "samples": []}
+    assert op.parse(Result("n", True, "banner\n" + json.dumps(doc) + "\n")) == doc
+    assert op.parse(Result("n", True, "")) == {"error": "the probe printed no result"}
+    assert op.parse(Result("n", False, "", "python3: can't open file\n", exit_code=2)) == {
+        "error": "exit 2: python3: can't open file"}
+    assert op.parse(Result("n", False, "", "", error="timeout", message="n: timed out after 150 s")) == {
+        "error": "n: timed out after 150 s"}

@@ -168,24 +168,16 @@ def run_probes(ex: Any, nodes: list[Node], facts: dict[str, Any], profile: Profi
                inventory: Inventory, override: str | None) -> dict[str, dict[str, Any]]:
     """The clock probe on every answering node whose class has latch thresholds, all at once, through the
     executor (under --dry-run: each node's load shown, none run, nothing judged)."""
-    from sparkfleet.checks import clock, probe
+    from sparkfleet.checks import clock
+    from sparkfleet.fleet import ops
     from sparkfleet.fleet.facts import NodeFacts
-    from sparkfleet.fleet.op import NodeCommands
 
-    commands = {n.name: probe.probe_command(clock.load_for(n, facts[n.name], profile, override)) for n in nodes
-                if isinstance(facts.get(n.name), NodeFacts) and clock.judged(inventory.hardware(n))}
-    if not commands:
+    probes = {n.name: ops.ClockProbe(clock.load_for(n, facts[n.name], profile, override)) for n in nodes
+              if isinstance(facts.get(n.name), NodeFacts) and clock.judged(inventory.hardware(n))}
+    if not probes:
         return {}
-    results = ex.run(NodeCommands("load each rank's GPU and sample its clock", commands,
-                                  timeout_s=probe.PROBE_MAX_S + 30))
-    parsed: dict[str, dict[str, Any]] = {}
-    for name, r in (results or {}).items():
-        if r.ok:
-            parsed[name] = probe.parse_output(r.stdout)
-        else:
-            tail = (r.stderr or "").strip().splitlines()
-            parsed[name] = {"error": r.message or (tail[-1] if tail else f"exit {r.exit_code}")}
-    return parsed
+    results = ex.run(ops.on("load each rank's GPU and sample its clock", probes, ops.ClockProbe.timeout_s))
+    return {name: probes[name].parse(r) for name, r in (results or {}).items()}
 
 
 def run_fabric(ex: Any, plan: Plan, inventory: Inventory, args: argparse.Namespace

@@ -8,6 +8,7 @@ import from each other's modules, never from this package, so nothing loops.
 from sparkfleet.fleet.ops.autotune import SeedAutotune
 from sparkfleet.fleet.ops.base import REMEDIES, Done, NodeError, Op, classify, failures, on
 from sparkfleet.fleet.ops.build import BuildEngine, HashArtefact, InstallBuild, RankBuild, RemoveStage
+from sparkfleet.fleet.ops.clock import ClockProbe
 from sparkfleet.fleet.ops.docker import (
     LOG_TAIL,
     ContainerState,
@@ -31,10 +32,10 @@ from sparkfleet.fleet.ops.probe import FabricProbe
 from sparkfleet.fleet.ops.system import DropCaches, drop_caches
 
 __all__ = [
-    "AllReduceRank", "BuildEngine", "ContainerState", "CopyPatchFiles", "Done", "DropCaches", "EngramLines",
-    "FabricProbe", "Facts", "HashArtefact", "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild", "LOG_TAIL",
-    "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look", "NodeError",
-    "Op", "PatchState", "REMEDIES", "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage", "RunHelper",
-    "SeedAutotune", "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches", "failures",
-    "on",
+    "AllReduceRank", "BuildEngine", "ClockProbe", "ContainerState", "CopyPatchFiles", "Done", "DropCaches",
+    "EngramLines", "FabricProbe", "Facts", "HashArtefact", "HashPatchSet", "InlineHelper", "Inspect", "InstallBuild",
+    "LOG_TAIL", "LaneContainers", "LockAnswer", "LockRelease", "LockStuck", "LockTake", "LogTail", "Logs", "Look",
+    "NodeError", "Op", "PatchState", "REMEDIES", "Rail2Alias", "RankBuild", "ReadFile", "ReadyCheck", "RemoveStage",
+    "RunHelper", "SeedAutotune", "Seen", "ShipHelper", "StartRank", "Stop", "Stopped", "classify", "drop_caches",
+    "failures", "on",
 ]

@@ -79,19 +79,16 @@ def probe(ctx: RunContext, st: Step) -> StepGen:
         _replace_clock_findings(ctx, findings)
         return StepResult("skip", "clock probe skipped (--no-probe): clock latch and slow state not judged",
                           findings)
-    cmds = {n.name: clock_probe.probe_command(clock.load_for(n, _facts_of(ctx, n.name), ctx.profile,
-                                                             seconds=ctx.options.probe_seconds))
-            for n in judged}
-    results = yield NodeCommands("load each rank's GPU and sample its clock", cmds,
-                                 timeout_s=clock_probe.PROBE_MAX_S + 30)
+    probes = {n.name: ops.ClockProbe(clock.load_for(n, _facts_of(ctx, n.name), ctx.profile,
+                                                    seconds=ctx.options.probe_seconds)) for n in judged}
+    results = yield ops.on("load each rank's GPU and sample its clock", probes,
+                           ops.ClockProbe.timeout_s)
     if results is None:
-        return StepResult("ok", "would probe the GPU clock under load on " + ", ".join(cmds))
+        return StepResult("ok", "would probe the GPU clock under load on " + ", ".join(probes))
     findings: list[Finding] = []
     runs = {}
     for n in judged:
-        res = results[n.name]
-        run = clock_probe.parse_output(res.stdout) if res.ok else {
-            "error": (ops.classify(res) or ops.NodeError(n.name, "failed", "", "")).message}
+        run = probes[n.name].parse(results[n.name])
         runs[n.name] = run
         findings += clock.from_probe(n.name, ctx.inventory.hardware(n), run)
     ctx.record.data["probe"] = {name: clock_probe.verdict(run, **clock.thresholds(ctx.inventory.hardware(
