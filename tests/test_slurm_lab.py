@@ -4,8 +4,10 @@ refuses a lane Slurm cannot take before anything is submitted, `up` runs the lan
 `status` shows it, `down` cancels only that job and proves no container remains, a pending job is cancelled
 naming Slurm's reason, a rank killed while serving ends the job and its containers (and `watch` resubmits
 it, standing down when scancel ends it), a rank dying at boot
-fails `up` naming it, `--drain-on-fail` drains the node that fails preflight (and nothing without it), and
-the four-Spark llama.cpp lane runs as one job, and `sim down` leaves no process, file or namespace.
+fails `up` naming it, a container whose task died before its trap is removed by `up`, `restore` runs the
+saved lane as a new job, `--drain-on-fail` drains the node that fails preflight (and nothing without it),
+the four-Spark llama.cpp lane and the TensorFold lane each run as one job, and `sim down` leaves no process,
+file or namespace.
 
 SIMULATION: the sim engine stands in for vLLM inside the real containers. Needs root, slurm-wlm, docker.io."""
 
@@ -485,6 +487,52 @@ def _sinfo(sim, node: str) -> str:
     r = _slurm(sim, "sinfo", "-h", "-N", "-n", node, "-p", "lab", "-o", "%T|%E")
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
+
+
+def test_restore_brings_back_the_lane_as_a_new_job_with_every_pin_checked(slurm_lab, capsys) -> None:
+    """`up --save-as` through Slurm records the launches; after `down`, `restore` checks every pin against the
+    fleet (over SSH, as on any lane) and runs the lane again as one new job of the restore's own run."""
+    code, events = run(capsys, *UP, "--save-as", "slurmprod")
+    assert code == 0, result(events)
+    first = record_of(events)["data"]["slurm_job"]["job_id"]
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0 and _jobs(slurm_lab) == [], result(events)
+    try:
+        code, events = run(capsys, "restore", "slurmprod", "--inventory", "sim", *UP[5:-1])  # restore probes no fabric
+        assert code == 0, result(events)
+        assert step(events, "pins")["summary"] == "every pin of 'slurmprod' matches the fleet"
+        rec = record_of(events)
+        job = rec["data"]["slurm_job"]
+        assert job["job_id"] != first and job["comment"] == f"sparkfleet.run={rec['run_id']}"
+        assert [(j["id"], j["state"]) for j in _jobs(slurm_lab)] == [(job["job_id"], "RUNNING")]
+        assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
+                for n, cs in lane_containers(slurm_lab, "dcp2").items()} == {
+            n: [("running", rec["run_id"])] for n in LAB_NODES}
+    finally:
+        code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0 and _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab), result(events)
+
+
+def test_the_tensorfold_lane_runs_as_one_job(slurm_lab, capsys) -> None:
+    """tf1017: TensorFold built on every rank over SSH (`build`: real git, the sim's Zig), then run through
+    Slurm as one job of four tasks, serving; `down` leaves no job and no container."""
+    assert main(["build", "--profile", "tf1017", "--inventory", "sim", "--json"]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    try:
+        code, events = run(capsys, "up", "--profile", "tf1017", *UP[3:])
+        assert code == 0, result(events)
+        rec = record_of(events)
+        job = rec["data"]["slurm_job"]
+        assert job["name"] == "sparkfleet-tf1017" and job["het"] is False
+        assert job["nodes"][0] == "reddie" and sorted(job["nodes"]) == sorted(LAB_NODES)  # the head's first
+        assert [(j["id"], j["state"]) for j in _jobs(slurm_lab)] == [(job["job_id"], "RUNNING")]
+        assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
+                for n, cs in lane_containers(slurm_lab, "tf1017").items()} == {
+            n: [("running", rec["run_id"])] for n in LAB_NODES}
+    finally:
+        code, events = run(capsys, "down", "--profile", "tf1017", "--inventory", "sim")
+    assert code == 0, result(events)
+    assert _jobs(slurm_lab) == [] and lane_containers(slurm_lab, "tf1017") == {n: [] for n in LAB_NODES}
 
 
 def test_a_preflight_failure_drains_nothing_by_default_and_the_node_with_the_flag(slurm_lab, capsys) -> None:
