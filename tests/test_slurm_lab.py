@@ -489,6 +489,16 @@ def _sinfo(sim, node: str) -> str:
     return r.stdout.strip()
 
 
+def _one_job_serving(sim, lane: str, rec: dict) -> dict:
+    """The run's job (returned): the only one Slurm lists, running; on every lab node one running container
+    of the run."""
+    job = rec["data"]["slurm_job"]
+    assert [(j["id"], j["state"]) for j in _jobs(sim)] == [(job["job_id"], "RUNNING")]
+    assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
+            for n, cs in lane_containers(sim, lane).items()} == {n: [("running", rec["run_id"])] for n in LAB_NODES}
+    return job
+
+
 def test_restore_brings_back_the_lane_as_a_new_job_with_every_pin_checked(slurm_lab, capsys) -> None:
     """`up --save-as` through Slurm records the launches; after `down`, `restore` checks every pin against the
     fleet (over SSH, as on any lane) and runs the lane again as one new job of the restore's own run."""
@@ -502,12 +512,8 @@ def test_restore_brings_back_the_lane_as_a_new_job_with_every_pin_checked(slurm_
         assert code == 0, result(events)
         assert step(events, "pins")["summary"] == "every pin of 'slurmprod' matches the fleet"
         rec = record_of(events)
-        job = rec["data"]["slurm_job"]
+        job = _one_job_serving(slurm_lab, "dcp2", rec)
         assert job["job_id"] != first and job["comment"] == f"sparkfleet.run={rec['run_id']}"
-        assert [(j["id"], j["state"]) for j in _jobs(slurm_lab)] == [(job["job_id"], "RUNNING")]
-        assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
-                for n, cs in lane_containers(slurm_lab, "dcp2").items()} == {
-            n: [("running", rec["run_id"])] for n in LAB_NODES}
     finally:
         code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
     assert code == 0 and _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab), result(events)
@@ -521,14 +527,9 @@ def test_the_tensorfold_lane_runs_as_one_job(slurm_lab, capsys) -> None:
     try:
         code, events = run(capsys, "up", "--profile", "tf1017", *UP[3:])
         assert code == 0, result(events)
-        rec = record_of(events)
-        job = rec["data"]["slurm_job"]
+        job = _one_job_serving(slurm_lab, "tf1017", record_of(events))
         assert job["name"] == "sparkfleet-tf1017" and job["het"] is False
         assert job["nodes"][0] == "reddie" and sorted(job["nodes"]) == sorted(LAB_NODES)  # the head's first
-        assert [(j["id"], j["state"]) for j in _jobs(slurm_lab)] == [(job["job_id"], "RUNNING")]
-        assert {n: [(c["State"]["Status"], c["Config"]["Labels"]["sparkfleet.run"]) for c in cs]
-                for n, cs in lane_containers(slurm_lab, "tf1017").items()} == {
-            n: [("running", rec["run_id"])] for n in LAB_NODES}
     finally:
         code, events = run(capsys, "down", "--profile", "tf1017", "--inventory", "sim")
     assert code == 0, result(events)
