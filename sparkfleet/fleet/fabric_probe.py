@@ -28,7 +28,7 @@ BULK_BYTES = 64 * 1024 * 1024
 RTT_COUNT = 20
 CONNECT_WAIT_S = 5.0
 CONFIRM_ROUNDS = 3  # how many more times a suspect link is measured (see probe_ops)
-CONFIRM_PAUSE_S = 0.5  # before the first re-measure, doubling before each next one (see probe_ops)
+CONFIRM_PAUSE_S = 1.0  # before the first re-measure, doubling before each next one (see probe_ops)
 
 
 @dataclass
@@ -169,8 +169,9 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
     time. On the lab's veths (two shared cores) one healthy link in a few dozen probes read 3x the others'
     48 KB round trip, twice in a row (CI, 2026-12-02): a second look was not enough; and with three looks
     back to back (within half a second) one read 2.4x four times (CI, 2026-12-05): what slowed it outlasted
-    them. So the looks are spread out (CONFIRM_PAUSE_S, doubling: 3.5 s in all, spent only while a link
-    looks off), and a slow link, slow whenever it is measured, still fails each time.
+    them; spread over 3.5 s, one link of a freshly started lab still failed in the next run. So the looks are
+    spread over 7 s (CONFIRM_PAUSE_S, doubling; spent only while a link looks off, small beside a boot), and
+    a slow link, slow whenever it is measured, still fails each time.
     """
     nodes, problems = endpoints(ranks)
     schedule = plan_links(nodes, port)
