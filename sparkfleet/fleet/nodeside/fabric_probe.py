@@ -10,9 +10,10 @@ JSON request on stdin, one JSON document on stdout:
   {"mode": "drive", "source": IP, "peer": IP, "port": P, "allow": [IP, ...], "rtt_sizes": [B, ...],
    "rtt_count": K, "bulk_bytes": B, "bulk_parts": N, "connect_wait_s": W}
       connect from IP (this node's fabric address) to the peer's server and measure: round-trip time
-      of each size (K echoes: the least and the median), then one-way bandwidth of `bulk_bytes` each
-      way in N timed pieces (the best piece: CPU noise only slows a piece), timed by the driver from
-      its request to the last byte's receipt. A peer outside `allow` is refused before any packet is sent.
+      of each size (K echoes, both ends spinning while one is on its way: the least and the median),
+      then one-way bandwidth of `bulk_bytes` each way in N timed pieces (the best piece: CPU noise
+      only slows a piece), timed by the driver from its request to the last byte's receipt. A peer
+      outside `allow` is refused before any packet is sent.
   {"mode": "quit", "bind": IP, "port": P}
       tell this node's own server to stop (the controller's clean-up when a driver never came).
 
@@ -23,6 +24,7 @@ Exit 0 with a document (its "error" says what failed); exit 2 for a request that
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import sys
@@ -70,6 +72,49 @@ def _sink(s: socket.socket, n: int) -> float:
     return time.perf_counter() - (first or time.perf_counter())
 
 
+def _echoes(s: socket.socket, payload: bytes | None, size: int, count: int, timeout_s: float) -> list[float]:
+    """`count` echoes of `size` bytes: the driver sends `payload` and times each until it is back; the
+    server (payload None) sends back what it got. Both ends spin on a non-blocking socket, yielding the
+    CPU, instead of sleeping in recv: NCCL's proxy spins too, so the round trip is the path's and not
+    the time a sleeping host takes to wake (an idle core's exit from its C-state, a VM's halted vCPU;
+    on two vCPUs shared by the sim's nodes that wake read 3.5x the whole 48 KB echo, docs/fabric.md)."""
+    times = []
+    timeout = s.gettimeout()
+    s.setblocking(False)
+    buf = bytearray(size)
+    try:
+        for _ in range(count):
+            deadline = time.monotonic() + timeout_s
+            t0 = time.perf_counter()
+            if payload is not None:
+                _spin(s, payload, deadline, send=True)
+            _spin(s, buf, deadline, send=False)
+            if payload is None:
+                _spin(s, buf, deadline, send=True)
+            times.append(time.perf_counter() - t0)
+    finally:
+        s.settimeout(timeout)
+    return times
+
+
+def _spin(s: socket.socket, data: bytes | bytearray, deadline: float, *, send: bool) -> None:
+    """Send all of `data`, or fill it from the socket, without sleeping; raise once `deadline` passes."""
+    view, done = memoryview(data), 0
+    while done < len(view):
+        try:
+            n = s.send(view[done:]) if send else s.recv_into(view[done:])
+        except BlockingIOError:
+            n = None
+        if n == 0 and not send:
+            raise ConnectionError("the peer closed the connection")
+        if n:
+            done += n
+        elif time.monotonic() > deadline:
+            raise TimeoutError("no echo within the probe's I/O timeout")
+        else:
+            os.sched_yield()
+
+
 def _blast(s: socket.socket, n: int) -> None:
     block = b"\0" * CHUNK
     left = n
@@ -92,9 +137,7 @@ def _session(conn: socket.socket, state: dict) -> None:
             msg = _recv_msg(conn)
             op = msg.get("op")
             if op == "echo":
-                size = int(msg["size"])
-                for _ in range(int(msg["count"])):
-                    conn.sendall(_recv_exact(conn, size))
+                _echoes(conn, None, int(msg["size"]), int(msg["count"]), state["timeout_s"])
             elif op == "sink":
                 seconds = _sink(conn, int(msg["size"]))
                 _send_msg(conn, {"seconds": seconds})
@@ -209,14 +252,8 @@ def drive(req: dict) -> dict:
             size = int(size)
             payload = b"\1" * size
             _send_msg(s, {"op": "echo", "size": size, "count": count + 1})
-            times = []
-            for i in range(count + 1):
-                t0 = time.perf_counter()
-                s.sendall(payload)
-                _recv_exact(s, size)
-                if i:  # the first echo warms the path (window, caches) and is not counted
-                    times.append(time.perf_counter() - t0)
-            times.sort()
+            # the first echo warms the path (window, caches) and is not counted
+            times = sorted(_echoes(s, payload, size, count + 1, float(req.get("io_timeout_s", 60.0)))[1:])
             rtt[str(size)] = times[0]  # the least: what the path can do (a busy CPU only adds)
             median[str(size)] = times[len(times) // 2]
         out["rtt_s"] = rtt
