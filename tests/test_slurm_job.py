@@ -3,9 +3,12 @@ and the script's shell run for real (bash parses it; each task picks its own ran
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -64,9 +67,9 @@ def test_hetjob_when_the_head_is_another_class(repo_spec: Spec) -> None:
     assert 'exec srun --het-group=0,1 --kill-on-bad-exit=1 --label bash -c "$TASK"' in job.script.splitlines()
 
 
-def _run_task(tmp_path: Path, launches: list, inv: Inventory, node: str) -> tuple[int, list[list[str]]]:
-    """The job's task script as Slurm runs it on `node` ($SLURMD_NODENAME), with `docker` a recorder: the
-    argv each docker call got, and the task's exit status."""
+def _docker_recorder(tmp_path: Path, state: str = "exited 7", wait: str = "") -> Path:
+    """A `docker` that records each call's argv in tmp_path/calls: `run` prints an id, `inspect` the
+    container's `state` (its .State.Status and .State.ExitCode), `wait` runs `wait` first. Its bin folder."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir(exist_ok=True)
     log.write_text("")
@@ -74,8 +77,15 @@ def _run_task(tmp_path: Path, launches: list, inv: Inventory, node: str) -> tupl
         "#!/bin/bash\n"
         # one write per call (O_APPEND: whole), so the task's two background calls never interleave
         f"line=\"\"; for a in \"$@\"; do line+=\"$a\"$'\\x1f'; done; printf '%s\\n' \"$line\" >> {shlex.quote(str(log))}\n"
-        "case \"$1\" in run) echo cid-$RANDOM ;; inspect) echo 7 ;; esac\n")
+        f"case \"$1\" in run) echo cid-$RANDOM ;; inspect) echo {shlex.quote(state)} ;; wait) {wait or ':'} ;; esac\n")
     (bin_dir / "docker").chmod(0o755)
+    return bin_dir
+
+
+def _run_task(tmp_path: Path, launches: list, inv: Inventory, node: str) -> tuple[int, list[list[str]]]:
+    """The job's task script as Slurm runs it on `node` ($SLURMD_NODENAME), with `docker` a recorder: the
+    argv each docker call got, and the task's exit status."""
+    bin_dir, log = _docker_recorder(tmp_path), tmp_path / "calls"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": node}
     proc = subprocess.run(["bash", "-c", task_script(launches, inv)], env=env, capture_output=True, text=True,
                           timeout=60)
@@ -88,13 +98,40 @@ def test_each_task_runs_its_own_ranks_docker_run(repo_spec: Spec, tmp_path: Path
     by_node = {x.node: x for x in launches}
     code, calls = _run_task(tmp_path, launches, inv, "bluey")
     assert ["docker", *calls[0]] == by_node["bluey"].argv  # the SSH launcher's argv, token for token
-    wait, inspect = ["wait", "sf-dcp2-r2"], ["inspect", "-f", "{{.State.ExitCode}}", "sf-dcp2-r2"]
+    wait, inspect = ["wait", "sf-dcp2-r2"], ["inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", "sf-dcp2-r2"]
     rm = ["rm", "-f", "sf-dcp2-r2"]  # the trap, on the task's exit
     # `docker logs -f` runs in the background and nothing waits for it: on a loaded machine it may be recorded
     # after any of the others; `docker wait` is waited for, so the exit code is asked after it and the trap last
     assert sorted(calls[1:]) == sorted([["logs", "-f", "sf-dcp2-r2"], wait, inspect, rm])
     assert calls.index(wait) < calls.index(inspect) < calls.index(rm)
     assert code == 7  # the container's exit code is the task's
+
+
+@pytest.mark.parametrize(("state", "said"), [
+    ("exited 3", "sparkfleet: rank 2's container sf-dcp2-r2 ended with code 3\n"),  # died, then Slurm signalled
+    ("running 0", ""),  # serving when Slurm ended the job (down, scancel): nothing ended on its own
+])
+def test_a_task_signalled_after_its_container_ended_still_says_how(repo_spec: Spec, tmp_path: Path, state: str,
+                                                                   said: str) -> None:
+    """up may cancel the job (a rank it saw die) before the task's `docker wait` returns: the TERM trap says
+    how the container ended, so the job's log names the rank's code whichever side saw it first."""
+    launches, inv = _lane(repo_spec, "dcp2")
+    bin_dir = _docker_recorder(tmp_path, state, wait="sleep 30")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": "bluey"}
+    err_path = tmp_path / "stderr"  # a file, not a pipe: the fake `docker wait` left sleeping holds its copy
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(["bash", "-c", task_script(launches, inv)], env=env, stderr=err,
+                                start_new_session=True)  # its group: the fake `docker wait` goes with it
+    try:
+        deadline = time.monotonic() + 10
+        while "wait\x1f" not in (tmp_path / "calls").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (proc.returncode, err_path.read_text()) == (143, said)
 
 
 def test_a_node_without_a_rank_runs_nothing(repo_spec: Spec, tmp_path: Path) -> None:

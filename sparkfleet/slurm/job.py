@@ -97,7 +97,7 @@ def task_script(launches: list[Launch], inventory: Inventory) -> str:
     out += ["  *) echo \"sparkfleet: node $SLURMD_NODENAME has no rank in this job\" >&2; exit 2 ;;", "esac",
             "# the container is not a child of this task: remove it when the task ends or Slurm signals it",
             "trap 'docker rm -f \"$C\" >/dev/null 2>&1' EXIT",
-            "trap 'exit 143' TERM INT", ""]
+            "trap 'ended signal; exit 143' TERM INT", ""]
     for x in sorted(launches, key=lambda x: x.rank):
         out.append(f"rank_{x.rank}() {{")
         if x.role == "head":
@@ -123,13 +123,22 @@ def task_script(launches: list[Launch], inventory: Inventory) -> str:
             f"  echo \"sparkfleet: $3 does not accept on $1:$2 after {WORKER_WAIT_S} s\" >&2",
             "  return 1",
             "}", "",
+            "ended() {  # how the rank's container ended, once it has (also on Slurm's signal after it died)",
+            "  [ -z \"${said:-}\" ] || return 0  # once: a signal can come after the task said it",
+            "  st=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' \"$C\" 2>/dev/null)",
+            "  case \"$st\" in",
+            "    exited*|dead*) code=${st#* } ;;",
+            "    '') [ \"$1\" = signal ] && return 0; code= ;;  # gone: removed under the task (no code)",
+            "    *) return 0 ;;  # still running: Slurm ended a serving rank, nothing ended on its own",
+            "  esac",
+            "  echo \"sparkfleet: rank $RANK's container $C ended with code ${code:-unknown}\" >&2; said=1",
+            "}", "",
             "\"rank_$RANK\"",
             # written out, not fleet/ops LogTail: the container is the script's $C, known only in the task (an
             # op quotes a name it is given), and followed (-f) in the background for the task's whole life
             "docker logs -f \"$C\" &  # the rank's log is the task's output",
             "docker wait \"$C\" >/dev/null & wait $!  # in the background, so a signal reaches the trap at once",
-            "code=$(docker inspect -f '{{.State.ExitCode}}' \"$C\")",
-            "echo \"sparkfleet: rank $RANK's container $C ended with code ${code:-unknown}\" >&2",
+            "ended",
             "# a serving rank never ends on its own: any end, code 0 too, fails the task and so ends the group",
             "[ \"${code:-1}\" != 0 ] || code=1",
             "exit \"${code:-1}\"  # no code: the container was removed under the task", ""]
