@@ -32,12 +32,12 @@ def test_ssh_stays_the_default(repo_spec: Spec) -> None:
 def test_slurm_section_read(ops_root: Path) -> None:
     _with(ops_root, "launcher: slurm\nslurm:\n  conf: /etc/slurm/slurm.conf\n  partition: sparks\n"
           "  account: lab-a\n  qos: normal\n  time: 1-00:00:00\n  reservation: maint_1\n"
-          "  login: {host: login.example, user: alice}\n  ssh: false\n")
+          "  login: {host: login.example, user: alice}\n")
     inv = Spec(ops_root).inventory("lab")
     s = inv.slurm
     assert inv.launcher == "slurm"
     assert (s.conf, s.partition, s.account, s.qos, s.time, s.reservation, s.ssh) == (
-        "/etc/slurm/slurm.conf", "sparks", "lab-a", "normal", "1-00:00:00", "maint_1", False)
+        "/etc/slurm/slurm.conf", "sparks", "lab-a", "normal", "1-00:00:00", "maint_1", True)
     assert (s.login.host, s.login.user, s.login.port) == ("login.example", "alice", 22)
 
 

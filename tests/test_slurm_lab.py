@@ -222,18 +222,79 @@ def test_down_cancels_only_this_lanes_job_and_proves_no_container_remains(slurm_
         _bounded("the foreign jobs end", lambda: _jobs(slurm_lab) == [])
 
 
-def test_down_of_a_lane_whose_job_is_gone_removes_the_containers_left(slurm_lab, capsys) -> None:
-    """No job of the lane, but two of its containers (run by hand, with its labels): removed, and said so."""
+def _no_ssh(d: dict) -> None:
+    """Compute nodes without SSH: slurm.ssh false, and every node's SSH port one nothing listens on (the discard
+    port), so an SSH connection the controller still tried would fail the run."""
+    d["slurm"]["ssh"] = False
+    for n in d["nodes"].values():
+        n["ssh"]["port"] = 9
+
+
+@pytest.mark.parametrize("reach", ["ssh", "srun"])
+def test_down_of_a_lane_whose_job_is_gone_removes_the_containers_left(slurm_lab, tmp_path, capsys, reach) -> None:
+    """No job of the lane, but two of its containers (run by hand, with its labels): removed, and said so; with
+    slurm.ssh: false (srun) through jobs of its own on the nodes."""
+    inv = "sim" if reach == "ssh" else _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
     for node in ("asusi", "bluey"):
         made = slurm_lab.exec(node, ["docker", "run", "-d", "--name", f"left-{node}", "--label",
                                      "sparkfleet.profile=dcp2", "--label", "sparkfleet.run=20261202-000000-000000",
                                      "--entrypoint", "python3", "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2",
                                      "-c", "import time; time.sleep(600)"])
         assert made.returncode == 0, made.stderr
-    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", inv)
     assert code == 0, result(events)
     assert step(events, "stop")["summary"] == ("no Slurm job of this lane, but 2 container(s) of the lane remained "
                                               "on asusi, bluey: removed 2 container(s) on asusi, bluey")
+    assert _no_lane_container(slurm_lab)
+
+
+def _step_jobs(sim) -> list[tuple[str, str]]:
+    """(node, state) of every job srun made for a node command of its own (ended ones too, as slurmctld keeps
+    them for MinJobAge)."""
+    r = _slurm(sim, "squeue", "-h", "-t", "all", "--name=sparkfleet-step", "-o", "%N|%T")
+    assert r.returncode == 0, r.stderr
+    return [tuple(x.split("|")) for x in r.stdout.split()]
+
+
+def test_without_ssh_to_the_nodes_up_status_and_down_go_through_srun(slurm_lab, tmp_path, capsys) -> None:
+    """slurm.ssh: false. `up`'s preflight (facts, checks, the clock probe) runs each command as a one-task job of
+    its own on its node, the lane as one job; `status` and `down` reach the containers as steps of that job
+    (srun --overlap); `down` cancels it and proves no container remains. No SSH: every node's SSH port is
+    closed, and every step that reaches a node is ok; the fabric probe says why it is not run."""
+    inv = _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
+    before = len(_step_jobs(slurm_lab))
+    assert UP[-1] == "--no-fabric-probe"
+    code, events = run(capsys, *UP[:4], inv, *UP[5:-1])
+    assert code == 0, result(events)
+    rec = record_of(events)
+    probe = step(events, "fabric_probe")
+    assert (probe["status"], probe["summary"]) == ("skip", (
+        "compute nodes reached through srun (slurm.ssh: false): a node runs one command job at a time, and the "
+        "probe needs a server and a driver there at once; the links are not judged"))
+    assert {k: v for k, v in steps(events).items() if k in ("facts", "check", "probe", "gates")} == {
+        "facts": "ok", "check": "warn", "probe": "ok", "gates": "ok"}  # warn: as over SSH, below
+    job = rec["data"]["slurm_job"]
+    lane = [j for j in _jobs(slurm_lab) if j["name"] != "sparkfleet-step"]
+    assert [(j["id"], j["state"]) for j in lane] == [(job["job_id"], "RUNNING")]
+    made = _step_jobs(slurm_lab)[before:] if before else _step_jobs(slurm_lab)
+    assert {n for n, _ in made} == set(LAB_NODES), made  # preflight's commands, on every node
+    code = main(["status", "--profile", "dcp2", "--inventory", inv, "--json"])
+    status = json.loads(capsys.readouterr().out)
+    assert code == 0, status
+    assert sorted((r["node"], r["rank"], r["state"]) for r in status["containers"]) == [
+        ("asusi", 1, "running"), ("bluey", 2, "running"), ("reddie", 0, "running"), ("spark4", 3, "running")]
+    # the same checks, the same verdicts, whichever way the nodes are reached
+    verdicts = {}
+    for way in ("sim", inv):
+        assert main(["check", "--profile", "dcp2", "--inventory", way, "--json"]) in (0, 1)
+        verdicts[way] = sorted((f.get("node") or "", f["check"], f["status"])
+                               for f in json.loads(capsys.readouterr().out)["findings"])
+    assert verdicts[inv] == verdicts["sim"] and ("reddie", "fabric", "warn") in verdicts[inv]
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", inv)
+    assert code == 0, result(events)
+    assert step(events, "stop")["summary"] == \
+        f"cancelled Slurm job {job['job_id']}; no container of this lane on its nodes"
+    _bounded("no job of the lane", lambda: [j for j in _jobs(slurm_lab) if j["name"] == JOB] == [])
     assert _no_lane_container(slurm_lab)
 
 

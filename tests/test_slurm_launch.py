@@ -112,16 +112,3 @@ def test_drain_on_fail_is_refused_without_slurm(ops_root: Path, tmp_path: Path, 
     assert code == 2
     assert "--drain-on-fail drains nodes in Slurm: inventory 'lab' has launcher: ssh (nothing was done)" in \
         capsys.readouterr().err
-
-
-def test_compute_nodes_without_ssh_are_refused_until_srun_does_their_part(rec, capsys) -> None:
-    ops, log = rec
-    path = ops / "inventories" / "rec.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["slurm"]["ssh"] = False
-    path.write_text(yaml.safe_dump(data))
-    for verb in ("up", "down"):
-        assert main([verb, "--profile", "dcp2", "--root", str(ops), "-i", "rec"]) == 2
-        assert "inventory 'rec': slurm.ssh: false (compute nodes without SSH) is not supported yet" in \
-            capsys.readouterr().err
-    assert not log.exists()

@@ -1,6 +1,6 @@
 """watch and a Slurm lane without a lab: how the job of the watched run ended (squeue --states=all, then
 scontrol), what that end means once every rank's container is gone (a failure to restart, or a `down`), and
-the command a user runs accepting a Slurm lane but refusing compute nodes without SSH."""
+and the command a user runs accepting a Slurm lane."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.transport import Result
@@ -188,17 +187,10 @@ def test_a_rank_gone_and_slurm_unable_to_say_is_restarted(rec, tmp_path, monkeyp
     assert w.job_end is None  # cancels whatever is left of the lane's job)
 
 
-def test_watch_takes_a_slurm_lane_but_not_compute_nodes_without_ssh(rec, capsys) -> None:  # noqa: F811
+def test_watch_takes_a_slurm_lane(rec, capsys) -> None:  # noqa: F811
     ops, log = rec
     assert main(["watch", "--profile", "dcp2", "--root", str(ops), "-i", "rec", "--unit"]) == 0
     assert "ExecStart=" in capsys.readouterr().out
-    path = ops / "inventories" / "rec.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["slurm"]["ssh"] = False
-    path.write_text(yaml.safe_dump(data))
-    assert main(["watch", "--profile", "dcp2", "--root", str(ops), "-i", "rec"]) == 2
-    assert "inventory 'rec': slurm.ssh: false (compute nodes without SSH) is not supported yet" in \
-        capsys.readouterr().err
     assert not log.exists()
 
 

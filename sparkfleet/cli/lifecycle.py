@@ -165,15 +165,6 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       probe_seconds=probe_seconds(args), **extra)
 
 
-def refuse_slurm_without_ssh(inventory) -> None:  # noqa: ANN001 - an Inventory
-    """`slurm.ssh: false` (compute nodes without SSH) is bad input for every verb that reaches the nodes: the
-    preflight, the ranks' containers and the cleanup through srun are not built yet."""
-    if inventory.launcher == "slurm" and inventory.slurm is not None and not inventory.slurm.ssh:
-        raise UserError(f"inventory {inventory.name!r}: slurm.ssh: false (compute nodes without SSH) is not supported "
-                        "yet: preflight, the ranks' containers and the cleanup through srun are not built "
-                        "(docs/scale-out.md); nothing was done")
-
-
 def probe_seconds(args: argparse.Namespace, flag: str = "--probe-seconds") -> float | None:
     """--probe-seconds (watch: `flag` --clock-probe-seconds), checked: the probe kills a load that runs PROBE_MAX_S."""
     s = getattr(args, "probe_seconds", None)
@@ -199,7 +190,6 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         raise UserError(f"{where}probe: required (profile {profile}): --no-probe is refused; the clock latch "
                         "(FM-09) must be judged under load before this lane starts")
     inventory = fleet_inventory(sp, args.inventory)
-    refuse_slurm_without_ssh(inventory)
     if options.drain_on_fail and inventory.launcher != "slurm":
         raise UserError(f"--drain-on-fail drains nodes in Slurm: inventory {inventory.name!r} has launcher: "
                         f"{inventory.launcher} (nothing was done)")

@@ -212,8 +212,10 @@ def _decide(t: Target, got, path: Path, args: argparse.Namespace, source: Path |
 
     via = "".join(f" via {h}" for h in reversed(t.via))
     if t.local:
-        say.print(f"[bold]{t.name}[/]  transport: local", highlight=False)
-        return done("local", "runs on this machine (transport: local); there is no SSH host key to pin")
+        kind = t.node.transport if t.node is not None else "local"
+        say.print(f"[bold]{t.name}[/]  transport: {kind}", highlight=False)
+        how = "reached through srun (slurm.ssh: false)" if kind == "srun" else "runs on this machine (transport: local)"
+        return done("local", f"{how}; there is no SSH host key to pin")
     if isinstance(got, Exception):
         say.print(f"[bold]{escape(t.name)}[/]  {escape(host)}:{port}{escape(via)}", highlight=False)
         reason = getattr(got, "strerror", None) or str(got) or type(got).__name__

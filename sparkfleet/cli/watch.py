@@ -115,7 +115,7 @@ def _resolve(args: argparse.Namespace, sp) -> tuple[str, str, dict | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparkfleet.cli.lifecycle import probe_seconds, refuse_slurm_without_ssh
+    from sparkfleet.cli.lifecycle import probe_seconds
     from sparkfleet.gates.run import GateSetupError, api_key_for, parse_only
     from sparkfleet.plan import make_plan
     from sparkfleet.root import state_dir
@@ -135,7 +135,6 @@ def run(args: argparse.Namespace) -> int:
     if loaded.profile.abstract:
         raise UserError(f"{profile} is a base for other lanes (abstract: true), not a lane")
     inventory = fleet_inventory(sp, args.inventory)
-    refuse_slurm_without_ssh(inventory)  # a Slurm lane's restart resubmits its job; its probe reads over SSH
     plan = make_plan(loaded, inventory, sp.playbook(playbook), sp.root)
     if plan.refused:
         print_findings([f for f in plan.findings if f.status == "fail"], err)

@@ -1,4 +1,4 @@
-"""Pick the transport for a set of nodes: SSH, local, or both behind one interface."""
+"""Pick the transport for a set of nodes: SSH, local, srun, or several behind one interface."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sparkfleet.fleet.local import LocalTransport
 from sparkfleet.fleet.op import Executor
+from sparkfleet.fleet.srun import SrunTransport
 from sparkfleet.fleet.ssh import SshTransport
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.placement import endpoint, loopback_bound
@@ -16,13 +17,14 @@ from sparkfleet.schema.inventory import Node
 
 
 class MixedTransport:
-    """Dispatches each node to the transport its `transport:` field names; both halves run at once."""
+    """Dispatches each node to the transport its `transport:` field names; the parts run at once."""
 
     def __init__(self, known_hosts: Path | None = None, *, connect_timeout_s: float = 10.0,
                  wait_once: bool = False) -> None:
         self.parts: dict[str, Transport] = {
             "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once),
             "local": LocalTransport(),
+            "srun": SrunTransport(),
         }
 
     def _split(self, nodes: list[Node]) -> dict[str, list[Node]]:
@@ -62,7 +64,8 @@ class MixedTransport:
 
 def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
                   connect_timeout_s: float = 10.0, wait_once: bool = False) -> Transport:
-    """The transport for these nodes: SshTransport, LocalTransport, or a MixedTransport when they mix.
+    """The transport for these nodes: SshTransport, LocalTransport, SrunTransport, or a MixedTransport when
+    they mix.
 
     `known_hosts` defaults to sparkfleet's own (state_dir()/known_hosts). `wait_once`: an SSH node whose
     connect timed out is not waited for again by this transport (SshTransport; one run's transport).
@@ -70,6 +73,8 @@ def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
     kinds = {n.transport for n in nodes}
     if kinds == {"local"}:
         return LocalTransport()
+    if kinds == {"srun"}:
+        return SrunTransport()
     if kinds == {"ssh"}:
         return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)
     return MixedTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)

@@ -88,23 +88,29 @@ class LocalTransport:
 
         return fan_out(nodes, one, self.max_parallel)
 
+    def wrapper(self, node: Node, timeout_s: float) -> list[str] | None:
+        """The argv that enters the node (the command follows as `bash -c COMMAND`); None: run here."""
+        return node.wrapper
+
     def node_env(self, node: Node) -> dict[str, str]:
         """The environment a command on this node sees (before the caller's env)."""
         return {} if node.wrapper else dict(os.environ)
 
-    def argv(self, node: Node, command: str) -> list[str]:
-        return [*(node.wrapper or []), self.shell if not node.wrapper else "bash", "-c", command]
+    def argv(self, node: Node, command: str, timeout_s: float = 60.0) -> list[str]:
+        wrapper = self.wrapper(node, timeout_s)
+        return [*(wrapper or []), self.shell if not wrapper else "bash", "-c", command]
 
     def _run_one(self, node: Node, command: str, stdin: bytes, timeout_s: float, extra: dict[str, str]) -> Result:
         env = {**self.node_env(node), **extra}
-        status_r, status_w = os.pipe() if node.wrapper else (-1, -1)
-        if node.wrapper:
+        wrapped = self.wrapper(node, timeout_s) is not None
+        status_r, status_w = os.pipe() if wrapped else (-1, -1)
+        if wrapped:
             env[NOT_RUN_FD] = str(status_w)
         # Own session so a timeout kills the command's whole process group, not just the shell.
         try:
-            proc = subprocess.Popen(self.argv(node, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(self.argv(node, command, timeout_s), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env=env, start_new_session=True,
-                                    pass_fds=(status_w,) if node.wrapper else ())
+                                    pass_fds=(status_w,) if wrapped else ())
         except BaseException:
             _close(status_r)
             raise
@@ -134,7 +140,7 @@ class LocalTransport:
             t.join(max(0.0, drain_until - time.monotonic()))
         stdout = b"".join(out).decode(errors="replace")
         stderr = b"".join(err).decode(errors="replace")
-        not_run = _read_status(status_r) if node.wrapper else ""
+        not_run = _read_status(status_r) if wrapped else ""
         if not_run and code != 0:
             return Result(node.name, False, stdout, stderr, exit_code=code, error="not-run",
                           message=f"{node.name}: the command could not be run on the node: {not_run[:300]}")
@@ -145,7 +151,7 @@ class LocalTransport:
         if code == 0:
             return Result(node.name, True, stdout, stderr, exit_code=0)
         last = [line] if (line := telling_line(stderr, stdout)) else []
-        if code == 255 and node.wrapper and not stdout:
+        if code == 255 and wrapped and not stdout:
             return Result(node.name, False, stdout, stderr, exit_code=code, error="unreachable",
                           message=f"{node.name}: unreachable" + (f": {last[0][:200]}" if last else ""))
         what = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
@@ -169,7 +175,7 @@ class LocalTransport:
         if remote_path.startswith("~") and not (remote_path == "~" or remote_path.startswith("~/")):
             return Result(node.name, False, error="error",
                           message=f"{node.name}: put {remote_path}: only ~/ (the login user's home) is supported")
-        if node.wrapper:
+        if self.wrapper(node, 60.0) is not None:
             return self._put_wrapped(node, data, remote_path, mode)
         try:
             path = self.resolve(node, remote_path)

@@ -106,35 +106,6 @@ class Storage(Strict):
         return v
 
 
-class Node(Strict):
-    name: str = Field(pattern=NAME)
-    ssh: Ssh
-    fabric_ip: str | None = None
-    hardware: Literal["gb10", "gb300"]
-    rdma: Rdma | None = None
-    storage: Storage
-    rail2_alias: str | None = None  # runtime alias (CIDR) added on rail2_iface by rail-2 lanes
-    transport: Literal["ssh", "local"] = "ssh"  # local: run on this machine
-    # local transport: the argv each command runs under (a script that enters a container or namespace);
-    # the command follows it as `bash -c COMMAND`. None: run directly on this machine.
-    wrapper: list[str] | None = None
-    simulation: bool = False  # a node of an inventory `sparkfleet sim up` wrote: output about it is tagged [sim]
-
-    @field_validator("fabric_ip")
-    @classmethod
-    def _ip(cls, v: str | None) -> str | None:
-        if v is not None:
-            ipaddress.ip_address(v)
-        return v
-
-    @field_validator("rail2_alias")
-    @classmethod
-    def _cidr(cls, v: str | None) -> str | None:
-        if v is not None:
-            ipaddress.ip_interface(v)
-        return v
-
-
 # a Slurm name (partition, account, QOS, reservation): it goes into an `#SBATCH` line, which sbatch reads
 # without a shell, so spaces, quotes and newlines are refused here rather than quoted there
 SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -180,6 +151,38 @@ class Slurm(Strict):
         return v
 
 
+
+class Node(Strict):
+    name: str = Field(pattern=NAME)
+    ssh: Ssh
+    fabric_ip: str | None = None
+    hardware: Literal["gb10", "gb300"]
+    rdma: Rdma | None = None
+    storage: Storage
+    rail2_alias: str | None = None  # runtime alias (CIDR) added on rail2_iface by rail-2 lanes
+    # local: run on this machine; srun: through Slurm (set by the inventory when slurm.ssh is false)
+    transport: Literal["ssh", "local", "srun"] = "ssh"
+    # local transport: the argv each command runs under (a script that enters a container or namespace);
+    # the command follows it as `bash -c COMMAND`. None: run directly on this machine.
+    wrapper: list[str] | None = None
+    slurm: Slurm | None = None  # transport srun: the inventory's slurm: section (set with it, not written)
+    simulation: bool = False  # a node of an inventory `sparkfleet sim up` wrote: output about it is tagged [sim]
+
+    @field_validator("fabric_ip")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        if v is not None:
+            ipaddress.ip_address(v)
+        return v
+
+    @field_validator("rail2_alias")
+    @classmethod
+    def _cidr(cls, v: str | None) -> str | None:
+        if v is not None:
+            ipaddress.ip_interface(v)
+        return v
+
+
 class Inventory(Strict):
     name: str = "inventory"
     example: bool = False  # True when addresses/HCAs/interfaces are examples the user must set
@@ -211,6 +214,17 @@ class Inventory(Strict):
     def _launcher(self) -> Inventory:
         if self.launcher == "slurm" and self.slurm is None:
             raise FieldError("launcher", "launcher: slurm needs a slurm: section (at least {} for Slurm's defaults)")
+        if self.launcher == "slurm" and self.slurm is not None and not self.slurm.ssh:
+            if self.slurm.login is not None:
+                raise FieldError("slurm.login", "with slurm.ssh: false the compute nodes are reached by srun run on "
+                                 "this machine; srun on a login node is not supported yet: drop login: or allow SSH")
+            for node in self.nodes.values():  # compute nodes without SSH: every command goes through srun
+                if node.transport == "ssh":
+                    node.transport, node.slurm = "srun", self.slurm
+        for node in self.nodes.values():
+            if node.transport == "srun" and node.slurm is None:
+                raise FieldError(f"nodes.{node.name}.transport", "srun is what launcher: slurm with slurm.ssh: false "
+                                 "makes of a node's ssh transport; write ssh (or local)")
         return self
 
     def hardware(self, node: Node) -> HardwareClass:

@@ -136,6 +136,12 @@ def fabric_probe(ctx: RunContext, st: Step) -> StepGen:
         # the local transport runs on this machine: its ranks share one network, there is no link to measure
         return StepResult("skip", "every rank is on the local transport (this machine): no fabric between them; "
                           "`sparkfleet check --fabric` probes anyway")
+    if any(r.node.transport == "srun" for r in ranks):
+        # the probe keeps a server on each node while others drive to it: two commands on one node at once,
+        # which one-task jobs of their own on whole-node partitions cannot be (the second waits for the first)
+        return StepResult("skip", "compute nodes reached through srun (slurm.ssh: false): a node runs one "
+                          "command job at a time, and the probe needs a server and a driver there at once; "
+                          "the links are not judged")
     bulk = int(st.args.get("bulk_bytes", fp.BULK_BYTES))
     run = yield from fp.probe_ops(ranks, bulk_bytes=bulk, confirm=suspects(probe_ratio(ctx)))
     if run is None:  # --dry-run: every command was shown
