@@ -158,6 +158,58 @@ def test_a_flag_docker_refuses_fails_the_launch_with_dockers_words(dsim, capsys)
     run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
 
 
+IMAGE = "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2"  # dcp2's image (profiles/production-1.2.yaml)
+
+
+def registry_digest(ref: str) -> str:
+    """The manifest digest the lab's registry serves for a Docker Hub ref (its Docker-Content-Digest), asked over
+    the registry's HTTP API, not through any node's Docker."""
+    import urllib.request
+
+    from sparkfleet.sim import registry
+
+    path, _, tag = registry.hub_path(ref).rpartition(":")
+    req = urllib.request.Request(f"http://{registry.address()}/v2/{path}/manifests/{tag}", method="HEAD",
+                                 headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - the lab's own registry
+        return r.headers["Docker-Content-Digest"]
+
+
+def test_every_node_pulled_the_lab_images_through_the_registry(dsim):
+    """The nodes' RepoDigests are the digest the lab's registry serves (pulled through the Docker Hub mirror),
+    the same on every rank; an image of another registry (ghcr.io) is loaded only and has none."""
+    digest = registry_digest(IMAGE)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), digest
+    for n in LAB_NODES:
+        got = json.loads(docker(dsim, n, "image", "inspect", "-f", "{{json .RepoDigests}}", IMAGE).stdout)
+        assert got == [f"aidendle94/sparkrun-vllm-dsv41-gb10@{digest}"], (n, got)
+    other = docker(dsim, "station", "image", "inspect", "-f", "{{json .RepoDigests}}", "ghcr.io/ggml-org/llama.cpp:full")
+    assert json.loads(other.stdout) == [], other
+
+
+def test_a_pinned_digest_serves_and_a_wrong_one_is_refused_before_launch(dsim, capsys):
+    """image.digest pinned to the registry's digest: the check passes on every rank and the real dockerds run
+    `ref@digest`. Pinned to another digest (a re-pushed tag, FM-13): `up` fails at the check naming each rank's
+    digest and the pin, and starts nothing."""
+    digest = registry_digest(IMAGE)
+    code, events = run(capsys, *UP, "-o", f"image.digest={digest}")
+    assert code == 0, result(events)
+    ok = [(f.get("node"), f["message"]) for f in findings(events, "check") if f["check"] == "image"]
+    assert sorted(ok) == [(n, f"image {IMAGE} present with the pinned digest") for n in sorted(LAB_NODES)]
+    running = lane_containers(dsim, "dcp2")
+    assert {n: [c["Config"]["Image"] for c in cs] for n, cs in running.items()} == \
+        {n: [f"{IMAGE}@{digest}"] for n in LAB_NODES}
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+    assert code == 0, result(events)
+    wrong = "sha256:" + "0" * 64
+    code, events = run(capsys, *UP, "-o", f"image.digest={wrong}")
+    assert code == 1, result(events)
+    bad = [(f.get("node"), f["message"]) for f in findings(events, "check") if f["check"] == "image"]
+    assert sorted(bad) == [(n, f"image {IMAGE} on {n} is not the pinned one: it has {digest}, the profile pins "
+                               f"{wrong}") for n in sorted(LAB_NODES)]
+    assert "launch:workers" not in steps(events) and lane_containers(dsim, "dcp2") == {n: [] for n in LAB_NODES}
+
+
 def test_sim_exec_runs_inside_the_node(dsim):
     r = dsim.exec("bluey", ["sh", "-c", "hostname; docker info --format '{{.Name}} {{.DefaultRuntime}}'"])
     assert r.stdout.decode().split("\n")[:2] == ["bluey", "bluey nvidia"], r

@@ -200,6 +200,11 @@ def docker_state(profiles: list[Profile]) -> dict:
             "images": [image_record(r, d, versions.get(r)) for r, d in images.items()]}
 
 
+def image_refs(inv: Inventory, node: Node, lanes: Lanes) -> list[str]:
+    """Every image a profile on the node names (what image_archive holds), sorted."""
+    return sorted({p.image.ref for p in profiles_for(inv, node, lanes) if p.image})
+
+
 def image_archive(inv: Inventory, node: Node, lanes: Lanes) -> bytes:
     """The node's images as one `docker load` archive (sim/image.py): every image a profile on the node
     names (as the shim's docker state has them), a vLLM image with vLLM's entrypoint, each with the engine
@@ -365,9 +370,10 @@ def install_shims(bin_dir: Path, *, netns: bool = False, dockerd: bool = False) 
 
 def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: Lanes, *,
                netns: bool = False, checkpoints: dict[tuple[str, str], Path] | None = None,
-               dockerd: str | None = None) -> None:
+               dockerd: str | None = None, registry: str | None = None) -> None:
     """Create the node's directory (it must not exist yet): fs/ with the node's paths and state, bin/ with shims.
-    `checkpoints`: the lab's stand-in checkpoints already written (place_checkpoints), shared across its nodes."""
+    `checkpoints`: the lab's stand-in checkpoints already written (place_checkpoints), shared across its nodes.
+    `registry`: host:port of the lab's registry, the node's dockerd's Docker Hub mirror (sim/registry.py)."""
     from sparkfleet.sim.node import home_dir
 
     profiles = profiles_for(inv, node, lanes)
@@ -380,7 +386,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
     state = node_state(inv, node, ordinal)
     state["netns"] = netns
     if dockerd:  # the node runs a real dockerd; its containers' cgroups go under this parent (sim down removes it)
-        state["dockerd"] = {"cgroup_parent": dockerd}
+        state["dockerd"] = {"cgroup_parent": dockerd, **({"registry": registry} if registry else {})}
         (root / "var").mkdir(exist_ok=True)
         (root / "var" / "run").symlink_to("../run")  # as on Debian: the CLI's default socket is /var/run's
         (root / "sys" / "fs" / "cgroup").mkdir(parents=True, exist_ok=True)  # the mount point of the cgroups

@@ -24,7 +24,7 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.root import find_root
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
-from sparkfleet.sim import build, dockerd, faults, netlab, node, paths, shim, sshd
+from sparkfleet.sim import build, dockerd, faults, netlab, node, paths, registry, shim, sshd
 from sparkfleet.sim import slurm as sim_slurm
 
 TransportKind = Literal["local", "ssh"]
@@ -179,6 +179,7 @@ def down() -> bool:
     d = paths.sim_dir()
     had = d.exists()
     sim_slurm.stop(None)  # slurmctld and munged on this machine, by their pid files (issue 30)
+    registry.stop()  # the lab's image registry, by its pid file
     if paths.nodes_dir().is_dir():
         nds = sorted(p for p in paths.nodes_dir().iterdir() if p.is_dir())
         # A lab going away needs no graceful stop of its daemons: killing each node's init ends every process
@@ -292,6 +293,9 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
     daemon = docker == "daemon"
     root = os.geteuid() == 0
     netns = transport == "ssh" and root  # as root each ssh node gets its own network
+    if daemon and netns and registry.missing():
+        raise UserError("a real Docker daemon per node on the lab's network needs " + "; ".join(registry.missing())
+                        + ", the lab's image registry (nothing was created)")
     missing = node.missing_privileges(netns=False)
     if missing:
         raise UserError("cannot build simulated nodes on this machine: missing " + "; ".join(missing)
@@ -318,7 +322,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         checkpoints: dict = {}  # one stand-in checkpoint per lab, linked into every node that holds it
         for ordinal, n in enumerate(inv.nodes.values(), start=1):
             build.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns, checkpoints=checkpoints,
-                             dockerd=dockerd.cgroup_parent(n.name) if daemon else None)
+                             dockerd=dockerd.cgroup_parent(n.name) if daemon else None,
+                             registry=registry.address() if daemon and netns else None)
         ssh = _ssh_config(names, netns) if transport == "ssh" else {}
         if netns:
             netlab.create(inv, names)
@@ -334,9 +339,14 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
                          if info else None)
             node.start(nd, n.name, netns=ns, sshd=sshd_argv, dockerd=daemon)
         if daemon:
+            pushed: set[str] = set()
+            if netns:  # the lab's registry: real RepoDigests on every node (sim/registry.py)
+                registry.start()
             for n in inv.nodes.values():
                 dockerd.wait_ready(paths.node_dir(n.name), n.name)
                 dockerd.load_images(paths.node_dir(n.name), n.name, build.image_archive(inv, n, lanes))
+                if netns:
+                    registry.publish(paths.node_dir(n.name), n.name, build.image_refs(inv, n, lanes), pushed)
         for name, info in ssh.items():
             sshd.wait_banner(name, info["host"], info["port"])
         if ssh:

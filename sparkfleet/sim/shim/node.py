@@ -63,11 +63,14 @@ def dockerd_argv(node: dict) -> list[str]:
     network), its containers' cgroups under one parent `sim down` removes, and the sim's stand-in for
     NVIDIA's runtime as the default runtime, as on a DGX (shim/runtime.py)."""
     d = node["dockerd"]
+    # the lab's registry (sim/registry.py): the Docker Hub mirror, pushed to over plain HTTP (its own network)
+    mirror = ["--registry-mirror", f"http://{d['registry']}", "--insecure-registry", d["registry"]] \
+        if d.get("registry") else []
     return ["/usr/sbin/dockerd", "--data-root", "/var/lib/docker", "--exec-root", "/run/docker",
             "-H", "unix:///run/docker.sock", "--pidfile", DOCKERD_PID, "--storage-driver", "vfs",
             "--iptables=false", "--ip-masq=false", "--bridge=none", "--userland-proxy=false",
             "--exec-opt", "native.cgroupdriver=cgroupfs", "--cgroup-parent", d["cgroup_parent"],
-            "--add-runtime", "nvidia=/usr/local/bin/sim-nvidia-runtime", "--default-runtime", "nvidia"]
+            "--add-runtime", "nvidia=/usr/local/bin/sim-nvidia-runtime", "--default-runtime", "nvidia", *mirror]
 
 
 def start_dockerd(node: dict) -> subprocess.Popen:
