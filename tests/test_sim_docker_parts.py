@@ -139,3 +139,24 @@ def test_a_docker_exec_process_gets_the_containers_rlimits_lowered_as_on_create(
     assert got["args"] == ["/bin/true"] and got["rlimits"] == runtime.clamp_rlimits([asked])
     if hard != resource.RLIM_INFINITY:  # this machine (no CAP_SYS_RESOURCE): runc would refuse the ask
         assert got["rlimits"][0]["hard"] == hard
+
+
+def test_the_lab_gets_the_real_daemon_wherever_this_machine_can_run_one(monkeypatch):
+    """`sim up`'s default docker: each node's own dockerd where nothing is missing (root, docker.io), the shim
+    where something is (no root: `make demo` as a user); $SPARKFLEET_SIM_DOCKER overrides either way."""
+    from sparkfleet.sim import dockerd, lab, registry
+
+    monkeypatch.delenv(lab.DOCKER_ENV, raising=False)
+    monkeypatch.setattr(dockerd, "missing", lambda: [])
+    monkeypatch.setattr(registry, "missing", lambda: [])
+    assert lab.default_docker() == "daemon"
+    monkeypatch.setattr(registry, "missing", lambda: ["/usr/bin/docker-registry"])
+    assert lab.default_docker() == "shim"
+    monkeypatch.setattr(registry, "missing", lambda: [])
+    monkeypatch.setattr(dockerd, "missing", lambda: ["root (a Docker daemon needs it)"])
+    assert lab.default_docker() == "shim"
+    monkeypatch.setenv(lab.DOCKER_ENV, "daemon")
+    assert lab.default_docker() == "daemon"
+    monkeypatch.setattr(dockerd, "missing", lambda: [])
+    monkeypatch.setenv(lab.DOCKER_ENV, "shim")
+    assert lab.default_docker() == "shim"

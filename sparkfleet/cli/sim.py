@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prints is labelled [sim]. Nothing here touches real hardware.",
         epilog="examples:\n  sparkfleet sim up                      # local transport\n"
         "  sparkfleet sim up --transport ssh --force   # one real sshd inside each node\n"
-        "  sparkfleet sim up --transport ssh --docker daemon   # and a real dockerd (root)\n"
+        "  sparkfleet sim up --transport ssh --docker shim   # the docker stand-in even as root\n"
         "  sparkfleet sim fault asusi clock-latch\n  sparkfleet sim fault reddie port-taken --port 8410\n"
         "  sparkfleet sim heal                    # every fault on every node\n"
         "  sparkfleet sim status --json\n  sparkfleet sim down",
@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--force", action="store_true", help="tear down an existing simulated lab first")
     up.add_argument("--docker", choices=lab.DOCKER_MODES, default=None,
                     help="daemon: a real Docker daemon inside each node (root; Debian docker.io); shim: the "
-                    f"docker stand-in (default: ${lab.DOCKER_ENV}, else shim)")
+                    f"docker stand-in (default: ${lab.DOCKER_ENV}, else daemon as root with docker.io installed, "
+                    "else shim)")
     up.set_defaults(func=run_up)
 
     down = ss.add_parser("down", help="stop every sshd the sim started and remove the sandboxes (idempotent)")

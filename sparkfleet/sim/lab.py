@@ -270,18 +270,22 @@ def without_root(transport: TransportKind, root: bool) -> list[str]:
 DOCKER_MODES = ("shim", "daemon")
 
 
-DOCKER_ENV = "SPARKFLEET_SIM_DOCKER"  # the default docker mode of `sim up` (and of the test suite's labs)
+DOCKER_ENV = "SPARKFLEET_SIM_DOCKER"  # overrides the default docker mode of `sim up` (and of the suite's labs)
 
 
 def default_docker() -> str:
-    return os.environ.get(DOCKER_ENV) or "shim"
+    """$SPARKFLEET_SIM_DOCKER when set; else each node's own real dockerd where this machine can run one (root,
+    Debian's docker.io and docker-registry: dockerd.missing() and registry.missing() say nothing), the docker
+    shim where it cannot (no root: `make demo` as a user)."""
+    return os.environ.get(DOCKER_ENV) or ("shim" if dockerd.missing() or registry.missing() else "daemon")
 
 
 def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: str | Path | None = None,
        force: bool = False, docker: str | None = None, launcher: str = "ssh") -> Sim:
     """Build the simulated lab of `inventory` (a name under inventories/ or a YAML file) and start its nodes.
     `docker`: "daemon" gives every node its own real dockerd (root); "shim" the docker stand-in; None:
-    $SPARKFLEET_SIM_DOCKER, else shim. `launcher`: "slurm" adds a real Slurm (sim/slurm.py)."""
+    default_docker() ($SPARKFLEET_SIM_DOCKER, else daemon as root with docker.io, else shim). `launcher`:
+    "slurm" adds a real Slurm (sim/slurm.py)."""
     docker = docker or default_docker()
     if transport not in ("local", "ssh"):
         raise UserError(f"unknown transport {transport!r} (local or ssh)")
