@@ -16,7 +16,7 @@ from sparkfleet.gates.run import (
 )
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepResult
-from sparkfleet.runner.ranks import stop_launch
+from sparkfleet.runner.ranks import stop_launch, stopped_every_rank
 from sparkfleet.schema.playbook import Step
 
 
@@ -59,11 +59,7 @@ def gates_step(ctx: RunContext, st: Step) -> StepResult:
                 for r in failed]
     text = summary(results)
     if ctx.options.stop_on_gate_failure:
-        lost = stop_launch(ctx)
-        text += "; every rank of this launch was stopped"
-        if lost:
-            text += " but on " + ", ".join(f"{n} ({why})" for n, why in lost.items()) + \
-                ", which could not be asked: a rank of this run may still run there"
+        text += stopped_every_rank(stop_launch(ctx))
     else:
         left = ", ".join(f"rank {s.rank} on {s.node}" for s in ctx.started)
         warning = (f"WARNING: gate(s) {', '.join(r.name for r in failed)} failed and the lane is LEFT RUNNING at "

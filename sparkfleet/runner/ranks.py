@@ -122,6 +122,16 @@ def stop_run(ctx: RunContext) -> StepGen:
     return lost
 
 
+def stopped_every_rank(lost: dict[str, str]) -> str:
+    """What a failed or interrupted run's reason ends with once stop_run is done: the nodes that could not be
+    asked named, as a rank of the run may still run there."""
+    said = "; every rank of this launch was stopped"
+    if lost:
+        said += (" but on " + ", ".join(f"{n} ({why})" for n, why in lost.items())
+                 + ", which could not be asked: a rank of this run may still run there")
+    return said
+
+
 def stop_launch(ctx: RunContext) -> dict[str, str]:
     """stop_run now (a failed gate, Ctrl-C): the nodes that could not be asked, with why."""
     return ctx.executor.drive(stop_run(ctx))

@@ -18,7 +18,7 @@ from sparkfleet.runner.context import RunContext, RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock, NodeLock
 from sparkfleet.runner.ops import drive
-from sparkfleet.runner.ranks import stop_launch
+from sparkfleet.runner.ranks import stop_launch, stopped_every_rank
 from sparkfleet.runner.record import Record, new_run_id
 from sparkfleet.runner.served import finish, template_hashes
 from sparkfleet.runner.steps import STEPS
@@ -126,11 +126,7 @@ def _interrupted(ctx: RunContext, exc: KeyboardInterrupt) -> None:
     record.data["interrupted_by"] = sig
     if not ctx.options.dry_run:
         _in_flight_done()
-        lost = stop_launch(ctx)
-        record.reason += "; every rank of this launch was stopped"
-        if lost:
-            record.reason += " but on " + ", ".join(f"{n} ({why})" for n, why in lost.items()) + \
-                ", which could not be asked: a rank of this run may still run there"
+        record.reason += stopped_every_rank(stop_launch(ctx))
     ctx.events.step("interrupt", "fail", record.reason)
 
 

@@ -15,7 +15,7 @@ from sparkfleet.fleet import ops
 from sparkfleet.runner import progress, slurm_launch
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import StepGen, StepResult, query
-from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands, stop_run
+from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands, stop_run, stopped_every_rank
 from sparkfleet.runner.served import launch_records
 from sparkfleet.schema.playbook import Step
 
@@ -221,6 +221,4 @@ def _fail_launch(ctx: RunContext, why: str, findings: list[Finding] | None = Non
         yield stop_launch_commands(ctx)
     ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
     ctx.record.data["last_log_lines"] = {str(r): lines for r, lines in ctx.logs_tail.items()}
-    but = (" but on " + ", ".join(f"{n} ({w})" for n, w in lost.items()) + ", which could not be asked: a rank "
-           "of this run may still run there") if lost else ""
-    return StepResult("fail", why + "; every rank of this launch was stopped" + but, findings or [])
+    return StepResult("fail", why + stopped_every_rank(lost), findings or [])
