@@ -1,4 +1,4 @@
-"""`up` through Slurm against `up` over SSH, on the same simulated lab, in one run.
+"""`up` through Slurm (nodes over SSH, and without SSH: srun) against `up` over SSH, same lab, in one run.
 
     flock /tmp/sparkfleet-lab.lock .venv/bin/python bench/up_slurm.py [--repeat 3] [--poll 0.2]
 
@@ -6,8 +6,9 @@ One `sim up --transport ssh --launcher slurm --docker daemon` (root: a real slur
 dockerd in every node), then, alternating, the same 4-node lane (dcp2 on its own ports, reading Engram from
 NFS) brought up with `launcher: slurm` (the generated inventory: one sbatch job whose tasks `docker run` the
 ranks) and with `launcher: ssh` (the same inventory without its slurm keys: one `docker run` per rank over
-SSH), each with up.yaml minus the answer gates and the fabric probe, timed end to end, then `down`.
-Prints a table (median wall, the launch steps and wait_ready) and the ratio slurm/ssh. THE LAB IS A
+SSH), and with `launcher: slurm` and `slurm.ssh: false` (every node command a Slurm step or job through
+srun, fleet/srun.py), each with up.yaml minus the answer gates and the fabric probe, timed end to end, then
+`down`. Prints a table (median wall, the launch steps and wait_ready) and the ratios to ssh. THE LAB IS A
 SIMULATION; the engine boots in seconds, so what differs is the orchestration: sbatch, the scheduler's
 start, squeue polls, scancel.
 Asserts nothing.
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--poll", type=float, default=0.2)
     args = parser.parse_args(argv)
-    runs: dict[str, list[tuple[float, dict]]] = {"ssh": [], "slurm": []}
+    runs: dict[str, list[tuple[float, dict]]] = {"ssh": [], "slurm": [], "srun": []}
     with tempfile.TemporaryDirectory() as tmp:
         ops = ops_root(Path(tmp))
         # the fabric probe measures the links, alike for both launchers (and on a loaded 2-core machine a link can
@@ -56,9 +57,14 @@ def main(argv: list[str] | None = None) -> int:
             data.pop("launcher"), data.pop("slurm")
             ssh_inv = Path(tmp) / "ssh.yaml"
             ssh_inv.write_text(yaml.safe_dump(data, sort_keys=False))
-            for _ in range(args.repeat):  # alternating, so load on the machine falls on both alike
+            data = yaml.safe_load(sim_inv.read_text())
+            data["slurm"]["ssh"] = False
+            srun_inv = Path(tmp) / "srun.yaml"
+            srun_inv.write_text(yaml.safe_dump(data, sort_keys=False))
+            for _ in range(args.repeat):  # alternating, so load on the machine falls on all alike
                 runs["slurm"].append(one(env, ops, "bench-tp4", args.poll, str(sim_inv)))
                 runs["ssh"].append(one(env, ops, "bench-tp4", args.poll, str(ssh_inv)))
+                runs["srun"].append(one(env, ops, "bench-tp4", args.poll, str(srun_inv)))
         finally:
             sf(env, "sim", "down")
     print(f"4 nodes, same lab (real sshd, slurmd and dockerd per node); readiness poll every {args.poll:g} s; "
@@ -72,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         top = sorted(rs[len(rs) // 2][1].items(), key=lambda kv: -kv[1])[:4]
         med[name] = wall
         print(f"{name:>8} {wall:10.2f} {launch:9.2f} {ready:13.2f}   " + ", ".join(f"{k} {v:.2f}" for k, v in top))
-    print(f"\nup wall slurm/ssh: {med['slurm'] / med['ssh']:.2f}  (slurm - ssh: {med['slurm'] - med['ssh']:+.2f} s)")
+    for name in ("slurm", "srun"):
+        print(f"up wall {name}/ssh: {med[name] / med['ssh']:.2f}  ({name} - ssh: {med[name] - med['ssh']:+.2f} s)")
     return 0
 
 

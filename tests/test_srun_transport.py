@@ -54,7 +54,7 @@ def test_a_command_runs_as_a_job_of_its_own_when_no_sparkfleet_job_holds_the_nod
     assert got.stderr == "err\n"
     argv = fake.read_text().splitlines()
     assert len(argv) == 1 and argv[0].startswith(
-        "--nodes=1 --ntasks=1 --nodelist=bluey --quiet --job-name=sparkfleet-step --time=2 --immediate=30 "
+        "--nodes=1 --ntasks=1 --nodelist=bluey --quiet --job-name=sparkfleet-step --time=2 --immediate=45 "
         "--partition=sparks --account=lab-a bash -c ")
 
 

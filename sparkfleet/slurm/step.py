@@ -10,7 +10,8 @@ Where it runs: a job sparkfleet submitted that holds the node now (squeue: runni
 comment the run label `sparkfleet.run=...`) gets the command as an overlapping step of one task
 (`srun --jobid J --overlap`): a serving lane's nodes are whole-node allocations no other job gets.
 Otherwise the command is a job of its own (`sparkfleet-step`, one task on the node, a time limit of
-the command's timeout, `--immediate` so a node another job holds fails at once instead of waiting).
+the command's timeout, `--immediate` for half of it, so a node another job holds fails the command
+with Slurm's reason instead of queueing behind that job).
 A job of anyone else is never joined.
 
 Could the command be started? The task first prints a marker line, which this wrapper takes off its
@@ -59,8 +60,11 @@ def srun_argv(req: dict, job_id: str | None, command: list[str]) -> list[str]:
     if job_id is not None:
         head += [f"--jobid={job_id}", "--overlap"]
     else:
-        minutes = max(1, math.ceil(float(req.get("timeout_s", 60)) / 60))
-        head += [f"--job-name={STEP_JOB}", f"--time={minutes}", "--immediate=30"]
+        timeout_s = float(req.get("timeout_s", 60))
+        # the node waited for half the command's bound at most (a step job of ours still completing there), so
+        # Slurm's reason for a node another job holds reaches the result before the transport's timeout
+        head += [f"--job-name={STEP_JOB}", f"--time={max(1, math.ceil(timeout_s / 60))}",
+                 f"--immediate={max(1, math.ceil(timeout_s / 2))}"]
         head += [f"--{k}={req[k]}" for k in ("partition", "account", "qos", "reservation") if req.get(k)]
     return [*head, "bash", "-c", PRELUDE, "sparkfleet-step", *command]
 
