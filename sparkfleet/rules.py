@@ -13,7 +13,7 @@ from sparkfleet.engines.base import at, hardware
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.naming import container_name
-from sparkfleet.placement import Rank
+from sparkfleet.placement import Rank, loopback_bound
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
 from sparkfleet.schema.yamlsrc import locate
@@ -108,6 +108,19 @@ def api_key(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Findi
         yield Finding("api-key", "fail", f"engine {p.engine} does not take an API key from sparkfleet",
                       "drop api_key_env, or set the key the way the engine's own recipe reads it",
                       field="api_key_env", where=at(loaded, "api_key_env"))
+
+
+@rule
+def srun_endpoint(loaded: Loaded, inv: Inventory, ranks: list[Rank]) -> Iterator[Finding]:
+    """A head reached through srun (slurm.ssh: false) that binds loopback: no SSH tunnel can reach its API, so
+    readiness would wait out the boot budget for an answer that cannot come."""
+    p = loaded.profile
+    head = ranks[0].node if ranks else None
+    if head is not None and head.transport == "srun" and loopback_bound(p.host):
+        yield Finding("endpoint", "fail", f"the lane's API binds {p.host} on {head.name}, which is reached through "
+                      "srun (slurm.ssh: false): nothing here can reach it, no SSH tunnel carries it",
+                      f"bind the API to an address this machine reaches (-o host=0.0.0.0, or {head.ssh.host})",
+                      node=head.name, field="host", where=at(loaded, "host"))
 
 
 # -- the lane's shape: what docker and the engine would refuse at launch, said at plan ---------------------

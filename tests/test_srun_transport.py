@@ -103,3 +103,21 @@ def test_slurm_ssh_false_with_a_login_node_is_refused_naming_the_field(ops_root:
         Spec(ops_root).inventory("lab")
     assert "slurm.login: with slurm.ssh: false the compute nodes are reached by srun run on this machine" in \
         str(err.value)
+
+
+def test_a_head_bound_to_loopback_on_srun_nodes_is_refused_at_plan(ops_root: Path, tmp_path: Path, monkeypatch,
+                                                                    capsys) -> None:
+    """No SSH tunnel reaches a loopback-bound API through srun: `plan` refuses the lane naming the head and the
+    bind, instead of `up` waiting out the boot budget for an answer that cannot come."""
+    import json
+
+    from sparkfleet.cli.main import main
+
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    _inventory(ops_root, "  partition: sparks\n  ssh: false\n")
+    code = main(["plan", "--profile", "dcp2", "--root", str(ops_root), "-i", "lab", "-o", "host=127.0.0.1", "--json"])
+    found = [(f["check"], f.get("node"), f["message"]) for f in json.loads(capsys.readouterr().out)["findings"]
+             if f["check"] == "endpoint"]
+    assert code == 2 and found == [("endpoint", "reddie", "the lane's API binds 127.0.0.1 on reddie, which is reached "
+                                    "through srun (slurm.ssh: false): nothing here can reach it, no SSH tunnel "
+                                    "carries it")]
