@@ -68,7 +68,7 @@ def test_a_loopback_bound_head_is_reached_through_an_ssh_tunnel(tmp_path, monkey
     sim = lab.up("lab", transport="ssh", ops_root=str(ops))
     try:
         engram_copies(sim)
-        # the tunnel, not the links (test_fabric_sim's): a healthy veth can read slow on the lab's shared cores
+        # the tunnel, not the links: the fabric probe has its own tests (test_fabric_sim, test_fabric_probe)
         code = main(["up", "--profile", "dcp2-lo", "--inventory", "sim", "--root", str(ops), "--gates", "models",
                      "--poll", "0.2", "--no-probe", "--no-fabric-probe", "--json"])
         events = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]

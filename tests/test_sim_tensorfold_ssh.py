@@ -33,8 +33,7 @@ def test_tf1017_over_ssh_up_status_logs_gates_down(tmp_path, monkeypatch, capsys
         assert {n.transport for n in sim.inventory().nodes.values()} == {"ssh"}
         tensorfold_built()
         capsys.readouterr()
-        # tf1017 over SSH, not the links (test_fabric_sim's): on the lab's two shared cores a healthy veth's 48 KB
-        # round trip can read 3x the others' (CI 2026-12-05, three SSH labs in one run)
+        # tf1017 over SSH, not the links: the fabric probe has its own tests (test_fabric_sim, test_fabric_probe)
         code, events = run(capsys, "up", "--profile", "tf1017", "--gates", "models", "--poll", "0.2", "--no-probe",
                            "--no-fabric-probe")
         result = next(e for e in events if e["event"] == "result")

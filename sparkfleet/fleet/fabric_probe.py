@@ -171,7 +171,10 @@ def probe_ops(ranks: list[Rank], *, port: int = PORT, bulk_bytes: int = BULK_BYT
     back to back (within half a second) one read 2.4x four times (CI, 2026-12-05): what slowed it outlasted
     them; spread over 3.5 s, one link of a freshly started lab still failed in the next run. So the looks are
     spread over 7 s (CONFIRM_PAUSE_S, doubling; spent only while a link looks off, small beside a boot), and
-    a slow link, slow whenever it is measured, still fails each time.
+    a slow link, slow whenever it is measured, still fails each time. What outlasted the looks was found
+    later: the helper's ends slept in recv, and a link whose ends sat on different CPUs paid a wake-up per
+    echo (nodeside/fabric_probe.py `_echoes` now spins; bench/fabric_rtt_cpus.py). The spread looks stay
+    for what else a busy node can do to one measurement.
     """
     nodes, problems = endpoints(ranks)
     schedule = plan_links(nodes, port)
