@@ -96,19 +96,19 @@ class LocalTransport:
         """The environment a command on this node sees (before the caller's env)."""
         return {} if node.wrapper else dict(os.environ)
 
-    def argv(self, node: Node, command: str, timeout_s: float = 60.0) -> list[str]:
-        wrapper = self.wrapper(node, timeout_s)
+    def argv(self, wrapper: list[str] | None, command: str) -> list[str]:
         return [*(wrapper or []), self.shell if not wrapper else "bash", "-c", command]
 
     def _run_one(self, node: Node, command: str, stdin: bytes, timeout_s: float, extra: dict[str, str]) -> Result:
         env = {**self.node_env(node), **extra}
-        wrapped = self.wrapper(node, timeout_s) is not None
+        wrapper = self.wrapper(node, timeout_s)  # asked once: srun's is built per command
+        wrapped = wrapper is not None
         status_r, status_w = os.pipe() if wrapped else (-1, -1)
         if wrapped:
             env[NOT_RUN_FD] = str(status_w)
         # Own session so a timeout kills the command's whole process group, not just the shell.
         try:
-            proc = subprocess.Popen(self.argv(node, command, timeout_s), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(self.argv(wrapper, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env=env, start_new_session=True,
                                     pass_fds=(status_w,) if wrapped else ())
         except BaseException:
