@@ -1,0 +1,53 @@
+"""The process's exit code after a Ctrl-C the CLI handled is 130, not a death by SIGINT (-2).
+
+CPython 3.11 marks a KeyboardInterrupt that leaves code run from a string (exec(str): what dataclasses and
+namedtuple run while a module is imported) as unhandled, even when a caller catches it later, and a process
+started as `python -m` (Modules/main.c Py_RunMain) then dies by SIGINT at exit. A Ctrl-C landing in one of
+the CLI's lazy imports did that to a real `python -m sparkfleet.cli.main restore` (CI stop 35: record
+written, cleanup done, exit -2). The child here is the real entry point (`run()`), started with -m, around
+a command that catches the interrupt as main() does; the SIGINT is a real one, sent while the command runs
+code from a string."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+CHILD = """
+import sys
+import sparkfleet.cli.main as cli
+
+def main():
+    try:  # as an import would: a module body, here run from a string, when the Ctrl-C comes
+        exec("import time\\nprint('running', flush=True)\\ntime.sleep(30)")
+    except KeyboardInterrupt:  # handled, as main() handles it: the run is cleaned up, the code decided
+        sys.stderr.write("sparkfleet: interrupted\\n")
+        return 130
+    return 0
+
+cli.main = main
+if __name__ == "__main__":
+    sys.exit(cli.run())
+"""
+
+
+def test_ctrl_c_handled_inside_code_run_from_a_string_exits_130(tmp_path: Path) -> None:
+    (tmp_path / "entry.py").write_text(CHILD)
+    proc = subprocess.Popen([sys.executable, "-m", "entry"], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline() == "running\n"  # the child is inside the exec'd code
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=20)  # the child sleeps 30 s: a SIGINT that did not land fails here
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (code, proc.stderr.read()) == (130, "sparkfleet: interrupted\n")
