@@ -87,13 +87,13 @@ def test_a_lab_node_s_images_take_their_entrypoint_from_the_engine_adapter():
     """vLLM's image runs `vllm serve` (the adapter's image_entrypoint, from vLLM's Dockerfile); a llama.cpp
     lane's image has none (the lane's command is the container's command)."""
     from sparkfleet.opsdir import Spec
-    from sparkfleet.sim.build import Lanes, image_archive
+    from sparkfleet.sim.build import Lanes, image_specs, images_archive
 
     sp = Spec(Path(__file__).resolve().parent.parent)
     inv = sp.inventory("lab")
     lanes = Lanes([sp.profile("dcp2").profile, sp.profile("local-gemma").profile])
     entry = {}
-    with tarfile.open(fileobj=io.BytesIO(image_archive(inv, inv.nodes["reddie"], lanes))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(images_archive(image_specs(inv, inv.nodes["reddie"], lanes)))) as tar:
         for m in json.loads(tar.extractfile("manifest.json").read()):
             entry[m["RepoTags"][0]] = json.loads(tar.extractfile(m["Config"]).read())["config"].get("Entrypoint")
     refs = {p.engine: p.image.ref for p in lanes.profiles}

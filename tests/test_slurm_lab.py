@@ -29,6 +29,7 @@ import yaml
 
 from sparkfleet.cli.main import main
 from sparkfleet.sim import dockerd
+from sparkfleet.sim.daemon import alive_as
 from tests.cli_run import LAB_NODES, container_log, lane_containers, record_of, result, run, step, steps
 from tests.conftest import REPO, engram_copies
 
@@ -628,7 +629,7 @@ def test_down_leaves_no_process_file_or_namespace(slurm_lab) -> None:
     pids = slurm_lab.manifest["slurm"]["pids"]
     assert lab.down() is True
     for name, pid in pids.items():
-        assert not sim_slurm._is(pid, name), f"{name} ({pid}) still runs"
+        assert not alive_as(pid, name), f"{name} ({pid}) still runs"
     alive = subprocess.run(["pgrep", "-x", "slurmd|slurmctld|munged|slurmstepd"], capture_output=True, text=True)
     assert alive.stdout == ""
     assert not Path(sim_slurm.MUNGE_SOCKET_DIR).exists() and not paths.sim_dir().exists()

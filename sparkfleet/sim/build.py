@@ -200,28 +200,22 @@ def docker_state(profiles: list[Profile]) -> dict:
             "images": [image_record(r, d, versions.get(r)) for r, d in images.items()]}
 
 
-def image_refs(inv: Inventory, node: Node, lanes: Lanes) -> list[str]:
-    """Every image a profile on the node names (what image_archive holds), sorted."""
-    return sorted({p.image.ref for p in profiles_for(inv, node, lanes) if p.image})
-
-
-def image_archive(inv: Inventory, node: Node, lanes: Lanes) -> bytes:
-    """The node's images as one `docker load` archive (sim/image.py): every image a profile on the node
-    names (as the shim's docker state has them), a vLLM image with vLLM's entrypoint, each with the engine
-    version its first profile declares. An image is the same bytes, and id, on every node that has it."""
+def image_specs(inv: Inventory, node: Node, lanes: Lanes) -> dict[str, dict]:
+    """Every image a profile on the node names -> {"entrypoint", "engine_version"}: a vLLM image with
+    vLLM's entrypoint, each with the engine version its first profile declares."""
     refs: dict[str, dict] = {}
-    for n in (node,):
-        for p in profiles_for(inv, n, lanes):
-            if p.image:
-                entrypoint = engine_for(p.engine).image_entrypoint  # the adapter says what its image runs
-                got = refs.setdefault(p.image.ref, {"entrypoint": list(entrypoint) if entrypoint else None})
-                got.setdefault("engine_version", p.image.engine_version)
-    return images_archive(refs)
+    for p in profiles_for(inv, node, lanes):
+        if p.image:
+            entrypoint = engine_for(p.engine).image_entrypoint  # the adapter says what its image runs
+            got = refs.setdefault(p.image.ref, {"entrypoint": list(entrypoint) if entrypoint else None})
+            got.setdefault("engine_version", p.image.engine_version)
+    return refs
 
 
 def images_archive(refs: dict[str, dict]) -> bytes:
     """The `docker load` archive of image refs -> {"entrypoint", "engine_version"} (sim/image.py archive),
-    their tools run by this Python and this sparkfleet."""
+    their tools run by this Python and this sparkfleet. An image is the same bytes, and id, on every node
+    that has it."""
     import sparkfleet
 
     data, _ids = image.archive(refs, sys.executable, str(Path(sparkfleet.__file__).resolve().parent.parent))

@@ -348,9 +348,10 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
                 registry.start()
             for n in inv.nodes.values():
                 dockerd.wait_ready(paths.node_dir(n.name), n.name)
-                dockerd.load_images(paths.node_dir(n.name), n.name, build.image_archive(inv, n, lanes))
+                specs = build.image_specs(inv, n, lanes)
+                dockerd.load_images(paths.node_dir(n.name), n.name, build.images_archive(specs))
                 if netns:
-                    registry.publish(paths.node_dir(n.name), n.name, build.image_refs(inv, n, lanes), pushed)
+                    registry.publish(paths.node_dir(n.name), n.name, sorted(specs), pushed)
         for name, info in ssh.items():
             sshd.wait_banner(name, info["host"], info["port"])
         if ssh:

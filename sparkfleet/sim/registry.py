@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -26,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from sparkfleet.schema.errors import UserError
-from sparkfleet.sim import netlab, node, paths
+from sparkfleet.sim import daemon, netlab, node, paths
 
 BINARY = "/usr/bin/docker-registry"  # Debian's package docker-registry
 PORT = 5000  # the registry's own default (its config's http.addr :5000)
@@ -84,22 +83,7 @@ def stop() -> None:
         pid = int((_dir() / "registry.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            ours = fh.read().split(b"\0")[0] == BINARY.encode()
-    except OSError:
-        ours = False
-    if not ours:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    daemon.stop(pid, Path(BINARY).name, grace_s=5)
     shutil.rmtree(_dir(), ignore_errors=True)
 
 

@@ -19,10 +19,8 @@ and removes the socket directory; everything else lies under the sim dir.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -31,7 +29,7 @@ from typing import Any
 
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
-from sparkfleet.sim import netlab, node, paths
+from sparkfleet.sim import daemon, netlab, node, paths
 
 MUNGE_SOCKET_DIR = "/run/sparkfleet-sim-munge"  # this machine's /run and each node's own /run
 MUNGE_SOCKET = f"{MUNGE_SOCKET_DIR}/munge.socket.2"
@@ -199,18 +197,7 @@ def stop(info: dict[str, Any] | None) -> None:
     """End this machine's slurmctld and munged (by their pids; the nodes' daemons end with the nodes) and
     remove the socket directory. Safe to call twice and after a half-finished start."""
     for name in ("slurmctld", "munged"):
-        pid = (info or {}).get("pids", {}).get(name) or _pidfile(name)
-        if pid and _is(pid, name):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and _is(pid, name):
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-                time.sleep(0.05)
-            if _is(pid, name):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        daemon.stop((info or {}).get("pids", {}).get(name) or _pidfile(name), name, grace_s=10)
     shutil.rmtree(MUNGE_SOCKET_DIR, ignore_errors=True)
 
 
@@ -219,16 +206,6 @@ def _pidfile(name: str) -> int | None:
         return int((slurm_dir() / f"{name}.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _is(pid: int, name: str) -> bool:
-    """pid is alive and is `name` (pids are reused)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat.split("(", 1)[1].split(")", 1)[0] == name and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def inventory_keys(info: dict[str, Any] | None) -> dict[str, Any]:
