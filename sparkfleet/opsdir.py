@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparkfleet.engines.registry import check_lane
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Hooks, Loaded, Loader
 from sparkfleet.schema.yamlsrc import Marks
+from sparkfleet.sim.paths import sim_inventory_path
+from sparkfleet.userconfig import value
 
 __all__ = ["Loaded", "Spec"]
 
 
 def _sim_inventory() -> Path:
-    from sparkfleet.sim.paths import sim_inventory_path
-
     return sim_inventory_path()
 
 
@@ -26,14 +27,10 @@ def _resolve_ssh(inv: Inventory, marks: Marks, display: str) -> Inventory:
 
 
 def _check_lane(loaded: Loaded) -> None:
-    from sparkfleet.engines.registry import check_lane
-
     check_lane(loaded)
 
 
 def _default_inventory() -> str | None:
-    from sparkfleet.userconfig import value
-
     return value("inventory")
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.schema.errors import SpecError
+from sparkfleet.schema.yamlsrc import load_yaml
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,6 @@ def file_values() -> dict[str, tuple[str, int]]:
     key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key in _cache:
         return _cache[key]
-    from sparkfleet.schema.yamlsrc import load_yaml
 
     data, marks = load_yaml(path, str(path))
     if data is None or data == {}:

@@ -148,3 +148,47 @@ def test_only_the_executor_runs_node_commands() -> None:
 def test_the_transport_call_finder_sees_one() -> None:
     tree = ast.parse("self.transport.run([n], c)\ntransport.run_each(ns, cs)\nex.run(op)\nsubprocess.run(['x'])\n")
     assert transport_calls(tree) == [1, 2]
+
+
+def unexplained_function_imports(pkg: Path) -> list[str]:
+    """Imports inside functions with no comment saying why: on the import's line, above its block, or on the
+    `try:`/`if ...:` line that opens it. The CLI's are exempt as a whole: cli/__init__.py says why."""
+    out = []
+    for p in sorted(pkg.rglob("*.py")):
+        if p.relative_to(pkg).parts[0] == "cli":
+            continue
+        lines = p.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for imp in ast.walk(fn):
+                if isinstance(imp, ast.Import | ast.ImportFrom) and not _says_why(lines, imp.lineno - 1):
+                    out.append(f"{p.relative_to(pkg.parent)}:{imp.lineno}: {lines[imp.lineno - 1].strip()}")
+    return out
+
+
+def _says_why(lines: list[str], i: int) -> bool:
+    if "#" in lines[i]:
+        return True
+    for line in reversed(lines[:i]):
+        t = line.strip()
+        if t.startswith("#"):
+            return True
+        if t and not t.startswith(("import ", "from ")):
+            return "#" in t and t.split("#", 1)[0].rstrip().endswith(":")
+    return False
+
+
+def test_an_import_inside_a_function_says_why() -> None:
+    """Imports go at the top, where the import graph shows them; one inside a function is for start-up time,
+    an optional extra, or a program that must need only the standard library, and says which (issue 22)."""
+    assert unexplained_function_imports(PKG) == []
+
+
+def test_the_function_import_finder_sees_one(tmp_path: Path) -> None:  # the test above could not fail without it
+    (tmp_path / "pkg" / "cli").mkdir(parents=True)
+    (tmp_path / "pkg" / "m.py").write_text("def f():\n    import json\n\n\ndef g():\n    import os  # start-up\n\n\n"
+                                           "def h():\n    try:  # optional extra\n        import yaml\n"
+                                           "    except ImportError:\n        pass\n")
+    (tmp_path / "pkg" / "cli" / "c.py").write_text("def f():\n    import json\n")
+    assert unexplained_function_imports(tmp_path / "pkg") == ["pkg/m.py:2: import json"]

@@ -133,11 +133,11 @@ def markdown(result: BenchResult, plots: list[str] | None = None, plot_note: str
 
 def plots(result: BenchResult, out_dir: Path) -> tuple[list[str], str | None]:
     """PNG plots when matplotlib is importable: (files written, or a note saying why none were)."""
-    try:
+    try:  # an optional extra (sparkfleet[plots]): imported only where plots are asked for
         import matplotlib
 
         matplotlib.use("Agg")  # files only; never a display
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # after use("Agg"): pyplot picks its backend on import
     except ImportError:
         return [], "Plots skipped: matplotlib is not installed (`pip install 'sparkfleet[plots]'`)."
     written = []

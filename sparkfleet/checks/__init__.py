@@ -52,7 +52,7 @@ def run_checks(plan: Plan, inventory: Inventory, facts: dict[str, NodeFacts | Re
 
     from .context import CheckContext
 
-    if profile is None:
+    if profile is None:  # the same reason: the spec loader is not standard library
         from sparkfleet.opsdir import Spec
         from sparkfleet.root import find_root
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection
 
+from sparkfleet.fleet.forward import local_forward
 from sparkfleet.fleet.hostkeys import default_known_hosts, fingerprint, host_entry
 from sparkfleet.fleet.transport import Result, fan_out, telling_line
 from sparkfleet.schema.inventory import Hop, Node
@@ -134,8 +135,6 @@ class SshTransport:
         """A local port on 127.0.0.1 forwarded to remote_host:remote_port as the node sees it, over the
         node's pinned connection (host key checked as for every command); closed when the block ends.
         How a loopback-bound head's API is reached from here (`ssh -L`)."""
-        from sparkfleet.fleet.forward import local_forward
-
         conn = self._connection(node)
         with local_forward(conn.transport, remote_host, remote_port) as local_port:
             yield local_port

@@ -77,6 +77,8 @@ def _meaningful(text: str) -> bool:
 
 
 def _parse(text: str, path: Path, marks: Marks, display: str) -> Any:
+    # here, not at the top: `plan` loads inventories and would pay paramiko's import (a fifth of a second)
+    # for every one, though only an ssh_config file that has text needs it
     from paramiko import SSHConfig
     from paramiko.ssh_exception import ConfigParseError
 

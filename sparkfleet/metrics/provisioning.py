@@ -11,6 +11,7 @@ jobs can be pasted into an existing prometheus.yml:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,6 @@ def dump(data: dict[str, Any]) -> str:
 def write_all(out: Path, *, exporter: str, engines: list[EngineTarget], prometheus_url: str,
               scrape_interval: str, latch_band: tuple[int, int] | None) -> list[Path]:
     """Write dashboards, Grafana provisioning and prometheus.yml under `out`; returns the files written."""
-    import json
-
     dash_dir = (out / "dashboards").resolve()
     files: dict[Path, str] = {}
     for name, dash in all_dashboards(latch_band).items():

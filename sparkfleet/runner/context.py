@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,8 @@ class RunContext:
         head's pinned connection (opened once, closed when the run ends); else the head's address."""
         if self.options.endpoint:
             return self.options.endpoint.rstrip("/")
+        # here, not at the top: `restore --list` and every verb's --help import this module, and the
+        # transports (paramiko) would cost them a half second of start-up
         from sparkfleet.fleet.connect import api_base
 
         if self.tunnel is None and self.profile.port is not None:  # the executor shows it under --dry-run
@@ -151,9 +154,6 @@ class RunContext:
 
     def patch_manifest_sha256(self) -> str | None:
         """sha256 of the lane's patch-set manifest file (a restore pin), None without one."""
-        import hashlib
-
-
         name = self.profile.patches
         path = pm.set_dir(self.spec.root, name) / pm.MANIFEST if name else None
         return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None

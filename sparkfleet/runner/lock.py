@@ -4,8 +4,10 @@ this controller's own lock file per inventory (FleetLock: one run at a time per 
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import posixpath
 import socket
 import time
 from pathlib import Path
@@ -89,8 +91,6 @@ def holder_text(run_id: str, command: str, profile: str) -> str:
 
 
 def _user() -> str:
-    import getpass
-
     try:
         return getpass.getuser()
     except (KeyError, OSError):
@@ -137,8 +137,6 @@ def _run_of(h: dict) -> str:
 def stuck_text(node: str, path: str, text: str, why: str, stuck) -> str:
     """The refusal when a stale lock is another user's file in a sticky directory (/run/lock is 1777: only
     its owner or root may remove it): whose it is, who could not, and what to run where."""
-    import posixpath
-
     def who(name: str, uid: int) -> str:
         return f"{name} (uid {uid})" if name else f"uid {uid}"
 

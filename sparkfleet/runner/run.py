@@ -20,6 +20,7 @@ from sparkfleet.runner.lock import FleetLock, NodeLock
 from sparkfleet.runner.ops import drive
 from sparkfleet.runner.ranks import stop_launch, stopped_every_rank
 from sparkfleet.runner.record import Record, new_run_id
+from sparkfleet.runner.restore import save_point
 from sparkfleet.runner.served import finish, template_hashes
 from sparkfleet.runner.steps import STEPS
 from sparkfleet.schema.inventory import Inventory
@@ -174,8 +175,6 @@ def _steps(ctx: RunContext) -> None:
 
     finish(ctx)
     if ctx.options.save_as and not ctx.options.dry_run:
-        from sparkfleet.runner.restore import save_point
-
         path = save_point(ctx, ctx.options.save_as)
         events.emit("message", text=f"restore point {ctx.options.save_as!r}: {path}")
         record.data["restore_point"] = ctx.options.save_as

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,8 +94,6 @@ class Loader:
                 raise SpecError(f"name {node.name!r} differs from its key {key!r}", display, line,
                                 f"nodes.{key}.name")
         if inv.fabric_subnet:
-            import ipaddress
-
             net = ipaddress.ip_network(inv.fabric_subnet)
             for key, node in inv.nodes.items():
                 if node.fabric_ip and ipaddress.ip_address(node.fabric_ip) not in net:

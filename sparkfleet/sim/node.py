@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import sparkfleet
 from sparkfleet.fleet.local import NOT_RUN_FD
 from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import shim
@@ -78,8 +79,6 @@ def home_dir() -> str:
 
 def python_roots() -> list[str]:
     """Directories the sim engine's Python needs, bound read-only into each node at the same paths."""
-    import sparkfleet
-
     package_root = str(Path(sparkfleet.__file__).resolve().parent.parent)
     out: list[str] = []
     for p in (sys.base_prefix, sys.prefix, package_root):

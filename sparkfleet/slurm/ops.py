@@ -163,6 +163,8 @@ def places(inv: Inventory) -> dict[str, Node]:
 
 def drive_here(inv: Inventory, gen: OpGen[T]) -> T:
     """Drive controller-side operations now, outside a run (plan's refusals, status): no dry-run."""
+    # here, not at the top: plan and status import this module, and the transports (paramiko) cost their
+    # start-up a half second; only a command that reaches the controller needs them
     from sparkfleet.fleet.connect import transport_for
 
     ctl = controller(inv)

@@ -33,23 +33,27 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkfleet.fleet.connect import transport_for
+from sparkfleet.fleet.connect import api_base, transport_for
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.op import run_commands
+from sparkfleet.fleet.op import query, run_commands
 from sparkfleet.fleet.ops import LogTail, Look, Op, Stopped, on
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import ApiClient
 from sparkfleet.metrics.records import RunIndex
-from sparkfleet.naming import node_lock_path
+from sparkfleet.naming import node_lock_path, slurm_job_name
 from sparkfleet.opsdir import Spec
 from sparkfleet.placement import Rank, endpoint, loopback_bound, place
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.lock import FleetLock, describe, holder_text, parse_holder, pid_alive, stale_why
 from sparkfleet.runner.record import Record, new_run_id
+from sparkfleet.runner.run import execute
+from sparkfleet.runner.slurm_launch import OUTPUT_LINES
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded
+from sparkfleet.slurm.job import output_path
+from sparkfleet.slurm.ops import drive_here
 from sparkfleet.watch import status as st
 from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
 from sparkfleet.watch.probe import Probe, Prober, RankState
@@ -257,8 +261,6 @@ class Watcher:
         local forward of fleet/connect.py's `api_base` (the rule `up`'s readiness, `gates`, `bench` and
         `status` use), over a connection of its own so a facts round trip that drops a connection cannot
         take the forward along."""
-        from sparkfleet.fleet.connect import api_base
-
         head = self.ranks[0].node
         stack = ExitStack()
         url = stack.enter_context(api_base(head, self.profile.port, self.profile.host))
@@ -333,8 +335,6 @@ class Watcher:
         container does): True when the job of the run watch looks after ended by itself (kept in `job_end`);
         StandDown when scancel ended it (whatever containers are still being removed); False when Slurm
         cannot say (no such job any more, or still not ended after slurm/ops.py END_BOUND_S)."""
-        from sparkfleet.slurm.ops import drive_here
-
         runs = self.known_runs | self.failed_restarts
         try:
             end = drive_here(self.inventory, read_end(self.inventory, self.profile.name, runs, poll_s=self.poll_s))
@@ -455,8 +455,6 @@ class Watcher:
 
     def run_playbook(self, name: str, what: str, options: RunOptions) -> Record:
         """`up`/`restore`/`down` through the runner, exactly as the CLI runs it (it takes the fleet lock)."""
-        from sparkfleet.runner.run import execute
-
         options.dry_run = self.dry_run
         self.acting = True
         try:
@@ -520,11 +518,6 @@ class Watcher:
     def job_output(self, end: JobEnd) -> dict[str, list[str]]:
         """The last lines of a Slurm job's output (srun --label: every task's log and its trap's line), read
         on its batch host: {'slurm job ID': lines}, or nothing when they cannot be read."""
-        from sparkfleet.fleet.op import query
-        from sparkfleet.naming import slurm_job_name
-        from sparkfleet.runner.slurm_launch import OUTPUT_LINES
-        from sparkfleet.slurm.job import output_path
-
         host = end.batch_host
         path = end.output if end.output and "%" not in end.output else \
             output_path(slurm_job_name(self.profile.name), end.job_id)  # a Slurm that printed the pattern

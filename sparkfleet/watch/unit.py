@@ -7,6 +7,8 @@ through `word` (or `env` for Environment=), so a path with a space or a `%` stay
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 from pathlib import Path
 
@@ -57,9 +59,6 @@ def without(argv: list[str], drop: dict[str, int]) -> list[str]:
 
 def invoking_user() -> str:
     """Who runs this (under sudo: who ran sudo), for the unit's User=: never root by accident."""
-    import os
-    import pwd
-
     return os.environ.get("SUDO_USER") or pwd.getpwuid(os.getuid()).pw_name
 
 

@@ -11,6 +11,7 @@ document was printed; exit 2 only for a request that is not valid JSON.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -746,8 +747,6 @@ def _new_errors(mine: list[str], reported: list[str]) -> list[str]:
 
 def file_hashes(paths: list[str]) -> dict[str, str | None]:
     """sha256 of each asked file (the lane's patch files), None where it cannot be read."""
-    import hashlib
-
     out: dict[str, str | None] = {}
     for p in paths:
         if not isinstance(p, str) or p in out:

@@ -17,6 +17,7 @@ or CUDA failed, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -53,9 +54,7 @@ def main(argv: list[str]) -> int:
     a = parse_args(argv)
     os.environ.setdefault("NCCL_DEBUG", "INFO")
     os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    try:
-        import datetime
-
+    try:  # the lane's image has torch, the node's own Python need not: the reply says which it lacked
         import torch
         import torch.distributed as dist
     except ImportError as exc:

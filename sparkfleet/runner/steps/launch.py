@@ -12,7 +12,7 @@ from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.fleet import ops
-from sparkfleet.runner import progress, slurm_launch
+from sparkfleet.runner import autotune, progress, slurm_launch
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import StepGen, StepResult, query
 from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands, stop_run, stopped_every_rank
@@ -113,8 +113,6 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
     station = [r.node for r in ctx.plan.ranks if r.node.hardware in engine.autotune_hardware]
     started_at = time.time() - 60  # hash dirs the tuner makes for this launch are younger than now - this
     if station:
-        from sparkfleet.runner import autotune
-
         changed = autotune.shape_changes(ctx.state_dir / "runs", ctx.profile.name, ctx.plan.launches[-1].argv)
         if changed:
             ctx.events.emit("message", text=f"kernel shapes changed since the last good run ({', '.join(changed)}): "
