@@ -132,6 +132,62 @@ class SlurmJobRecord(_Open):
     script: str = ""  # the sbatch script as submitted
 
 
+class SilenceRecord(_Open):
+    """One judgement of a head that logged nothing for a while (runner/progress.py Silence)."""
+
+    kind: str  # working | stalled | unknown
+    silent_s: float
+    window_s: float  # how long apart the two CPU samples were
+    cpu_s: dict[str, float | None] = Field(default_factory=dict)  # rank -> CPU seconds between them (None: not read)
+
+
+class WaitReadyRecord(_Open):
+    """How wait_ready polled the head, and the rank it saw fail."""
+
+    poll_s: float
+    polls: int = 0
+    poll_started: list[float] = Field(default_factory=list)  # the last 20 polls' start times
+    stall_s: float | None = None
+    failed_rank: int | None = None
+    failed_node: str | None = None
+    detected_at: float | None = None
+    silent: list[SilenceRecord] | None = None
+
+
+class UnreachableRecord(_Open):
+    """A node stop could not ask: its rank may still run there."""
+
+    rank: int | None = None
+    kind: str  # the check that failed there (reach, docker-down, ...)
+    why: str
+    remedy: str
+
+
+class IncidentRecord(_Open):
+    """What watch saw fail (watch/policy.py's Verdict)."""
+
+    reason: str
+    why: str = ""
+    node: str | None = None
+
+
+class StandDownRecord(_Open):
+    """Why watch stood down instead of restarting, and who held the lane's lock."""
+
+    why: str
+    holder: dict[str, Any] | None = None  # the lock file's holder (runner/lock.py parse_holder)
+
+
+class RestartRecord(_Open):
+    """The restart watch ran: the playbook's own record is run_id."""
+
+    playbook: str
+    run_id: str
+    outcome: str
+    reason: str = ""
+    budget_left: int | None = None  # restarts the policy still allows
+
+
 class RecordData(BaseModel):
     """Every key a run (the runner's steps) or a watch incident writes; another key is a bug, refused on write."""
 
@@ -153,12 +209,12 @@ class RecordData(BaseModel):
     rail2: dict[str, str] | None = None  # node -> the runtime alias added
     pins: PinsRecord | None = None
     fleet_lock: Doc | None = None  # taken_over (findings), nodes
-    unreachable: dict[str, Doc] | None = None  # stop: node -> {rank, kind, why, remedy}: it may still run there
+    unreachable: dict[str, UnreachableRecord] | None = None  # stop: node -> it may still run there
     # the launch and what served
     launches: list[LaunchRecord] | None = None
     slurm_job: SlurmJobRecord | None = None  # launcher: slurm: the job the lane ran as (watch: the one that ended)
     slurm_drained: dict[str, str] | None = None  # up --drain-on-fail: node -> the reason Slurm was given
-    wait_ready: Doc | None = None  # poll_s, polls, poll_started, failed_rank, failed_node, detected_at
+    wait_ready: WaitReadyRecord | None = None
     autotune_shape_changes: list[str] | None = None
     autotune_seeded: list[str] | None = None
     log_facts: dict[str, Doc] | None = None  # rank -> LogFacts.as_dict()
@@ -169,10 +225,10 @@ class RecordData(BaseModel):
     restore_point: str | None = None
     interrupted_by: str | None = None  # SIGINT | SIGTERM: every container of the run was looked up and stopped
     # a watch incident
-    stand_down: Doc | None = None  # why watch stood down, and the lock holder
-    incident: Doc | None = None  # reason, why, node
+    stand_down: StandDownRecord | None = None
+    incident: IncidentRecord | None = None
     probes: list[Doc] | None = None
-    restart: Doc | None = None
+    restart: RestartRecord | None = None
     stopped: dict[str, Any] | None = None  # node -> [{rank, state, finished_at}] or why it could not say
     # a record of an older schema: its keys this version no longer names, kept as they were
     legacy: Doc | None = None
