@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import signal
 import tarfile
 import time
 from collections.abc import Iterator
@@ -15,6 +16,12 @@ from pathlib import Path
 from sparkfleet.cli.main import main
 
 LAB_NODES = ("reddie", "asusi", "bluey", "spark4")  # the repo's `lab` inventory
+
+
+def default_sigint() -> None:
+    """In a child about to be sent Ctrl-C: SIGINT as a terminal's shell leaves it. A test run started in the
+    background of a non-interactive shell inherits SIGINT ignored, and the child would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run(capsys, *argv: str) -> tuple[int, list[dict]]:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_run import default_sigint
 from tests.conftest import REPO
 
 CHILD = """
@@ -41,7 +42,7 @@ def test_ctrl_c_handled_inside_code_run_from_a_string_exits_130(tmp_path: Path) 
     proc = subprocess.Popen([sys.executable, "-m", "entry"], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=default_sigint)
     try:
         assert proc.stdout.readline() == "running\n"  # the child is inside the exec'd code
         os.killpg(proc.pid, signal.SIGINT)

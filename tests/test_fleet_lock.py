@@ -21,7 +21,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.runner.lock import STALE_AFTER_S
-from tests.cli_run import lane_containers
+from tests.cli_run import default_sigint, lane_containers
 from tests.conftest import REPO
 
 SPARKS = ("reddie", "asusi", "bluey", "spark4")
@@ -158,7 +158,7 @@ def test_ctrl_c_while_up_waits_for_readiness_gives_the_lock_back_and_leaves_noth
                            "--inventory", str(sim.inventory_path), *FAST, "--json"],
                           env={**os.environ, "PYTHONPATH": str(REPO), "SPARKFLEET_STATE": str(tmp_path / "a")},
                           cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True)
+                          start_new_session=True, preexec_fn=default_sigint)
 
     def events() -> list[dict]:
         return [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]

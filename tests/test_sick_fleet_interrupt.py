@@ -27,19 +27,13 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
-from tests.cli_run import LAB_NODES, lane_containers, lane_states
+from tests.cli_run import LAB_NODES, default_sigint, lane_containers, lane_states
 from tests.conftest import REPO
 from tests.test_fleet_lock import holder, lock_file
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
 WORKERS = ("asusi", "bluey", "spark4")
 POINT = "interrupt-point"
-
-
-def default_sigint() -> None:
-    """In the child: SIGINT as a terminal's shell leaves it (a test run started in the background of a
-    non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def steps_of(playbook: str) -> list[str]:

@@ -566,24 +566,38 @@ def _one_job_serving(sim, lane: str, rec: dict) -> dict:
     return job
 
 
-def test_restore_brings_back_the_lane_as_a_new_job_with_every_pin_checked(slurm_lab, capsys) -> None:
+@pytest.mark.parametrize("reach", ["ssh", "srun"])
+def test_restore_brings_back_the_lane_as_a_new_job_with_every_pin_checked(slurm_lab, tmp_path, capsys,
+                                                                          reach) -> None:
     """`up --save-as` through Slurm records the launches; after `down`, `restore` checks every pin against the
-    fleet (over SSH, as on any lane) and runs the lane again as one new job of the restore's own run."""
-    code, events = run(capsys, *UP, "--save-as", "slurmprod")
+    fleet (as on any lane) and runs the lane again as one new job of the restore's own run, and `logs --job`
+    reads that job's output on its batch host. With slurm.ssh: false (srun) the pins are read, and the output,
+    through steps of the job (no SSH port is open)."""
+    inv = "sim" if reach == "ssh" else _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
+    point = f"slurmprod-{reach}"
+    code, events = run(capsys, *UP[:4], inv, *UP[5:], "--save-as", point)
     assert code == 0, result(events)
     first = record_of(events)["data"]["slurm_job"]["job_id"]
-    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
-    assert code == 0 and _jobs(slurm_lab) == [], result(events)
+    code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", inv)
+    assert code == 0, result(events)
+    _bounded("no job", lambda: _jobs(slurm_lab) == [])  # through srun: down's own command jobs end, too
     try:
-        code, events = run(capsys, "restore", "slurmprod", "--inventory", "sim", *UP[5:-1])  # restore probes no fabric
+        code, events = run(capsys, "restore", point, "--inventory", inv, *UP[5:-1])  # restore probes no fabric
         assert code == 0, result(events)
-        assert step(events, "pins")["summary"] == "every pin of 'slurmprod' matches the fleet"
+        assert step(events, "pins")["summary"] == f"every pin of '{point}' matches the fleet"
         rec = record_of(events)
         job = _one_job_serving(slurm_lab, "dcp2", rec)
         assert job["job_id"] != first and job["comment"] == f"sparkfleet.run={rec['run_id']}"
+        assert main(["logs", "--profile", "dcp2", "--inventory", inv, "--job", "--tail", "0", "--json"]) == 0
+        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        out = (slurm_lab.root("reddie") / "tmp" / f"{JOB}-{job['job_id']}.out").read_bytes().decode(
+            errors="replace")  # the head's node is the batch host; read after logs: the file only grows
+        assert {(x["job"], x["node"]) for x in lines} == {(job["job_id"], "reddie")}
+        assert [x["line"] for x in lines] == out.split("\n")[:len(lines)] and len(lines) > 0
     finally:
-        code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
-    assert code == 0 and _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab), result(events)
+        code, events = run(capsys, "down", "--profile", "dcp2", "--inventory", inv)
+    assert code == 0 and _no_lane_container(slurm_lab), result(events)
+    _bounded("no job", lambda: _jobs(slurm_lab) == [])
 
 
 def test_the_tensorfold_lane_runs_as_one_job(slurm_lab, capsys) -> None:
@@ -603,20 +617,28 @@ def test_the_tensorfold_lane_runs_as_one_job(slurm_lab, capsys) -> None:
     assert _jobs(slurm_lab) == [] and lane_containers(slurm_lab, "tf1017") == {n: [] for n in LAB_NODES}
 
 
-def test_a_preflight_failure_drains_nothing_by_default_and_the_node_with_the_flag(slurm_lab, capsys) -> None:
+@pytest.mark.parametrize("reach", ["ssh", "srun"])
+def test_a_preflight_failure_drains_nothing_by_default_and_the_node_with_the_flag(slurm_lab, tmp_path, capsys,
+                                                                                   reach) -> None:
     """bluey's memory below the rank floor fails `check`: plain `up` leaves bluey idle in Slurm; with
-    --drain-on-fail bluey is drained with the finding as Slurm's reason. No job is submitted either way."""
+    --drain-on-fail bluey is drained with the finding as Slurm's reason. No job is submitted either way; with
+    slurm.ssh: false (srun) the facts that failed were read through command jobs of their own."""
+    inv = "sim" if reach == "ssh" else _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
+    up = (*UP[:4], inv, *UP[5:])
     slurm_lab.fault("bluey", "low-memory")
     try:
-        code, events = run(capsys, *UP)
+        code, events = run(capsys, *up)
         assert code == 1 and steps(events)["check"] == "fail", result(events)
-        assert _sinfo(slurm_lab, "bluey") == "idle|none"
-        code, events = run(capsys, *UP, "--drain-on-fail")
+        # through srun a command job of up's may still be completing on bluey (sinfo: completing/mixed)
+        _bounded("bluey idle and not drained", lambda: _sinfo(slurm_lab, "bluey") == "idle|none")
+        code, events = run(capsys, *up, "--drain-on-fail")
         assert code == 1 and steps(events)["check"] == "fail", result(events)
         reason = record_of(events)["data"]["slurm_drained"]
         assert list(reason) == ["bluey"] and reason["bluey"].startswith("sparkfleet ")
-        assert _sinfo(slurm_lab, "bluey") == f"drained|{reason['bluey']}"
-        assert _jobs(slurm_lab) == [] and _no_lane_container(slurm_lab)
+        _bounded("bluey drained, the finding its reason",
+                 lambda: _sinfo(slurm_lab, "bluey") == f"drained|{reason['bluey']}")
+        assert [j for j in _jobs(slurm_lab) if j["name"] != "sparkfleet-step"] == [] and \
+            _no_lane_container(slurm_lab)
     finally:
         slurm_lab.heal("bluey")
         _slurm(slurm_lab, "scontrol", "update", "NodeName=bluey", "State=RESUME")
