@@ -433,6 +433,42 @@ def test_watch_resubmits_the_job_a_killed_rank_ended_and_stands_down_when_scance
     assert _no_lane_container(slurm_lab)
 
 
+def test_watching_a_restore_point_of_a_slurm_lane_restarts_it_as_a_new_job_through_restore(slurm_lab,
+                                                                                             capsys) -> None:
+    """watch --restore over a Slurm lane: asusi's engine crashes while serving, which ends the job; the
+    restart is the restore playbook (every pin checked against the fleet first), and it runs the point's
+    launches as a new job of the restart's own run; the lane answers again."""
+    from tests.watchproc import FAST, WatchProc
+
+    code, events = run(capsys, *UP, "--save-as", "slurmwatch")
+    assert code == 0, result(events)
+    old = record_of(events)["data"]["slurm_job"]
+    w = WatchProc(["--restore", "slurmwatch", "--inventory", "sim", *FAST, "--gates", "models,count100"],
+                  {**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
+        assert main(["sim", "fault", "asusi", "serve-crash"]) == 0
+        capsys.readouterr()
+        served = w.event("watch.serving")
+        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"] and e["t"] > served["t"],
+                   "the lane answering again")
+        rec = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{served['run_id']}.json").read_text())
+        job = _one_job_serving(slurm_lab, "dcp2", rec)
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    finally:
+        w.stop()
+        slurm_lab.heal("asusi")
+        gone, events = run(capsys, "down", "--profile", "dcp2", "--inventory", "sim")
+        assert gone == 0, result(events)
+    assert (rec["playbook"], rec["outcome"], rec["restored_from"]) == ("restore", "ok", "slurmwatch")
+    assert step([{"event": "step", **x} for x in rec["steps"]], "pins")["summary"] == \
+        "every pin of 'slurmwatch' matches the fleet"
+    assert job["job_id"] != old["job_id"] and job["comment"] == f"sparkfleet.run={served['run_id']}"
+    _bounded("no job left", lambda: _jobs(slurm_lab) == [])
+    assert _no_lane_container(slurm_lab)
+
+
 def test_a_rank_dying_at_boot_fails_up_naming_it_and_leaves_no_job(slurm_lab, capsys) -> None:
     """asusi's engine logs a CUDA error and exits during the boot: `up` fails naming rank 1 on asusi, and the
     job (ended by --kill-on-bad-exit, or cancelled) and every container of the lane are gone."""

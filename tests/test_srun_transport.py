@@ -121,3 +121,12 @@ def test_a_head_bound_to_loopback_on_srun_nodes_is_refused_at_plan(ops_root: Pat
     assert code == 2 and found == [("endpoint", "reddie", "the lane's API binds 127.0.0.1 on reddie, which is reached "
                                     "through srun (slurm.ssh: false): nothing here can reach it, no SSH tunnel "
                                     "carries it")]
+
+
+def test_the_wrapper_writes_to_the_status_pipe_the_local_transport_opens() -> None:
+    """slurm/step.py names the pipe's variable itself (importing fleet/local.py would load paramiko into every
+    srun command's wrapper): the two names must stay one."""
+    from sparkfleet.fleet.local import NOT_RUN_FD
+    from sparkfleet.slurm import step
+
+    assert step.NOT_RUN_FD == NOT_RUN_FD
