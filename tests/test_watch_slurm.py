@@ -130,7 +130,7 @@ def _every_container_gone(monkeypatch, end: JobEnd | None, left: str = "") -> li
         n: Result(n, True, f"{LOOK_SEP}\n" + (f"{left}\n" if left and n == "reddie" else ""), "", 0) for n in ops})
 
     monkeypatch.setattr(supervisor, "read_end", lambda inv, profile, runs, **kw: asked.append(set(runs)))
-    monkeypatch.setattr("sparkfleet.slurm.ops.drive_here", lambda inv, gen: end)
+    monkeypatch.setattr(supervisor, "drive_here", lambda inv, gen: end)
     return asked
 
 
@@ -203,7 +203,7 @@ def test_the_jobs_watchs_own_playbooks_cancelled_are_remembered(rec, tmp_path, m
     done = Record("R2", "up", "dcp2", "rec", "sparkfleet watch dcp2")
     done.steps = [{"step": "stop", "status": "ok", "summary": "cancelled Slurm job 12; ...",
                    "data": {"slurm_jobs_cancelled": ["12"]}}, {"step": "launch:workers", "status": "fail"}]
-    monkeypatch.setattr("sparkfleet.runner.run.execute", lambda *a, **kw: done)
+    monkeypatch.setattr(supervisor, "execute", lambda *a, **kw: done)
     assert w.run_playbook("up", "restart (probe-failed)", RunOptions()) is done
     assert w.cancelled_jobs == {"12"} and "R2" in w.ours
 
