@@ -132,19 +132,21 @@ class SlurmJobRecord(_Open):
     script: str = ""  # the sbatch script as submitted
 
 
+# The parts below type what the runner and watch write; every field has a default, so a record an older
+# sparkfleet wrote without one still reads (restore and diff read old points).
 class SilenceRecord(_Open):
     """One judgement of a head that logged nothing for a while (runner/progress.py Silence)."""
 
-    kind: str  # working | stalled | unknown
-    silent_s: float
-    window_s: float  # how long apart the two CPU samples were
+    kind: str | None = None  # working | stalled | unknown
+    silent_s: float | None = None
+    window_s: float | None = None  # how long apart the two CPU samples were
     cpu_s: dict[str, float | None] = Field(default_factory=dict)  # rank -> CPU seconds between them (None: not read)
 
 
 class WaitReadyRecord(_Open):
     """How wait_ready polled the head, and the rank it saw fail."""
 
-    poll_s: float
+    poll_s: float | None = None
     polls: int = 0
     poll_started: list[float] = Field(default_factory=list)  # the last 20 polls' start times
     stall_s: float | None = None
@@ -158,15 +160,15 @@ class UnreachableRecord(_Open):
     """A node stop could not ask: its rank may still run there."""
 
     rank: int | None = None
-    kind: str  # the check that failed there (reach, docker-down, ...)
-    why: str
-    remedy: str
+    kind: str | None = None  # the check that failed there (reach, docker-down, ...)
+    why: str = ""
+    remedy: str = ""
 
 
 class IncidentRecord(_Open):
     """What watch saw fail (watch/policy.py's Verdict)."""
 
-    reason: str
+    reason: str | None = None
     why: str = ""
     node: str | None = None
 
@@ -174,16 +176,16 @@ class IncidentRecord(_Open):
 class StandDownRecord(_Open):
     """Why watch stood down instead of restarting, and who held the lane's lock."""
 
-    why: str
+    why: str = ""
     holder: dict[str, Any] | None = None  # the lock file's holder (runner/lock.py parse_holder)
 
 
 class RestartRecord(_Open):
     """The restart watch ran: the playbook's own record is run_id."""
 
-    playbook: str
-    run_id: str
-    outcome: str
+    playbook: str | None = None
+    run_id: str | None = None
+    outcome: str | None = None
     reason: str = ""
     budget_left: int | None = None  # restarts the policy still allows
 
