@@ -11,13 +11,13 @@ import json
 import os
 import posixpath
 import re
-import shlex
 import signal
-import subprocess
 from collections.abc import Callable
-from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from fractions import Fraction
 from .render import bound_source
 from .state import LABEL_PREFIX, STATE, ShimError, load, node_path, save
 
@@ -209,6 +209,8 @@ def autotune_argv(root: Path, container: dict, flags: dict[str, list[str]], env:
 def tensorfold_config(root: Path, container: dict) -> dict[str, str] | None:
     """A TensorFold rank's config.env (the file bound at <dir>/config.env), read in the node as the recipe's
     serve script sources it; None when the container has no such bind or the file is not there."""
+    import shlex
+
     for b in container["HostConfig"].get("Binds") or []:
         src, _, rest = b.partition(":")
         if posixpath.basename(rest.split(":")[0]) != "config.env":
@@ -260,6 +262,8 @@ def gpu_memory_bytes(root: Path) -> int:
 def weights_bytes(flags: dict[str, list[str]], cfg: dict) -> int:
     """The weights the rank holds on the GPU: the sim's checkpoint (values.ENGINE_MODEL_GIB) less what
     --cpu-offload-gb moves to the host."""
+    from fractions import Fraction
+
     offload = Fraction((flags.get("--cpu-offload-gb") or ["0"])[0]) * 2**30
     return int(max(Fraction(0), Fraction(*cfg["model_gib"]) * 2**30 - offload))
 
@@ -268,6 +272,8 @@ def kv_budget(flags: dict[str, list[str]], cfg: dict, root: Path) -> Fraction:
     """The KV memory a rank profiles from its launch, in bytes (values.py says how both ways were
     calibrated): --kv-cache-memory-bytes when given, else --gpu-memory-utilization (vLLM's default when
     absent) x the GPU's memory less the weights and the rest. Below zero when the weights eat the budget."""
+    from fractions import Fraction
+
     raw = (flags.get("--kv-cache-memory-bytes") or [None])[0]
     if raw is not None:
         return Fraction(int(raw))
@@ -277,6 +283,8 @@ def kv_budget(flags: dict[str, list[str]], cfg: dict, root: Path) -> Fraction:
 
 def kv_tokens(flags: dict[str, list[str]], cfg: dict, root: Path) -> int:
     """The KV cache in tokens: the budget less what vLLM keeps back, over a token's cost, times the DCP size."""
+    from fractions import Fraction
+
     per_token = Fraction(*cfg["kv_bytes_per_token"])
     reserved = Fraction(*cfg["kv_reserved_bytes"])
     dcp = int((flags.get("--decode-context-parallel-size") or flags.get("-dcp") or ["1"])[0])
@@ -408,6 +416,7 @@ def _lane(c: dict) -> bool:
 
 
 def start_engine(root: Path, container: dict, rank_faults: list[str] | None = None) -> None:
+    import subprocess
 
     cfg_path = root / STATE / "engine.json"
     if not cfg_path.is_file():

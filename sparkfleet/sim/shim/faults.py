@@ -8,14 +8,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from .docker import _docker_ready, _remove, reap, stop_engine
 from .engine import RANK_FAULTS, RANK_SIGNALS, _lane
 from .render import render
-from .state import LABEL_PREFIX, STATE, ShimError, load, locked, save, write_bytes
+from .state import LABEL_PREFIX, STATE, ShimError, load, locked, save
 
 # The node-lost fault (sim/faults.py): the power goes, so every lane rank stops dead where it is (SIGSTOP: no
 # process exits, no connection closes, docker's state still says running); back: the node powered up again
@@ -52,6 +50,8 @@ def sim_fault(argv: list[str], root: Path) -> int:
 def real_daemon_fault(kind: str) -> int:
     """The same faults through the node's real dockerd: a vanished rank is `docker rm -f`; a hang or crash is
     the engine's signal, delivered by `docker kill --signal` to the container's first process (the engine)."""
+    import subprocess
+
     ps = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label={LABEL_PREFIX}profile"],
                         capture_output=True, text=True, timeout=30)
     if ps.returncode != 0:
@@ -75,6 +75,11 @@ def watch_vanish(root: Path, since: str) -> int:
     itself): follow the daemon's own start events (`docker events`, from `since`, so none is missed while
     it connects) and `docker rm -f` each lane container as soon as it has started, marking the fault acted;
     once only unless the fault is sticky, and never after it is healed. Stopped by SIGTERM (heal)."""
+    import subprocess
+    import sys
+
+    from .state import write_bytes
+
     events = subprocess.Popen(["docker", "events", "--since", since, "--filter", "type=container", "--filter",
                                "event=start", "--filter", f"label={LABEL_PREFIX}profile", "--format", "{{.ID}}"],
                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)

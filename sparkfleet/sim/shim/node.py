@@ -8,15 +8,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .render import bound_source, uptime_line
-from .state import STATE, load, locked, write_bytes, write_in_place
+if TYPE_CHECKING:
+    import subprocess
+
+from .state import STATE, load, write_bytes
 
 
 def earlyoom_argv(root: Path) -> list[str]:
@@ -26,6 +27,8 @@ def earlyoom_argv(root: Path) -> list[str]:
 
 def start_earlyoom(root: Path) -> None:
     """Start the node's earlyoom (the sim's stand-in: same name and argv, it watches nothing)."""
+    import subprocess
+
     subprocess.Popen(earlyoom_argv(root), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
 
@@ -73,6 +76,8 @@ def dockerd_argv(node: dict) -> list[str]:
 def start_dockerd(node: dict) -> subprocess.Popen:
     """Start the node's dockerd (a stale pid file from a node that lost power is cleared first: dockerd
     refuses to start over one whose pid is alive, and pids repeat in a fresh pid namespace)."""
+    import subprocess
+
     with contextlib.suppress(FileNotFoundError):
         os.unlink(DOCKERD_PID)
     os.makedirs(os.path.dirname(DOCKERD_LOG), exist_ok=True)
@@ -83,6 +88,9 @@ def start_dockerd(node: dict) -> subprocess.Popen:
 def keep_uptime(root: Path, every_s: float = 1.0) -> None:
     """The node's /proc/uptime counts, as the kernel's does: rewritten in place every second while the node runs
     (a file the sim binds there cannot count by itself)."""
+    from .render import bound_source, uptime_line
+    from .state import locked, write_in_place
+
     path = bound_source(root, "/proc/uptime")
     while True:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # a state file mid-write: next second
@@ -94,6 +102,8 @@ def keep_uptime(root: Path, every_s: float = 1.0) -> None:
 def sim_node_init(argv: list[str], root: Path) -> int:
     """The node's init: earlyoom (unless the earlyoom-off fault is on), the node's own dockerd when it has
     one, in ssh mode the node's sshd, then it waits; SIGTERM ends the node (and the pid namespace with it)."""
+    import subprocess
+
     children: list[subprocess.Popen] = []
     node = load(root, "node.json")
     if node.get("dockerd") and "docker-down" not in load(root, "faults.json")["faults"]:
