@@ -9,14 +9,16 @@ import signal
 import time
 
 
-def alive_as(pid: int, name: str) -> bool:
-    """pid is alive (not a zombie) and its command name is `name` (/proc/PID/stat: at most 15 characters)."""
+def alive_as(pid: int, name: str | None = None) -> bool:
+    """pid is alive (not a zombie) and, given a name, its command name is `name` (/proc/PID/stat: at most 15
+    characters)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             stat = fh.read()
     except OSError:
         return False
-    return stat.split("(", 1)[1].split(")", 1)[0] == name and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return (name is None or stat.split("(", 1)[1].split(")", 1)[0] == name) and \
+        stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def stop(pid: int | None, name: str, grace_s: float) -> None:

@@ -34,6 +34,7 @@ import sparkfleet
 from sparkfleet.fleet.local import NOT_RUN_FD
 from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import shim
+from sparkfleet.sim.daemon import alive_as
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_TOP = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev"}
@@ -275,7 +276,7 @@ def stop_all(node_dirs: list[Path], timeout_s: float = 5.0) -> list[bool]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive_as(p) for p in pids):
         _reap(pids)
         time.sleep(0.01)
     _reap(pids)
@@ -283,14 +284,6 @@ def stop_all(node_dirs: list[Path], timeout_s: float = 5.0) -> list[bool]:
         if own:
             init_path(node_dir).unlink(missing_ok=True)
     return [was for _own, was in infos]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _reap(pids: list[int]) -> None:
