@@ -52,3 +52,67 @@ def test_ctrl_c_handled_inside_code_run_from_a_string_exits_130(tmp_path: Path) 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert (code, proc.stderr.read()) == (130, "sparkfleet: interrupted\n")
+
+
+def test_ctrl_c_pressed_again_as_a_run_reports_its_result_cannot_cut_the_result_short(ops_root: Path, tmp_path: Path,
+                                                                                      monkeypatch, capsys) -> None:
+    """A Ctrl-C that comes as the run ends (the operator still pressing it after the first one stopped every
+    rank, CI stop 36) lands while the command reports its result: the result is still printed and the exit
+    code is the run's. Here a real SIGINT reaches this process as `up --dry-run --json` closes its events, the
+    moment before it prints the result (the run itself had nothing to stop)."""
+    import json
+
+    from sparkfleet.cli.main import main
+    from sparkfleet.runner.events import JsonEvents
+    from tests.test_dry_run import recording_inventory
+
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    recording_inventory(ops_root, tmp_path / "received.log", answer=False)
+    sent: list[int] = []
+
+    def close(self) -> None:  # the operator's Ctrl-C, once, as the events close
+        if not sent:
+            sent.append(signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(JsonEvents, "close", close)
+    code = main(["up", "--profile", "dcp2", "--root", str(ops_root), "-i", "rec", "--dry-run", "--json"])
+    seen = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert sent == [signal.SIGINT]
+    assert (code, [(e["outcome"], e["reason"]) for e in seen if e["event"] == "result"]) == (0, [("ok", "")])
+
+
+def test_ctrl_c_pressed_again_as_watch_reports_its_end_cannot_cut_the_result_short(ops_root: Path, tmp_path: Path,
+                                                                                  monkeypatch, capsys) -> None:
+    """`watch --json`: a first real SIGINT as it starts ends it (the lane left as it is, exit 0); a second
+    one, as it closes its events the moment before it prints the result, does not cut the result short."""
+    import json
+
+    from sparkfleet.cli.main import main
+    from sparkfleet.runner.events import JsonEvents
+    from tests.test_dry_run import recording_inventory
+
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    recording_inventory(ops_root, tmp_path / "received.log", answer=False)
+    sent: list[str] = []
+    emit = JsonEvents.emit
+
+    def pressed(self, event: str, **data) -> None:  # the operator's first Ctrl-C, as watch says it started
+        emit(self, event, **data)
+        if event == "watch.start":
+            sent.append(event)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def close(self) -> None:  # and the second, as the events close
+        if sent == ["watch.start"]:
+            sent.append("close")
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(JsonEvents, "emit", pressed)
+    monkeypatch.setattr(JsonEvents, "close", close)
+    code = main(["watch", "--profile", "dcp2", "--root", str(ops_root), "-i", "rec", "--json"])
+    seen = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert sent == ["watch.start", "close"]
+    why = "SIGINT: watch ended; the lane is left as it is"
+    assert (code, [(e["outcome"], e["reason"], e["code"]) for e in seen if e["event"] == "result"]) == (
+        0, [("ended", why, 0)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from sparkfleet.checks.probe import LOAD_SECONDS, PROBE_MAX_S
 from sparkfleet.cli.common import (
@@ -28,6 +29,9 @@ from sparkfleet.cli.progress import Progress, verbosity
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import JsonEvents
 from sparkfleet.schema.errors import UserError
+
+if TYPE_CHECKING:
+    from sparkfleet.runner.record import Record
 
 ORDER = 12
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a command killed by it
@@ -199,18 +203,23 @@ def _execute(args: argparse.Namespace, profile: str, playbook: str, options: Run
         options.limit = limit_nodes(args, profile, [r.node.name for r in place(loaded, inventory)])
     pb = sp.playbook(playbook)
     events = JsonEvents() if args.json else Progress(out, verbosity(args))
-    try:
-        record = execute(sp, loaded, inventory, pb, options, events, " ".join(["sparkfleet", args.command, profile]))
+
+    def report(record: Record) -> None:
+        events.close()
+        if args.json:
+            events.emit("result", outcome=record.outcome, reason=record.reason, run_id=record.run_id)
+        elif record.outcome != "ok":
+            err.print(f"sparkfleet: {pb.name} {profile}: {record.outcome}: {record.reason}", markup=False)
+        elif args.quiet:  # -q: the findings above, and this
+            out.print(f"{pb.name} {profile}: ok (run {record.run_id})", markup=False)
+
+    try:  # the result is reported inside the run, while a second Ctrl-C is held off
+        record = execute(sp, loaded, inventory, pb, options, events, " ".join(["sparkfleet", args.command, profile]),
+                         report=report)
     except Terminated:  # before the run had anything to clean up (taking the locks)
         return EXIT_TERMINATED
     finally:
         events.close()
-    if args.json:
-        events.emit("result", outcome=record.outcome, reason=record.reason, run_id=record.run_id)
-    elif record.outcome != "ok":
-        err.print(f"sparkfleet: {pb.name} {profile}: {record.outcome}: {record.reason}", markup=False)
-    elif args.quiet:  # -q: the findings above, and this
-        out.print(f"{pb.name} {profile}: ok (run {record.run_id})", markup=False)
     if record.outcome == "interrupted" and record.data.get("interrupted_by") == "SIGTERM":
         return EXIT_TERMINATED
     return {"ok": EXIT_OK, "refused": EXIT_USAGE, "interrupted": EXIT_INTERRUPTED}.get(record.outcome, EXIT_FAIL)

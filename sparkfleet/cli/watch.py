@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkfleet.checks.probe import LOAD_SECONDS
 from sparkfleet.cli.common import (
@@ -26,6 +27,9 @@ from sparkfleet.cli.common import (
 )
 from sparkfleet.cli.progress import Progress, verbosity
 from sparkfleet.schema.errors import UserError
+
+if TYPE_CHECKING:
+    from sparkfleet.watch.supervisor import Outcome
 
 ORDER = 13
 
@@ -159,14 +163,18 @@ def run(args: argparse.Namespace) -> int:
                       fabric_probe=args.fabric_probe,
                       command=" ".join(["sparkfleet", "watch", *(sys.argv[2:] if sys.argv[1:2] == ["watch"] else
                                                                   ["--profile", profile])]))
-    try:
-        outcome = watcher.run()
+
+    def report(outcome: Outcome) -> None:
+        events.close()
+        if args.json:
+            events.emit("result", outcome=outcome.state, reason=outcome.why, code=outcome.code)
+        elif outcome.code not in (EXIT_OK,):
+            err.print(f"sparkfleet: watch {profile}: {outcome.state}: {outcome.why}", markup=False)
+
+    try:  # the result is reported inside the watch, while its handler still holds a second Ctrl-C
+        outcome = watcher.run(report=report)
     finally:
         events.close()
-    if args.json:
-        events.emit("result", outcome=outcome.state, reason=outcome.why, code=outcome.code)
-    elif outcome.code not in (EXIT_OK,):
-        err.print(f"sparkfleet: watch {profile}: {outcome.state}: {outcome.why}", markup=False)
     return outcome.code
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sparkfleet.fleet.connect import transport_for
@@ -62,8 +62,10 @@ def _signals(during_cleanup: bool = False) -> Iterator[None]:
 
 
 def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook, options: RunOptions,
-            events: Events, command: str) -> Record:
-    """Run every step until one fails; the record is written whatever happens (also on Ctrl-C)."""
+            events: Events, command: str, report: Callable[[Record], None] | None = None) -> Record:
+    """Run every step until one fails; the record is written whatever happens (also on Ctrl-C). `report`
+    gets the finished record while Ctrl-C is still held off: an operator who presses it again as the run
+    ends (after the first one stopped every rank) cannot cut the run's result short (CI stop 36)."""
     state = state_dir()
     run_id = new_run_id()
     record = Record(run_id, playbook.name, loaded.profile.name, inventory.name, command)
@@ -85,6 +87,8 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
         record.finished = time.time()
         if not options.dry_run:
             record.write(state / "runs")
+        if report is not None:
+            report(record)
         return record
     with _signals(), FleetLock(state / "locks" / f"{inventory.name}.lock", command):
         # --dry-run opens no connection at all: a transport that refuses any use (--dry-run=facts reads)
@@ -115,6 +119,8 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
                 if not options.dry_run:
                     path = record.write(state / "runs")
                     events.emit("message", text=f"record: {path}")
+                if report is not None:
+                    report(record)
     return record
 
 

@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +160,10 @@ class Watcher:
             self.wake.wait(seconds)
 
     # -- the loop -----------------------------------------------------------------------------------------
-    def run(self) -> Outcome:
+    def run(self, report: Callable[[Outcome], None] | None = None) -> Outcome:
+        """Watch until told to stop; `report` gets the outcome while watch's own signal handler still holds
+        Ctrl-C (a signal then only marks the watch as told), so a Ctrl-C pressed again as watch ends cannot
+        cut its result short."""
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.transport = transport_for([r.node for r in self.ranks])
         self.client = ApiClient(self.endpoint, self.api_key, timeout_s=self.settings.probe_timeout_s)
@@ -169,15 +173,19 @@ class Watcher:
             self.tunnel = ExitStack()
             self.reopen_tunnel()
         try:
-            return self._loop()
-        except StandDown as exc:
-            if not exc.recorded:  # its own outcome in watch's records: who took the lane, and when
-                rec = Record(new_run_id(), "watch", self.profile.name, self.inventory.name, self.command)
-                rec.data["stand_down"] = {"why": str(exc), "holder": exc.holder}
-                self.write(rec, "stood-down", str(exc))
-            self.set_state("stood-down", str(exc))
-            self.say("stand-down", f"stood down: {exc}")
-            return Outcome(0, "stood-down", str(exc))
+            try:
+                outcome = self._loop()
+            except StandDown as exc:
+                if not exc.recorded:  # its own outcome in watch's records: who took the lane, and when
+                    rec = Record(new_run_id(), "watch", self.profile.name, self.inventory.name, self.command)
+                    rec.data["stand_down"] = {"why": str(exc), "holder": exc.holder}
+                    self.write(rec, "stood-down", str(exc))
+                self.set_state("stood-down", str(exc))
+                self.say("stand-down", f"stood down: {exc}")
+                outcome = Outcome(0, "stood-down", str(exc))
+            if report is not None:
+                report(outcome)
+            return outcome
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
