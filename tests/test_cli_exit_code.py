@@ -6,7 +6,12 @@ started as `python -m` (Modules/main.c Py_RunMain) then dies by SIGINT at exit. 
 the CLI's lazy imports did that to a real `python -m sparkfleet.cli.main restore` (CI stop 35: record
 written, cleanup done, exit -2). The child here is the real entry point (`run()`), started with -m, around
 a command that catches the interrupt as main() does; the SIGINT is a real one, sent while the command runs
-code from a string."""
+code from a string.
+
+An operator who presses Ctrl-C again while the first is handled (CI stop 36: every 5 ms through `up`'s
+exit) neither cuts the result short nor gets a traceback: later presses are ignored by the entry point,
+and up/restore/watch report their result while a second one is held off.
+"""
 
 from __future__ import annotations
 
@@ -116,3 +121,51 @@ def test_ctrl_c_pressed_again_as_watch_reports_its_end_cannot_cut_the_result_sho
     why = "SIGINT: watch ended; the lane is left as it is"
     assert (code, [(e["outcome"], e["reason"], e["code"]) for e in seen if e["event"] == "result"]) == (
         0, [("ended", why, 0)])
+
+
+CLEANS_UP = """
+import sys
+import time
+import sparkfleet.cli.main as cli
+
+def main():
+    try:
+        print("running", flush=True)
+        time.sleep(30)
+    except KeyboardInterrupt:  # as main() handles it; while it reports, the operator presses Ctrl-C again
+        print("stopping", flush=True)
+        time.sleep(1)
+        sys.stderr.write("sparkfleet: interrupted\\n")
+        return 130
+    return 0
+
+cli.main = main
+if __name__ == "__main__":
+    sys.exit(cli.run())
+"""
+
+
+def test_ctrl_c_pressed_again_while_the_first_is_handled_is_ignored(tmp_path: Path) -> None:
+    """The real entry point: the first SIGINT interrupts the command; the ones an operator keeps sending
+    while the command handles it (here inside its except clause, CI stop 36's window) change nothing: exit
+    130, the command's own message, no traceback."""
+    import time
+
+    (tmp_path / "entry.py").write_text(CLEANS_UP)
+    proc = subprocess.Popen([sys.executable, "-m", "entry"], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_sigint)
+    try:
+        assert proc.stdout.readline() == "running\n"
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.stdout.readline() == "stopping\n"  # inside the except clause, for a second
+        for _ in range(20):  # the operator keeps pressing it
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.02)
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (code, proc.stderr.read()) == (130, "sparkfleet: interrupted\n")

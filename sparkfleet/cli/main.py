@@ -264,12 +264,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> int:
     """The process's entry (the `sparkfleet` script, `python -m sparkfleet.cli.main`): main(), then its exit
-    code stands. A Ctrl-C after main() has decided it (an operator pressing it again while `up` exits, or one
-    that reaches the process late) lands in the interpreter's shutdown, where Python has put SIGINT back to
-    the default: the process would die by the signal (-2, no message) instead of exiting 130 with its record
-    written. Nothing is left to interrupt by then, so SIGINT is ignored until the process is gone; SIGTERM
-    keeps its default, so a shutdown that hangs can still be ended. main() itself stays free of process-wide
-    settings: tests call it in-process.
+    code stands. The first Ctrl-C interrupts the command (KeyboardInterrupt, as Python's own handler raises
+    it); every later one is ignored: the process is already stopping for the first (a run stops every rank
+    it started, writes its record and reports its result, each step bounded), and an operator who keeps
+    pressing it must not cut that short with a traceback in an except clause or a death by the signal in
+    the interpreter's shutdown (CI stop 36: a Ctrl-C every 5 ms through `up`'s exit). SIGTERM keeps its
+    default, so a shutdown that hangs can still be ended. main() itself stays free of process-wide settings:
+    tests call it in-process.
 
     CPython (3.11: Python/pythonrun.c run_eval_code_obj, Modules/main.c Py_RunMain) also kills a `python -m`
     process by SIGINT at exit when a KeyboardInterrupt once left code run from a string (exec(str):
@@ -279,6 +280,14 @@ def run() -> int:
     main() clears it."""
     import signal
 
+    pressed: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        if not pressed:  # the first Ctrl-C; the later ones find the process already stopping
+            pressed.append(signum)
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exec("")  # clears CPython's "unhandled KeyboardInterrupt" flag (above): main() handled every one
