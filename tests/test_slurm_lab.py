@@ -231,11 +231,16 @@ def _no_ssh(d: dict) -> None:
         n["ssh"]["port"] = 9
 
 
+def _reached(sim, tmp_path: Path, reach: str) -> str:
+    """The inventory that reaches the nodes so: the lab's own (`ssh`), or its copy without SSH (`srun`)."""
+    return "sim" if reach == "ssh" else _inventory(sim, tmp_path, "nossh", _no_ssh)
+
+
 @pytest.mark.parametrize("reach", ["ssh", "srun"])
 def test_down_of_a_lane_whose_job_is_gone_removes_the_containers_left(slurm_lab, tmp_path, capsys, reach) -> None:
     """No job of the lane, but two of its containers (run by hand, with its labels): removed, and said so; with
     slurm.ssh: false (srun) through jobs of its own on the nodes."""
-    inv = "sim" if reach == "ssh" else _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
+    inv = _reached(slurm_lab, tmp_path, reach)
     for node in ("asusi", "bluey"):
         made = slurm_lab.exec(node, ["docker", "run", "-d", "--name", f"left-{node}", "--label",
                                      "sparkfleet.profile=dcp2", "--label", "sparkfleet.run=20261202-000000-000000",
@@ -382,7 +387,7 @@ def test_watch_resubmits_the_job_a_killed_rank_ended_and_stands_down_when_scance
     through Slurm: steps of the lane's job while it runs, jobs of their own once it has ended."""
     from tests.watchproc import FAST, WatchProc
 
-    inv = "sim" if reach == "ssh" else _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
+    inv = _reached(slurm_lab, tmp_path, reach)
     code, events = run(capsys, *UP[:4], inv, *UP[5:])
     assert code == 0, result(events)
     old = record_of(events)["data"]["slurm_job"]
@@ -609,7 +614,7 @@ def test_restore_brings_back_the_lane_as_a_new_job_with_every_pin_checked(slurm_
     fleet (as on any lane) and runs the lane again as one new job of the restore's own run, and `logs --job`
     reads that job's output on its batch host. With slurm.ssh: false (srun) the pins are read, and the output,
     through steps of the job (no SSH port is open)."""
-    inv = "sim" if reach == "ssh" else _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
+    inv = _reached(slurm_lab, tmp_path, reach)
     point = f"slurmprod-{reach}"
     code, events = run(capsys, *UP[:4], inv, *UP[5:], "--save-as", point)
     assert code == 0, result(events)
@@ -660,7 +665,7 @@ def test_a_preflight_failure_drains_nothing_by_default_and_the_node_with_the_fla
     """bluey's memory below the rank floor fails `check`: plain `up` leaves bluey idle in Slurm; with
     --drain-on-fail bluey is drained with the finding as Slurm's reason. No job is submitted either way; with
     slurm.ssh: false (srun) the facts that failed were read through command jobs of their own."""
-    inv = "sim" if reach == "ssh" else _inventory(slurm_lab, tmp_path, "nossh", _no_ssh)
+    inv = _reached(slurm_lab, tmp_path, reach)
     up = (*UP[:4], inv, *UP[5:])
     slurm_lab.fault("bluey", "low-memory")
     try:
