@@ -52,8 +52,9 @@ def test_an_undeclared_key_is_refused_on_write_and_a_declared_one_typed(tmp_path
 
 
 def test_the_typed_parts_refuse_a_wrong_type_keep_a_new_key_and_read_an_old_record(tmp_path: Path) -> None:
-    """wait_ready, unreachable, incident, stand_down and restart are typed: a wrong type is refused on write; a
-    key a writer adds is kept (the parts are open); a part an older sparkfleet wrote with fewer keys reads."""
+    """wait_ready, unreachable, incident, stand_down, restart, fleet_lock and engine_build are typed: a wrong
+    type is refused on write; a key a writer adds is kept (the parts are open); a part an older sparkfleet
+    wrote with fewer keys reads."""
     rec = Record("r2", "up", "dcp2", "lab", "up --profile dcp2")
     rec.data["wait_ready"] = {"poll_s": 0.2, "polls": 2, "failed_rank": 1, "failed_node": "asusi", "later": "kept"}
     rec.data["unreachable"] = {"bluey": {"rank": 2, "kind": "reach", "why": "timed out", "remedy": "power it"}}
@@ -64,12 +65,25 @@ def test_the_typed_parts_refuse_a_wrong_type_keep_a_new_key_and_read_an_old_reco
     rec.data["wait_ready"]["failed_rank"] = "one"
     with pytest.raises(ValidationError, match="wait_ready.failed_rank"):
         rec.as_dict()
+    rec.data["wait_ready"]["failed_rank"] = 1
+    rec.data["fleet_lock"] = {"nodes": "reddie"}
+    with pytest.raises(ValidationError, match="fleet_lock.nodes"):
+        rec.as_dict()
+    rec.data["fleet_lock"] = {"nodes": ["reddie"]}
+    rec.data["engine_build"] = {"digest": "ab", "nodes": {"reddie": {"exists": True, "digest": "ab"},
+                                                          "asusi": "could not read the tree"}}
+    assert json.loads(rec.write(tmp_path).read_text())["data"]["engine_build"]["nodes"] == {
+        "reddie": {"exists": True, "digest": "ab"}, "asusi": "could not read the tree"}
+    rec.data["engine_build"]["nodes"]["reddie"] = {"exists": "maybe"}
+    with pytest.raises(ValidationError, match="engine_build.nodes.reddie"):
+        rec.as_dict()
     old = {"schema_version": 4, "run_id": "r3", "playbook": "watch", "profile": "dcp2", "inventory": "lab",
            "command": "sparkfleet watch", "started": 1.0, "outcome": "ok", "steps": [],
            "data": {"incident": {"why": "no reason key yet"}, "restart": {"run_id": "r4"}, "wait_ready": {}}}
     got = read_record(old, "old.json")
     assert (got.data.incident.why, got.data.restart.run_id, got.data.wait_ready.polls) == ("no reason key yet",
                                                                                           "r4", 0)
+    assert read_record({**old, "data": {"engine_build": {"digest": "cd"}}}).data.engine_build.nodes == {}
 
 
 def test_runs_show_reads_a_stored_v2_record_through_the_typed_model(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -190,6 +190,29 @@ class RestartRecord(_Open):
     budget_left: int | None = None  # restarts the policy still allows
 
 
+class FleetLockRecord(_Open):
+    """The nodes whose fleet lock this run took, and the stale locks it took over (runner/lock.py NodeLock)."""
+
+    nodes: list[str] = Field(default_factory=list)
+    taken_over: list[FindingRecord] = Field(default_factory=list)
+
+
+class BuiltTreeRecord(_Open):
+    """One rank's built engine as the engine_build step hashed it (enginebuild.tree_digest)."""
+
+    exists: bool = False
+    digest: str | None = None
+
+
+class EngineBuildRecord(_Open):
+    """The pinned build the lane served with, and what each rank held (`restore` refuses another build)."""
+
+    digest: str | None = None  # the pin's digest
+    pin: str | None = None  # the pin's key
+    dir: str | None = None
+    nodes: dict[str, BuiltTreeRecord | str] = Field(default_factory=dict)  # node -> its tree, or why not read
+
+
 class RecordData(BaseModel):
     """Every key a run (the runner's steps) or a watch incident writes; another key is a bug, refused on write."""
 
@@ -204,13 +227,13 @@ class RecordData(BaseModel):
     fabric_probe: Doc | None = None
     nccl: Doc | None = None
     patches: PatchesRecord | None = None
-    engine_build: Doc | None = None  # digest, pin (key), dir, nodes: what each rank's built engine hashed to
+    engine_build: EngineBuildRecord | None = None
     engram: dict[int, str] | None = None  # rank -> node-local | nfs
     engram_manifests: dict[str, str] | None = None  # rank -> sha256 of its copy's manifest
     engram_ranges: str | None = None  # "harvested" when the harvest decided the rows
     rail2: dict[str, str] | None = None  # node -> the runtime alias added
     pins: PinsRecord | None = None
-    fleet_lock: Doc | None = None  # taken_over (findings), nodes
+    fleet_lock: FleetLockRecord | None = None
     unreachable: dict[str, UnreachableRecord] | None = None  # stop: node -> it may still run there
     # the launch and what served
     launches: list[LaunchRecord] | None = None

@@ -15,7 +15,7 @@ def recorded_digest(ctx: RunContext) -> str | None:
     """The build digest the restore point's run served with (None outside restore, or a run before builds)."""
     point = (ctx.options.restore_point or {}).get("point")
     served = point.record.data.engine_build if point is not None else None
-    return served.get("digest") if served else None
+    return served.digest if served else None
 
 
 def engine_build(ctx: RunContext, st: Step) -> StepGen:
