@@ -24,14 +24,16 @@ from pathlib import Path
 from tests.cli_run import default_sigint
 from tests.conftest import REPO
 
-CHILD = """
+ENTRY = """
 import sys
+import time
 import sparkfleet.cli.main as cli
 
 def main():
-    try:  # as an import would: a module body, here run from a string, when the Ctrl-C comes
-        exec("import time\\nprint('running', flush=True)\\ntime.sleep(30)")
+    try:
+        {body}
     except KeyboardInterrupt:  # handled, as main() handles it: the run is cleaned up, the code decided
+        {handler}
         sys.stderr.write("sparkfleet: interrupted\\n")
         return 130
     return 0
@@ -42,20 +44,31 @@ if __name__ == "__main__":
 """
 
 
-def test_ctrl_c_handled_inside_code_run_from_a_string_exits_130(tmp_path: Path) -> None:
-    (tmp_path / "entry.py").write_text(CHILD)
-    proc = subprocess.Popen([sys.executable, "-m", "entry"], cwd=REPO,
+def entry(tmp_path: Path, body: str, handler: str = "pass") -> subprocess.Popen:
+    """The real entry point (`run()`, started with -m as the tests start the CLI) around a main() that runs
+    `body` and, on Ctrl-C, `handler`, then says it was interrupted and returns 130."""
+    (tmp_path / "entry.py").write_text(ENTRY.format(body=body, handler=handler))
+    return subprocess.Popen([sys.executable, "-m", "entry"], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=default_sigint)
+
+
+def reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_ctrl_c_handled_inside_code_run_from_a_string_exits_130(tmp_path: Path) -> None:
+    # as an import would: a module body, here run from a string, when the Ctrl-C comes
+    proc = entry(tmp_path, "exec(\"import time\\nprint('running', flush=True)\\ntime.sleep(30)\")")
     try:
         assert proc.stdout.readline() == "running\n"  # the child is inside the exec'd code
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(timeout=20)  # the child sleeps 30 s: a SIGINT that did not land fails here
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        reap(proc)
     assert (code, proc.stderr.read()) == (130, "sparkfleet: interrupted\n")
 
 
@@ -123,39 +136,14 @@ def test_ctrl_c_pressed_again_as_watch_reports_its_end_cannot_cut_the_result_sho
         0, [("ended", why, 0)])
 
 
-CLEANS_UP = """
-import sys
-import time
-import sparkfleet.cli.main as cli
-
-def main():
-    try:
-        print("running", flush=True)
-        time.sleep(30)
-    except KeyboardInterrupt:  # as main() handles it; while it reports, the operator presses Ctrl-C again
-        print("stopping", flush=True)
-        time.sleep(1)
-        sys.stderr.write("sparkfleet: interrupted\\n")
-        return 130
-    return 0
-
-cli.main = main
-if __name__ == "__main__":
-    sys.exit(cli.run())
-"""
-
-
 def test_ctrl_c_pressed_again_while_the_first_is_handled_is_ignored(tmp_path: Path) -> None:
     """The real entry point: the first SIGINT interrupts the command; the ones an operator keeps sending
     while the command handles it (here inside its except clause, CI stop 36's window) change nothing: exit
     130, the command's own message, no traceback."""
     import time
 
-    (tmp_path / "entry.py").write_text(CLEANS_UP)
-    proc = subprocess.Popen([sys.executable, "-m", "entry"], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=default_sigint)
+    proc = entry(tmp_path, "print('running', flush=True); time.sleep(30)",
+                 "print('stopping', flush=True); time.sleep(1)")  # while it handles the first, more come
     try:
         assert proc.stdout.readline() == "running\n"
         os.killpg(proc.pid, signal.SIGINT)
@@ -165,7 +153,5 @@ def test_ctrl_c_pressed_again_while_the_first_is_handled_is_ignored(tmp_path: Pa
             time.sleep(0.02)
         code = proc.wait(timeout=20)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        reap(proc)
     assert (code, proc.stderr.read()) == (130, "sparkfleet: interrupted\n")
