@@ -155,3 +155,27 @@ def test_ctrl_c_pressed_again_while_the_first_is_handled_is_ignored(tmp_path: Pa
     finally:
         reap(proc)
     assert (code, proc.stderr.read()) == (130, "sparkfleet: interrupted\n")
+
+
+def test_a_run_that_crashes_reports_no_result(ops_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """A step that raises (a bug, not a Ctrl-C) still gives its locks back and writes nothing that claims
+    an outcome: no result line before the traceback."""
+    import json
+
+    import pytest
+
+    from sparkfleet.cli.main import main
+    from sparkfleet.runner import run as runner
+    from tests.test_dry_run import recording_inventory
+
+    monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
+    recording_inventory(ops_root, tmp_path / "received.log", answer=False)
+
+    def crash(ctx) -> None:
+        raise RuntimeError("a bug in a step")
+
+    monkeypatch.setattr(runner, "_steps", crash)
+    with pytest.raises(RuntimeError, match="a bug in a step"):
+        main(["up", "--profile", "dcp2", "--root", str(ops_root), "-i", "rec", "--dry-run", "--json"])
+    seen = [json.loads(x)["event"] for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert "run" in seen and "result" not in seen

@@ -104,10 +104,12 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
             transport.close()
             raise
         interrupted: KeyboardInterrupt | None = None
+        ended = False  # the steps ended or were interrupted (not a crash: that has no result to report)
         try:
             _steps(ctx)
+            ended = True
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
-            interrupted = exc
+            interrupted, ended = exc, True
         finally:
             with _signals(during_cleanup=True):
                 if interrupted is not None:
@@ -119,7 +121,7 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
                 if not options.dry_run:
                     path = record.write(state / "runs")
                     events.emit("message", text=f"record: {path}")
-                if report is not None:
+                if report is not None and ended:
                     report(record)
     return record
 
