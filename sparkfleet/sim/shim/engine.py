@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from fractions import Fraction
 from .render import bound_source
 from .state import LABEL_PREFIX, STATE, ShimError, load, node_path, save
+
+if TYPE_CHECKING:  # for annotations only: the functions import it when they run (the package docstring)
+    from fractions import Fraction
 
 SUPERVISOR = ("import signal, subprocess, sys\n"
               "for s in (signal.SIGUSR1, signal.SIGUSR2):\n"  # the rank faults' signals are for the engine only

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import subprocess
-
 from .state import STATE, load, write_bytes
+
+if TYPE_CHECKING:  # for annotations only: the functions import it when they run (the package docstring)
+    import subprocess
 
 
 def earlyoom_argv(root: Path) -> list[str]:
