@@ -280,6 +280,8 @@ def run() -> int:
     main() clears it."""
     import signal
 
+    # a flag, not SIG_IGN set by the handler: the runner puts back the handler it found when its cleanup
+    # ends (runner/run.py _signals), which would arm Ctrl-C again
     pressed: list[int] = []
 
     def interrupt(signum: int, frame: object) -> None:
