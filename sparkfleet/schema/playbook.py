@@ -8,7 +8,9 @@ from pydantic import Field, model_validator
 
 from sparkfleet.schema.base import Strict
 
-# Every step the runner knows, with what it does; later issues give them their behaviour.
+# The one table of step names, with what each does: a playbook may name these and no other. The runner
+# binds each to its implementation (runner/steps/__init__.py bind), in this order; the schema imports no
+# runner, so the names live here.
 STEPS: dict[str, str] = {
     "stop": "stop every container sparkfleet launched on the lane's nodes and wait until they are gone",
     "facts": "gather node facts, one round trip per node",

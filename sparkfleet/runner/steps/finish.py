@@ -1,4 +1,4 @@
-"""The steps after the lane serves: expectations asserted, the answer gates, the record."""
+"""The steps after the lane serves: expectations asserted, the answer gates, and where the record is written."""
 
 from __future__ import annotations
 
@@ -39,4 +39,9 @@ def gates(ctx: RunContext, st: Step) -> StepResult:
 
 
 def record(ctx: RunContext, st: Step) -> StepResult:
-    return StepResult("ok", f"run {ctx.record.run_id} recorded")
+    """Where a playbook says its record is written; the runner writes it (runner/run.py execute) as the run
+    ends, whatever the outcome and with or without this step, so a failed or interrupted run has one too.
+    The step stays a valid name (shipped and user playbooks end with it) and says just that."""
+    if ctx.options.dry_run:
+        return StepResult("ok", f"run {ctx.record.run_id}: a dry run writes no record")
+    return StepResult("ok", f"run {ctx.record.run_id}: the record is written as the run ends")
