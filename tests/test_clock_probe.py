@@ -135,6 +135,21 @@ def test_probe_samples_under_load_and_reads_step_timings(gpu: Path) -> None:
     assert v["clock"]["state"] == "fast" and v["slow"]["state"] == "slow" and v["slow"]["ratio"] == 1.5
 
 
+def test_a_long_load_keeps_all_its_step_timings(gpu: Path) -> None:
+    """Issue 39: a 20 s load on an H100 printed more than ~490 steps on its one timings line, longer than the
+    4,000 characters the sampler kept, and the verdict said it printed none. 5,000 steps, then a line of
+    chatter after them: the timings line is still the one read, whole."""
+    after, b2b = [94.125] * 5, [63.125] * 5000
+    timings = gpu.parent / "timings.json"
+    timings.write_text(json.dumps({"step_ms": {"after_idle": after, "back_to_back": b2b, "idle_seen": True}}) + "\n")
+    chatter = "echo 'load done';"
+    doc = run_probe(probe.probe_command(load(gpu, "3003, 3003, 0x0000000000000000",
+                                             extra=f"cat {shlex.quote(str(timings))}; {chatter}")), gpu)
+    assert doc["load"]["rc"] == 0 and doc["step_ms"] == {"after_idle": after, "back_to_back": b2b, "idle_seen": True}
+    slow = probe.verdict(doc, **GB10)["slow"]
+    assert slow["state"] == "slow" and slow["steps"] == {"after_idle": 5, "back_to_back": 5000}
+
+
 def test_probe_sees_a_latch(gpu: Path) -> None:
     doc = run_probe(probe.probe_command(load(gpu, "780, 3003, 0x0000000000000000")), gpu)
     v = probe.verdict(doc, **GB10)

@@ -100,15 +100,20 @@ def tail(f):
     f.seek(0)
     return f.read()[-4000:].decode("utf-8", "replace")
 stdout, stderr = tail(out), tail(err)
+# The timings are read by whole lines, never from a character tail: a load prints them on one line that
+# grows with its length (a 20 s load on an H100 printed more than 4,000 characters of it). What is kept is
+# one line, the last timings line, however long the load ran or whatever it printed after it.
 steps = None
-for line in reversed(stdout.splitlines()):
+out.seek(0)
+for line in out:
+    if b'"step_ms"' not in line:
+        continue
     try:
         doc = json.loads(line)
     except ValueError:
         continue
     if isinstance(doc, dict) and isinstance(doc.get("step_ms"), dict):
         steps = doc["step_ms"]
-        break
 print(json.dumps({"probe": "sparkfleet-clock-probe", "version": 1, "interval_s": interval,
                   "load": {"command": load, "rc": rc, "killed": killed, "ended_s": ended,
                            "stdout_tail": stdout[-1000:], "stderr_tail": stderr[-1000:]},
