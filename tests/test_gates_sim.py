@@ -244,6 +244,39 @@ def test_cli_json_and_exit_codes(engine_for, cli_root, capsys, monkeypatch):
     assert "FAIL count100" in text and "missing 51" in text and "sent: 'Count from 1 to 100" in text
 
 
+def test_cli_explicit_endpoint_with_nothing_to_sample_needs_no_inventory(engine_for, cli_root, capsys, monkeypatch,
+                                                                         tmp_path):
+    """`gates --endpoint URL --no-mem-sample` reaches no node, so with no inventory chosen (the shipped example
+    left as the default, which a command that contacts nodes refuses) it runs; sampling the soak's memory on
+    the lane's nodes still needs one, and is refused before any gate runs."""
+    from sparkfleet.cli.common import EXAMPLE
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.delenv("SPARKFLEET_INVENTORY", raising=False)
+    monkeypatch.setenv("SPARKFLEET_CONFIG", str(tmp_path / "no-config.yaml"))  # nor a config file's choice
+    engine = engine_for()
+    assert cli(cli_root, "--endpoint", engine.url, "--only", "models,soak", "--soak-minutes", "0.01",
+               "--soak-streams", "2", "--no-mem-sample", "--json") == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert (doc["profile"], doc["endpoint"], doc["passed"], doc["summary"]) == (
+        "simgate", engine.url, True, "2 passed, 0 failed, 0 skipped")
+    assert [(g["name"], g["status"]) for g in doc["gates"]] == [("models", "pass"), ("soak", "pass")]
+    assert "not sampled" in doc["gates"][1]["checks"][1]["why"] and captured.err == ""
+
+    # without the soak there is nothing to sample either
+    assert cli(cli_root, "--endpoint", engine.url, "--only", "models", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["summary"] == "1 passed, 0 failed, 0 skipped"
+
+    # the soak with its memory sampler needs the lane's nodes: the example default is refused, nothing is asked
+    assert cli(cli_root, "--endpoint", engine.url, "--only", "soak", "--soak-minutes", "0.01") == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"sparkfleet: {EXAMPLE} (the default {cli_root}/inventories/lab.yaml holds example addresses; "
+        "`sparkfleet config` shows where the default comes from)"]
+    assert captured.out == ""
+
+
 def test_cli_bad_input_exits_2(cli_root, capsys, monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
     assert cli(cli_root, "--endpoint", "http://127.0.0.1:9", "--only", "count100,bogus") == 2

@@ -138,17 +138,21 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     options = _options(args, profile)
     options.api_key = key
+    sample = not args.no_mem_sample and (only is None or "soak" in only)  # the soak samples the lane's nodes
     ranks = None
-    try:
-        ranks = _ranks(args, sp, loaded)
-    except SpecError:
-        if not args.endpoint:
-            raise  # no endpoint without the lane's head: a spec error, exit 2
+    # The inventory gives the lane's head (the default endpoint) and the nodes to sample. An explicit endpoint
+    # with nothing to sample reaches no node, so it needs no inventory (nor the example one refused).
+    if sample or not args.endpoint:
+        try:
+            ranks = _ranks(args, sp, loaded)
+        except SpecError:
+            if not args.endpoint:
+                raise  # no endpoint without the lane's head: a spec error, exit 2
     from contextlib import ExitStack
 
     tunnel = ExitStack()  # an SSH local forward to a loopback-bound head, closed when the gates end
     base = args.endpoint.rstrip("/") if args.endpoint else lane_base(tunnel, ranks[0].node, profile, args.json)
-    if ranks is not None and not args.no_mem_sample and (only is None or "soak" in only):
+    if ranks is not None and sample:
         from sparkfleet.fleet.connect import transport_for
         from sparkfleet.fleet.op import Executor
 
