@@ -61,7 +61,7 @@ def test_links_of_the_named_interfaces(netns: str, tmp_path: Path) -> None:
     up, down, missing = f.links["fab0"], f.links["dn0"], f.links["eth9"]
     assert (up.exists, up.operstate, up.carrier, up.mtu) == (True, "up", 1, 9000)
     assert up.speed_mbps == 10000  # a veth reports 10000 (TESTBED.md)
-    assert {"rx_errors", "tx_errors", "rx_dropped", "tx_dropped"} <= set(up.counters)
+    assert {"rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "carrier_changes"} <= set(up.counters)
     # dn0 was never set up: operstate down, and the kernel will not say carrier or speed
     assert (down.exists, down.operstate, down.carrier, down.speed_mbps, down.mtu) == (True, "down", None, None, 1500)
     assert missing.exists is False and missing.operstate is None
@@ -109,3 +109,18 @@ def test_rdma_port_link_layer_rate_and_counters(tmp_path: Path) -> None:
                                               "rate": "200 Gb/sec (4X HDR)",
                                               "counters": {"symbol_error": 0, "link_downed": 3}}
     assert mod.rdma_link("absent", 1) == {"link_layer": None, "phys_state": None, "rate": None, "counters": {}}
+
+
+def test_carrier_changes_is_read_where_the_kernel_keeps_it(tmp_path: Path) -> None:
+    """/sys/class/net/IFACE/carrier_changes, beside statistics/ (the kernel's Documentation/ABI/testing/
+    sysfs-class-net); issue 39: it was read from statistics/, where no kernel has it, and never reported."""
+    spec = importlib.util.spec_from_file_location("sparkfleet_nodeside_facts_carrier", HELPER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    iface = tmp_path / "enp1s0f0np0"
+    (iface / "statistics").mkdir(parents=True)
+    (iface / "operstate").write_text("up\n")
+    (iface / "statistics/rx_errors").write_text("0\n")
+    (iface / "carrier_changes").write_text("7\n")
+    mod.NET = str(tmp_path)
+    assert mod.net_link("enp1s0f0np0")["counters"] == {"rx_errors": 0, "carrier_changes": 7}

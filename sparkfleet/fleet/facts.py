@@ -115,7 +115,7 @@ class NetLink(_Facts):
     carrier: int | None = None  # 1 link detected, 0 none; None when the kernel will not say (down)
     speed_mbps: int | None = None  # None: unknown (down, or a virtual device)
     mtu: int | None = None
-    counters: dict[str, int] = Field(default_factory=dict)  # statistics/* error counters
+    counters: dict[str, int] = Field(default_factory=dict)  # statistics/* error counters, and carrier_changes
 
 
 class Versions(_Facts):

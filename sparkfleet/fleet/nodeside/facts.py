@@ -638,7 +638,10 @@ def path_info(path: str, mounts: list[dict]) -> dict:
 NET = "/sys/class/net"
 IB = "/sys/class/infiniband"
 # the netdev's error counters (statistics/) and the RDMA port's (counters/), where the node has them
-NET_COUNTERS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors", "carrier_changes")
+NET_COUNTERS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors")
+# beside statistics/, not in it: the kernel keeps /sys/class/net/IFACE/carrier_changes (Documentation/ABI/
+# testing/sysfs-class-net, since 3.15); reported with the counters
+NET_LINK_COUNTERS = ("carrier_changes",)
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                "port_xmit_discards", "local_link_integrity_errors", "excessive_buffer_overrun_errors")
 VERSION_TIMEOUT_S = 8.0
@@ -679,7 +682,8 @@ def net_link(iface: str) -> dict:
     return {"name": iface, "exists": True, "operstate": _sys(d + "/operstate"),
             "carrier": _sys_int(d + "/carrier"),
             "speed_mbps": speed if speed is not None and speed > 0 else None,  # -1: unknown (virtual, down)
-            "mtu": _sys_int(d + "/mtu"), "counters": _counters(d + "/statistics", NET_COUNTERS)}
+            "mtu": _sys_int(d + "/mtu"),
+            "counters": {**_counters(d + "/statistics", NET_COUNTERS), **_counters(d, NET_LINK_COUNTERS)}}
 
 
 def rdma_link(hca: str, port: int) -> dict:
