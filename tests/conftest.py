@@ -9,8 +9,37 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.opsdir import Spec
+from tests import realhome
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_home(tmp_path_factory: pytest.TempPathFactory):
+    """The suite runs with a HOME of its own and leaves the real one as it found it: a plain local node's `~` is
+    this process's HOME (helpers shipped to ~/.cache/sparkfleet/bin, and a copy the user's own `sparkfleet
+    facts` left there changed what a test saw), and so is every default under a home (~/.config/sparkfleet,
+    ~/.ssh/config). The XDG base variables go too (their defaults follow HOME). The lab's nodes are not
+    affected: their home is the passwd one, inside each node's own tree (sim/node.py home_dir). The build
+    caches made before pytest runs (`make llama-rpc`, the real-vLLM build) stay the real user's: their
+    variables name them unless already set (tests/realhome.py). At the end sparkfleet's dirs in the real home
+    must be as they were at the start, else the session fails here naming what changed (its check is shown
+    to fail in tests/test_home_isolation.py)."""
+    watched = realhome.watched()
+    caches = realhome.build_caches()
+    before = realhome.snapshot(watched, skip=list(caches.values()))
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        for var, path in caches.items():
+            mp.setenv(var, str(path))
+        for var in realhome.XDG_BASES:
+            mp.delenv(var, raising=False)
+        mp.setenv("HOME", str(home))
+        yield home
+    left = realhome.changes(before, realhome.snapshot(watched, skip=list(caches.values())))
+    if left:
+        pytest.fail(f"the suite changed the real home {realhome.REAL_HOME} ({len(left)} entries):\n  "
+                    + "\n  ".join(left[:20]), pytrace=False)
 
 
 @pytest.fixture(autouse=True, scope="session")

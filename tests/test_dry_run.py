@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import threading
 from pathlib import Path
@@ -17,8 +18,10 @@ from sparkfleet.cli.main import main
 
 def recording_inventory(ops: Path, log: Path, *, answer: bool) -> None:
     """inventories/rec.yaml: the lab's nodes, each entered through a shell that appends every command it
-    receives to `log`; with `answer` it then runs the command here (read-only facts), else it fails as an
-    unreachable node does."""
+    receives to `log`; with `answer` it then runs the command here (read-only facts) with the test's HOME as
+    the node's (as a login gives one: the local transport passes a wrapped node nothing of this machine's env,
+    and a command without HOME would take the real user's from passwd), else it fails as an unreachable node
+    does."""
     rec, bin_dir = ops / "rec.sh", ops / "node-bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")  # `docker ps -q` on a node with no container
@@ -26,7 +29,8 @@ def recording_inventory(ops: Path, log: Path, *, answer: bool) -> None:
     # nodes run in parallel: each command is appended whole, under a lock on the log
     rec.write_text("#!/bin/bash\nnode=$1; shift\n"
                    f"exec 9>>{log}; flock 9; printf '%s\\t%s\\n' \"$node\" \"${{*: -1}}\" >&9; exec 9>&-\n"
-                   + (f'export PATH={bin_dir}:/usr/bin:/bin\nexec "$@"\n' if answer else "exit 255\n"))
+                   + (f'export PATH={bin_dir}:/usr/bin:/bin HOME={shlex.quote(str(Path.home()))}\nexec "$@"\n'
+                      if answer else "exit 255\n"))
     rec.chmod(0o755)
     data = yaml.safe_load((ops / "inventories" / "lab.yaml").read_text())
     data["name"], data["example"] = "rec", False
