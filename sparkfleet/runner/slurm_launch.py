@@ -71,7 +71,7 @@ def launch(ctx: RunContext, chosen: list[Launch], env: dict[str, str] | None) ->
                               data={"slurm_job": {"name": job.name, "comment": job.comment, "script": job.script}})
         r = res[slurm.CONTROLLER]
         if not r.ok:
-            why = _said(r)
+            why = slurm.said(r)
             return StepResult("fail", f"sbatch refused the lane's job: {why}; nothing was started",
                               [Finding("slurm-submit", "fail", f"sbatch: {why}", "see Slurm's message")])
         job_id = slurm.parse_submitted(r.stdout)
@@ -131,11 +131,6 @@ def _await_ranks(ctx: RunContext, chosen: list[Launch]) -> StepGen:
         time.sleep(min(ctx.options.poll_s, POLL_S))
 
 
-def _said(r) -> str:
-    """What a Slurm command that failed said: its message, its stderr's end, else its exit code."""
-    return r.message or r.stderr.strip()[-300:] or f"exit {r.exit_code}"
-
-
 def _state(ctx: RunContext) -> StepGen:
     """(state, reason, why squeue failed) of this run's job; state None once squeue no longer lists it."""
     job, inv = job_of(ctx), ctx.inventory
@@ -143,7 +138,7 @@ def _state(ctx: RunContext) -> StepGen:
     res = yield slurm.lane_jobs(inv, job["name"])
     r = res[slurm.CONTROLLER]
     if not r.ok:
-        return None, None, _said(r)
+        return None, None, slurm.said(r)
     mine = [j for j in slurm.parse_jobs(r.stdout) if j["id"].split("+")[0] == job["job_id"]]
     state, reason = (mine[0]["state"], mine[0]["reason"]) if mine else (None, None)
     job.update(state=state or job.get("state"), reason=reason or job.get("reason"))

@@ -13,6 +13,7 @@ from typing import TypeVar
 from sparkfleet import naming
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.op import Executor, NodeCommands, OpGen, query
+from sparkfleet.fleet.transport import Result
 from sparkfleet.schema.inventory import Inventory, Node, Ssh, Storage
 from sparkfleet.slurm import cluster
 from sparkfleet.slurm.job import Job
@@ -32,6 +33,13 @@ def controller(inv: Inventory) -> Node:
                 storage=Storage(model_root="/", cache_dir="/"), transport="ssh" if login else "local")
 
 
+def said(r: Result | None) -> str:
+    """What a Slurm command that failed said: its message, its stderr's end, else its exit code."""
+    if r is None:
+        return "not run"
+    return r.message or r.stderr.strip()[-300:] or f"exit {r.exit_code}"
+
+
 def _env(inv: Inventory) -> dict[str, str] | None:
     conf = inv.slurm.conf if inv.slurm else None
     return {"SLURM_CONF": conf} if conf else None
@@ -47,7 +55,7 @@ def read_cluster(inv: Inventory) -> OpGen[tuple[dict, dict] | str | None]:
         return None
     r = res[CONTROLLER]
     if not r.ok:
-        return (r.message or r.stderr.strip() or f"exit {r.exit_code}")[-300:]
+        return said(r)
     parts, _, nodes = r.stdout.partition(SEPARATOR + "\n")
     return cluster.parse_partitions(parts), cluster.parse_nodes(nodes)
 
@@ -191,7 +199,7 @@ def jobs_now(inv: Inventory, job_name: str | None, ended_too: bool = False) -> l
         res = (yield lane_jobs(inv, job_name, ended_too))
         r = (res or {}).get(CONTROLLER)
         if r is None or not r.ok:
-            return (r.message or r.stderr.strip() or f"exit {r.exit_code}")[-300:] if r else "not run"
+            return said(r)
         jobs = parse_jobs(r.stdout)
         keep = set(ours(jobs, job_name, naming.RUN_LABEL + "="))
         return [j for j in jobs if j["id"].split("+")[0] in keep]
