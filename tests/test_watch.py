@@ -3,6 +3,7 @@ bad-input refusals through the command a user runs (no lab: nothing may start)."
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,9 +17,10 @@ from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import Reply
 from sparkfleet.metrics.records import RunSummary
 from sparkfleet.placement import place
+from sparkfleet.runner.events import Events
 from sparkfleet.watch import probe as pr
 from sparkfleet.watch import unit
-from sparkfleet.watch.policy import Budget, Settings, Tracker, foreign_ranks, operator_run
+from sparkfleet.watch.policy import Budget, Settings, Tracker, foreign_ranks, memory_unread, operator_run
 from tests.conftest import REPO
 
 GiB = 2**30
@@ -128,6 +130,59 @@ def test_memory_guard_waits_out_the_grace_period_and_forgets_a_recovery() -> Non
     v = t.observe(_probe(122, mem=low, guard=line))
     assert (v.action, v.reason, v.node) == ("memory-stop", "memory", "n0")
     assert v.why == "MemAvailable on n0 (rank 0) 3.0 GB has been below 5.0 GB (floor) for 10 s (--memory-grace 10)"
+
+
+def test_memory_guard_says_which_node_it_cannot_judge(lane) -> None:
+    """Issue 39: a node whose MemAvailable is missing was passed over as if it had memory to spare. Each such
+    node is named with why: the facts' own error, or the node's when it did not answer."""
+    profile, ranks = lane
+    names = [r.node.name for r in ranks]
+    f: dict = {n: facts(n, [ctr(profile.name, i)]) for i, n in enumerate(names)}
+    f[names[1]] = f[names[1]].model_copy(update={"meminfo": None, "errors": ["meminfo: no MemAvailable line"]})
+    f[names[2]] = Result(names[2], False, error="unreachable", message="no route")
+    states = pr.rank_states(f, ranks, profile)
+    assert [s.mem_error for s in states] == [None, "meminfo: no MemAvailable line", None, None]
+    got = memory_unread(pr.Probe(0, True, "answered 1..5", 0.1, 200, "", tuple(states)))
+    assert got == {names[1]: f"memory guard: no MemAvailable reading from {names[1]} (rank 1): meminfo: no "
+                             "MemAvailable line; its memory is not judged",
+                   names[2]: f"memory guard: no MemAvailable reading from {names[2]} (rank 2): no route; its memory "
+                             "is not judged"}
+
+
+class _Heard(Events):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def emit(self, event: str, **data) -> None:
+        self.seen.append((event, data.get("text", "")))
+
+
+def test_watch_says_an_unread_memory_once_and_keeps_it_in_its_status_and_records(repo_spec, tmp_path) -> None:
+    from sparkfleet.runner.record import Record, read_record
+    from sparkfleet.watch import status as st
+    from sparkfleet.watch.supervisor import Watcher
+
+    events = _Heard()
+    w = Watcher(repo_spec, repo_spec.profile("dcp2"), repo_spec.inventory("lab"), Settings(), events,
+                tmp_path / "state")
+    line = "memory guard: no MemAvailable reading from n1 (rank 1): meminfo: no MemAvailable line; its memory is not judged"
+    unread = pr.Probe(0, True, "answered 1..5", 0.1, 200, "", (
+        pr.RankState(0, "n0", "running", mem_available=120 * GiB, mem_guard=5 * GB),
+        pr.RankState(1, "n1", "running", mem_error="meminfo: no MemAvailable line")))
+    w.note_memory_unread(unread)
+    w.note_memory_unread(unread)  # the next probe the same: said once
+    assert [e for e in events.seen if e[0] != "watch.probe"] == [("watch.not-judged", line)]
+    w.set_state("watching")
+    assert st.read_all(tmp_path / "state", "lab")[0].not_judged == [line]
+    rec = Record("20261205-001500-dddddd", "watch", "dcp2", "lab", "sparkfleet watch --profile dcp2")
+    w.write(rec, "ok")
+    doc = json.loads((tmp_path / "state" / "runs" / f"{rec.run_id}.json").read_text())
+    assert read_record(doc).data.not_judged == [line]
+    read = pr.Probe(1, True, "answered 1..5", 0.1, 200, "", tuple(
+        pr.RankState(i, f"n{i}", "running", mem_available=120 * GiB, mem_guard=5 * GB) for i in (0, 1)))
+    w.note_memory_unread(read)
+    assert events.seen[-1] == ("watch.judged-again", "memory guard: MemAvailable is read again from n1")
+    assert w.not_judged() == []
 
 
 def test_budget_n_per_window_with_growing_backoff() -> None:

@@ -16,7 +16,7 @@ from sparkfleet.runner.events import Events
 from sparkfleet.slurm.ops import CONTROLLER, JOB_FORMAT
 from sparkfleet.watch import supervisor
 from sparkfleet.watch.policy import Settings
-from sparkfleet.watch.slurmjob import JobEnd, classify, read_end
+from sparkfleet.watch.slurmjob import JobEnd, SlurmUnanswered, classify, read_end
 from sparkfleet.watch.supervisor import StandDown, Watcher
 from tests.test_slurm_launch import rec  # noqa: F401 - the recording inventory with launcher: slurm
 
@@ -33,7 +33,7 @@ def _line(jid: str, state: str, comment: str, name: str = "sparkfleet-dcp2") -> 
     return f"{jid}|{name}|{state}|None|reddie,asusi|1:02|{comment}"
 
 
-def _drive(gen, answers: list[tuple[str, str]]) -> tuple[object, list[str]]:
+def _drive(gen, answers: list[tuple[str, str | Result]]) -> tuple[object, list[str]]:
     """Drive a controller-side OpGen: each command gets the next (expected command prefix, stdout)."""
     seen: list[str] = []
     reply = None
@@ -44,7 +44,8 @@ def _drive(gen, answers: list[tuple[str, str]]) -> tuple[object, list[str]]:
             seen.append(cmd)
             want, stdout = answers.pop(0)
             assert cmd.startswith(want), cmd
-            reply = {CONTROLLER: Result(CONTROLLER, True, stdout, "", 0)}
+            # a Result as the answer: the command failed as it says
+            reply = {CONTROLLER: stdout if isinstance(stdout, Result) else Result(CONTROLLER, True, stdout, "", 0)}
     except StopIteration as done:
         return done.value, seen
 
@@ -87,6 +88,24 @@ def test_a_job_still_running_past_the_bound_is_reported_as_it_stands(inv) -> Non
         (SQUEUE, _line("12", "RUNNING", "sparkfleet.run=R1")),
         ("scontrol -o show job 12", "JobId=12 JobState=RUNNING ExitCode=0:0\n")])
     assert end.state == "RUNNING" and classify(end) == "unknown"
+
+
+DOWN = Result(CONTROLLER, False, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)", 1)
+
+
+def test_a_squeue_that_fails_is_slurm_unanswered_not_no_job(inv) -> None:
+    """Issue 39: a failed squeue read as "Slurm lists no such job" (None), the same as a job that did not fail."""
+    with pytest.raises(SlurmUnanswered) as exc:
+        _drive(read_end(inv, "dcp2", {"R1"}, poll_s=0), [(SQUEUE, DOWN)])
+    assert str(exc.value) == "squeue: slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+
+def test_a_scontrol_that_fails_is_slurm_unanswered(inv) -> None:
+    with pytest.raises(SlurmUnanswered) as exc:
+        _drive(read_end(inv, "dcp2", {"R1"}, poll_s=0), [
+            (SQUEUE, _line("12", "FAILED", "sparkfleet.run=R1")), ("scontrol -o show job 12", DOWN)])
+    assert str(exc.value) == ("scontrol -o show job 12: slurm_load_jobs error: Unable to contact slurm controller "
+                              "(connect failure)")
 
 
 @pytest.mark.parametrize(("state", "run", "kind"), [
@@ -185,6 +204,48 @@ def test_a_rank_gone_and_slurm_unable_to_say_is_restarted(rec, tmp_path, monkeyp
     _every_container_gone(monkeypatch, None, left="c0")
     w.look_again()  # a rank gone, the others still there: a failure, as for an SSH lane (the restart's stop
     assert w.job_end is None  # cancels whatever is left of the lane's job)
+
+
+UNASKED = ("could not ask Slurm: squeue: slurm_load_jobs error: Unable to contact slurm controller (connect "
+           "failure)")
+
+
+def _slurm_unanswered(monkeypatch) -> None:
+    """squeue fails on the controller: read_end raises, as it does on a DOWN answer (tested above)."""
+    def drive(inv, gen):
+        raise SlurmUnanswered(f"squeue: {DOWN.stderr}")
+    monkeypatch.setattr(supervisor, "drive_here", drive)
+
+
+def test_every_rank_gone_and_slurm_unanswered_is_said_and_recorded(rec, tmp_path, monkeypatch) -> None:  # noqa: F811
+    """Issue 39: watch stood down saying Slurm no longer lists the job when it could not ask at all. It says
+    "could not ask Slurm: <error>" now, in its output and in the incident's record."""
+    from sparkfleet.runner.record import read_record
+    from sparkfleet.watch.policy import Verdict
+
+    w = _watcher(rec[0], tmp_path)
+    w.known_runs = {"R1"}
+    _every_container_gone(monkeypatch, None)
+    _slurm_unanswered(monkeypatch)
+    with pytest.raises(StandDown) as exc:
+        w.handle(Verdict("restart", "rank-vanished", "rank 0's container on reddie is gone", "reddie"), {})
+    why = ("every rank's container was removed (a `down` of the lane, here or by another controller): the operator "
+           f"has the lane; {UNASKED}")
+    assert str(exc.value) == why
+    said = [d["text"] for e, d in w.events.seen if e == "watch.not-judged"]
+    assert said == [f"{UNASKED}; how the lane's job ended is not known"]
+    (path,) = (tmp_path / "state" / "runs").glob("*.json")
+    doc = read_record(json.loads(path.read_text()))
+    assert (doc.outcome, doc.data.not_judged, doc.data.stand_down.why) == ("stood-down", [UNASKED], why)
+
+
+def test_a_rank_gone_and_slurm_unanswered_is_restarted_saying_so(rec, tmp_path, monkeypatch) -> None:  # noqa: F811
+    w = _watcher(rec[0], tmp_path)
+    w.known_runs = {"R1"}
+    _every_container_gone(monkeypatch, None, left="c0")
+    _slurm_unanswered(monkeypatch)
+    w.look_again()  # a rank gone, the others still there: a failure to restart, as when Slurm cannot say
+    assert w.job_end is None and w.not_judged() == [UNASKED]
 
 
 def test_watch_takes_a_slurm_lane(rec, capsys) -> None:  # noqa: F811

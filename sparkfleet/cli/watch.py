@@ -235,7 +235,7 @@ class WatchHumanEvents(Progress):
     With -q only what changes the lane (failures, restarts given up or failed, stops, the end)."""
 
     LOUD = ("watch.failure", "watch.restart-failed", "watch.give-up", "watch.stopped", "watch.stand-down",
-            "watch.end", "watch.serving")
+            "watch.end", "watch.serving", "watch.not-judged", "watch.judged-again")  # what it cannot judge too
 
     def __init__(self, verbosity: int = 0) -> None:
         super().__init__(out, verbosity)

@@ -255,6 +255,7 @@ class RecordData(BaseModel):
     probes: list[Doc] | None = None
     restart: RestartRecord | None = None
     stopped: dict[str, Any] | None = None  # node -> [{rank, state, finished_at}] or why it could not say
+    not_judged: list[str] | None = None  # what watch could not judge, and why (Slurm not asked, memory unread)
     # a record of an older schema: its keys this version no longer names, kept as they were
     legacy: Doc | None = None
 

@@ -20,7 +20,8 @@ from sparkfleet.metrics.records import RunSummary
 from sparkfleet.watch.probe import GONE, Probe
 from sparkfleet.watch.status import REASONS
 
-__all__ = ["REASONS", "Budget", "Settings", "Tracker", "Verdict", "foreign_ranks", "lane_removed", "operator_run"]
+__all__ = ["REASONS", "Budget", "Settings", "Tracker", "Verdict", "foreign_ranks", "lane_removed", "memory_unread",
+           "operator_run"]
 
 Action = Literal["ok", "suspect", "wait", "restart", "memory-stop"]
 
@@ -118,6 +119,17 @@ class Tracker:
                                f"below {r.mem_guard / 1e9:.1f} GB ({r.guard_why}) for {now - since:.0f} s "
                                f"(--memory-grace {self.settings.memory_grace_s:g})", node)
         return None
+
+
+def memory_unread(probe: Probe) -> dict[str, str]:
+    """The nodes whose MemAvailable the probe has no reading of, each with a line saying why: the memory guard
+    cannot judge them, and says so rather than pass over them as if they had memory to spare."""
+    out: dict[str, str] = {}
+    for r in probe.ranks:
+        if r.mem_available is None and r.node not in out:
+            out[r.node] = (f"memory guard: no MemAvailable reading from {r.node} (rank {r.rank}): "
+                           f"{r.mem_error or r.error or 'not reported'}; its memory is not judged")
+    return out
 
 
 @dataclass

@@ -62,6 +62,7 @@ class RankState:
     mem_guard: int | None = None  # bytes: MemAvailable below this is inside the floor or earlyoom's margin
     guard_why: str = ""
     error: str | None = None  # why the node could not be read
+    mem_error: str | None = None  # why its facts hold no MemAvailable (the node answered without it)
 
 
 @dataclass(frozen=True)
@@ -112,21 +113,24 @@ def rank_states(facts: dict[str, NodeFacts | Result], ranks: list[Rank], profile
             out.append(RankState(r.rank, r.node.name, "unknown", error=why))
             continue
         avail = f.meminfo.mem_available_bytes if f.meminfo else None
+        # the facts' own words for a missing reading ("meminfo: no MemAvailable line"), as checks/memory.py
+        mem_error = None if f.meminfo else (
+            "; ".join(e for e in f.errors if e.startswith("meminfo")) or "the node did not report /proc/meminfo")
         guard, guard_why = mem_guard(profile, r, f)
         if f.docker is None or not f.docker.available:
             why = (f.docker.error if f.docker else None) or "docker state not reported"
             out.append(RankState(r.rank, r.node.name, "unknown", mem_available=avail, mem_guard=guard,
-                                 guard_why=guard_why, error=why))
+                                 guard_why=guard_why, error=why, mem_error=mem_error))
             continue
         found = [c for c in f.docker.containers if c.labels.get(PROFILE_LABEL) == profile.name
                  and c.labels.get(RANK_LABEL) == str(r.rank)]
         if not found:
             out.append(RankState(r.rank, r.node.name, "vanished", mem_available=avail, mem_guard=guard,
-                                 guard_why=guard_why))
+                                 guard_why=guard_why, mem_error=mem_error))
             continue
         c = _pick(found)
         out.append(RankState(r.rank, r.node.name, c.state, c.name, c.labels.get(RUN_LABEL), None, avail, guard,
-                             guard_why))
+                             guard_why, mem_error=mem_error))
     return out
 
 

@@ -9,7 +9,8 @@ comment, never by id alone (slurm/ops.py `ours`), among the jobs slurmctld still
 `--states=all`: without slurmdbd an ended job is known for MinJobAge, 300 s by default).
 
 `classify` is pure; `read_end` is the read, as operations of the one executor (driven by slurm/ops.py
-`drive_here`, as `status` drives its squeue).
+`drive_here`, as `status` drives its squeue). A squeue or scontrol that fails raises SlurmUnanswered: Slurm
+could not be asked, which is never the same as "Slurm lists no such job" (issue 39).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from sparkfleet.slurm import ops as slurm
 from sparkfleet.slurm.job import run_comment
 
 POLL_S = 0.5
+
+
+class SlurmUnanswered(Exception):
+    """squeue or scontrol failed (the message says which, and what it said): how the job ended is not known."""
 
 
 @dataclass(frozen=True)
@@ -91,14 +96,15 @@ def _run_of(jobs: list[dict[str, str]], jid: str) -> str:
 def read_end(inv: Inventory, profile: str, run_ids: set[str], bound_s: float = slurm.END_BOUND_S,
              poll_s: float = POLL_S) -> OpGen[JobEnd | None]:
     """The newest job of this lane carrying one of `run_ids`' labels, waited for (bounded) until Slurm says it
-    ended, with scontrol's final state; None when Slurm lists no such job (or could not be asked)."""
+    ended, with scontrol's final state; None when Slurm lists no such job; SlurmUnanswered when squeue or
+    scontrol failed."""
     name, labels = naming.slurm_job_name(profile), {run_comment(r) for r in run_ids}
     deadline = time.monotonic() + bound_s
     while True:
         res = yield slurm.lane_jobs(inv, name, ended_too=True)
         r = (res or {}).get(slurm.CONTROLLER)
         if r is None or not r.ok:
-            return None
+            raise SlurmUnanswered(f"squeue: {slurm.said(r)}")
         jobs = slurm.parse_jobs(r.stdout)
         ids = _ids(jobs, name, labels)
         if not ids:
@@ -110,6 +116,8 @@ def read_end(inv: Inventory, profile: str, run_ids: set[str], bound_s: float = s
         time.sleep(poll_s)
     res = yield slurm.show_job(inv, jid)
     r = (res or {}).get(slurm.CONTROLLER)
-    f = slurm.parse_job(r.stdout) if r is not None and r.ok else {}
+    if r is None or not r.ok:  # the job's final state and exit code are scontrol's: not known without it
+        raise SlurmUnanswered(f"scontrol -o show job {jid}: {slurm.said(r)}")
+    f = slurm.parse_job(r.stdout)
     return JobEnd(jid, f.get("JobState") or states[0], _run_of(jobs, jid), f.get("ExitCode"), f.get("Reason"),
                   f.get("BatchHost"), f.get("StdOut"))

@@ -37,6 +37,7 @@ class Status:
     probe_latency_s: float | None = None
     probe_at: float | None = None
     probe_why: str = ""
+    not_judged: list[str] = field(default_factory=list)  # what watch cannot judge now, and why (one line each)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -56,7 +56,16 @@ from sparkfleet.schema.load import Loaded
 from sparkfleet.slurm.job import output_path
 from sparkfleet.slurm.ops import drive_here
 from sparkfleet.watch import status as st
-from sparkfleet.watch.policy import Budget, Settings, Tracker, Verdict, foreign_ranks, lane_removed, operator_run
+from sparkfleet.watch.policy import (
+    Budget,
+    Settings,
+    Tracker,
+    Verdict,
+    foreign_ranks,
+    lane_removed,
+    memory_unread,
+    operator_run,
+)
 from sparkfleet.watch.probe import Probe, Prober, RankState
 from sparkfleet.watch.slurmjob import JobEnd, classify, read_end
 
@@ -130,6 +139,9 @@ class Watcher:
         self.failed_restarts: set[str] = set()  # runs of watch's own restarts that failed (their jobs are ours)
         self.cancelled_jobs: set[str] = set()  # Slurm jobs the stop steps of watch's own playbooks cancelled
         self.job_end: JobEnd | None = None  # a Slurm lane's job that ended by itself (read by look_again)
+        # what watch cannot judge, said once when it begins and kept in the status file and every record it writes
+        self.memory_unread: dict[str, str] = {}  # node -> why the memory guard has no MemAvailable reading
+        self.slurm_unasked: str | None = None  # "could not ask Slurm: <error>" (read by look_again)
 
     # -- events and status ---------------------------------------------------------------------------
     def say(self, kind: str, text: str, **data) -> None:
@@ -140,8 +152,14 @@ class Watcher:
         self.status.state, self.status.why, self.status.updated = state, why, now
         self.status.budget_left = self.budget.left(now)
         self.status.restarts = dict(self.budget.by_reason)
+        self.status.not_judged = self.not_judged()
         if not self.dry_run:
             st.write(self.state, self.status)
+
+    def not_judged(self) -> list[str]:
+        """What watch cannot judge now, one line each with why: nodes without a memory reading, a Slurm that
+        could not be asked how the lane's job ended."""
+        return [*self.memory_unread.values(), *([self.slurm_unasked] if self.slurm_unasked else [])]
 
     # -- signals ------------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -203,6 +221,7 @@ class Watcher:
         while True:
             t0 = time.monotonic()
             self.job_end = None  # a Slurm job's end counts for the probe that found its ranks gone only
+            self.slurm_unasked = None  # and so does a failure to ask Slurm about it
             if self.signalled:
                 return self._signalled()
             probe, facts = self.probe()
@@ -261,7 +280,19 @@ class Watcher:
                  f"{', '.join(odd) if odd else 'all running'}: {probe.why}", ok=probe.ok, latency_s=probe.latency_s,
                  health=probe.health,
                  why=probe.why, ranks=[_rank_dict(r) for r in probe.ranks])
+        self.note_memory_unread(probe)
         return probe, facts
+
+    def note_memory_unread(self, probe: Probe) -> None:
+        """Say when a node's MemAvailable stops being read (the memory guard cannot judge it) and when it is read
+        again: once each, not every probe."""
+        unread = memory_unread(probe)
+        for node, line in unread.items():
+            if self.memory_unread.get(node) != line:
+                self.say("not-judged", line, node=node)
+        for node in self.memory_unread.keys() - unread.keys():
+            self.say("judged-again", f"memory guard: MemAvailable is read again from {node}", node=node)
+        self.memory_unread = unread
 
     # -- a loopback-bound head ------------------------------------------------------------------------
     def open_tunnel(self) -> str:
@@ -333,21 +364,26 @@ class Watcher:
         if self.slurm and self.slurm_job_failed():  # a rank's end ends a Slurm lane's job: how did it end?
             return  # by itself, each task's trap removing its container: a failure to restart
         if removed or (looks and all(x.ids == [] for x in looks.values())):
+            slurm = ""
+            if self.slurm:  # what Slurm said of the job, or that it could not be asked (never read as "no job")
+                slurm = f"; {self.slurm_unasked}" if self.slurm_unasked else \
+                    "; Slurm no longer lists a job of the lane carrying its run label"
             raise StandDown("every rank's container was removed (a `down` of the lane, here or by another "
-                            "controller): the operator has the lane"
-                            + ("; Slurm no longer lists a job of the lane carrying its run label" if self.slurm
-                               else ""))
+                            "controller): the operator has the lane" + slurm)
 
     def slurm_job_failed(self) -> bool:
         """A rank of a Slurm lane vanished or exited, so its job ends (--kill-on-bad-exit; a task ends when its
         container does): True when the job of the run watch looks after ended by itself (kept in `job_end`);
         StandDown when scancel ended it (whatever containers are still being removed); False when Slurm
-        cannot say (no such job any more, or still not ended after slurm/ops.py END_BOUND_S)."""
+        cannot say (no such job any more, or still not ended after slurm/ops.py END_BOUND_S) or could not be asked
+        (squeue or scontrol failed, the controller or login node did not answer: kept in `slurm_unasked`)."""
         runs = self.known_runs | self.failed_restarts
+        self.slurm_unasked = None
         try:
             end = drive_here(self.inventory, read_end(self.inventory, self.profile.name, runs, poll_s=self.poll_s))
-        except Exception as exc:  # noqa: BLE001 (the controller or login node did not answer: Slurm cannot say)
-            self.say("slurm", f"cannot ask Slurm how the lane's job ended: {exc}")
+        except Exception as exc:  # noqa: BLE001 (slurmjob.SlurmUnanswered, or a transport's error: Slurm not asked)
+            self.slurm_unasked = f"could not ask Slurm: {exc}"
+            self.say("not-judged", f"{self.slurm_unasked}; how the lane's job ended is not known", error=str(exc))
             return False
         kind = classify(end, self.failed_restarts, self.cancelled_jobs)
         if end is not None:
@@ -512,6 +548,8 @@ class Watcher:
     def write(self, rec: Record, outcome: str, reason: str = "") -> None:
         rec.outcome, rec.reason = outcome, reason
         rec.finished = None if outcome == "running" else time.time()
+        if self.not_judged():
+            rec.data["not_judged"] = self.not_judged()
         if not self.dry_run:
             rec.write(self.state / "runs")
 
