@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print("detect: watch.failure - fault; overh: watch.serving - watch.failure - the restart's wait_ready (boot);")
     print(f"d-sim: detect from the moment the rank died (serve-crash: the sim ends it {CRASH_AFTER_S:g} s after "
           "the fault; the others act at once)")
-    print("clock: the restart's clock probe step (a fixed GPU load window, checks/probe.py LOAD_SECONDS, plus its "
-          "start); o-clk: overh - clock")
+    print("clock: the restart's clock probe step (a fixed GPU load window, fleet/nodeside/clock_probe.py "
+          "LOAD_SECONDS, plus its start); o-clk: overh - clock")
     print("watch: watch.failure - the restart's run start (evidence, look again), the rest is the up playbook")
     all_over = statistics.median(x["overhead"] for r in rows.values() for x in r)
     print(f"baseline: `up` of the serving lane alone, same run: {up_overhead:.2f} s without its wait_ready "

@@ -233,10 +233,10 @@ def test_bracket_cli_on_the_sim_lab_fails_a_slow_candidate_and_ends_with_the_con
         docker = {n: cli_run.node_containers(sim, n) for n in ("reddie", "asusi", "bluey", "spark4")}
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
         # the control serves: bench it by its profile alone (endpoint from the inventory), probing first
-        from sparkfleet.checks import probe
+        from sparkfleet.fleet.nodeside import clock_probe
 
-        image_load = probe.image_load
-        monkeypatch.setattr(probe, "image_load", lambda image, seconds=0.5: image_load(image, 0.5))  # a short load
+        image_load = clock_probe.image_load
+        monkeypatch.setattr(clock_probe, "image_load", lambda image, seconds=0.5: image_load(image, 0.5))  # a short load
         bench_code = main(["bench", "--profile", "dcp2", "--inventory", "sim", "--probe", "--concurrency", "1",
                            "--categories", "prose", "--max-tokens", "12", "--no-warmup", "--json",
                            "--out", str(tmp_path / "bench")])

@@ -19,10 +19,10 @@ BENCH = ["bench", "--profile", "dcp2", "--inventory", "sim", "--probe", "--concu
 
 
 def test_bench_refuses_a_latched_rank_unless_told(sim, capsys, monkeypatch, tmp_path) -> None:
-    from sparkfleet.checks import probe
+    from sparkfleet.fleet.nodeside import clock_probe
 
-    image_load = probe.image_load
-    monkeypatch.setattr(probe, "image_load", lambda image, seconds=0.5: image_load(image, 0.5))  # a short load
+    image_load = clock_probe.image_load
+    monkeypatch.setattr(clock_probe, "image_load", lambda image, seconds=0.5: image_load(image, 0.5))  # a short load
     try:
         assert main(["up", "--profile", "dcp2", "--inventory", "sim", "--gates", "models", "--poll", "0.2",
                      "--no-probe", "--no-fabric-probe", "--json"]) == 0, capsys.readouterr().out[-2000:]

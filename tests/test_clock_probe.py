@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.checks import probe
+from sparkfleet.fleet.nodeside import clock_probe
 
 REPO = Path(__file__).resolve().parent.parent
 GB10 = {"latch_band": (630, 950), "latch_fraction": 0.5, "slow_ratio": 1.25}  # the gb10 class defaults
@@ -46,7 +47,7 @@ def run_probe(command: str, bindir: Path | None, timeout: float = 60) -> dict:
     env["PATH"] = (f"{bindir}{os.pathsep}" if bindir else "") + "/usr/bin:/bin"
     p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=timeout)
     assert p.returncode == 0, p.stderr
-    return probe.parse_output(p.stdout)
+    return clock_probe.parse_output(p.stdout)
 
 
 def load(bindir: Path, state: str, seconds: float = 1.2, extra: str = "") -> str:
@@ -58,22 +59,22 @@ def load(bindir: Path, state: str, seconds: float = 1.2, extra: str = "") -> str
 # -- the command -----------------------------------------------------------------------------
 
 def test_command_is_the_sampler_around_the_load_all_quoted() -> None:
-    cmd = probe.probe_command("sim-gpu-load 5")
-    assert shlex.split(cmd) == ["python3", "-c", probe.SAMPLER, "sim-gpu-load 5", "0.2", "120"]
-    assert "--query-gpu=clocks.sm,clocks.max.sm,clocks_event_reasons.active" in probe.SAMPLER
-    assert "--format=csv,noheader,nounits" in probe.SAMPLER
+    cmd = clock_probe.probe_command("sim-gpu-load 5")
+    assert shlex.split(cmd) == ["python3", "-c", clock_probe.SAMPLER, "sim-gpu-load 5", "0.2", "120"]
+    assert "--query-gpu=clocks.sm,clocks.max.sm,clocks_event_reasons.active" in clock_probe.SAMPLER
+    assert "--format=csv,noheader,nounits" in clock_probe.SAMPLER
     nasty = "echo 'a b' \"$HOME\"; touch /tmp/x$(id)"
-    assert shlex.split(probe.probe_command(nasty))[3] == nasty
+    assert shlex.split(clock_probe.probe_command(nasty))[3] == nasty
 
 
 def test_image_and_torch_loads() -> None:
-    argv = shlex.split(probe.image_load("vllm/vllm-openai:deepseekv41-flash-0909@sha256:" + "a" * 64))
+    argv = shlex.split(clock_probe.image_load("vllm/vllm-openai:deepseekv41-flash-0909@sha256:" + "a" * 64))
     assert argv[:11] == ["docker", "run", "--rm", "--pull", "never", "--gpus", "all", "--label", "sparkfleet.probe=1",
                          "--entrypoint", "python3"]
-    assert argv[11].endswith("@sha256:" + "a" * 64) and argv[12:14] == ["-c", probe.TORCH_LOAD]
+    assert argv[11].endswith("@sha256:" + "a" * 64) and argv[12:14] == ["-c", clock_probe.TORCH_LOAD]
     assert argv[14:] == ["5", "5", "8192"]
-    assert shlex.split(probe.torch_load(python="/opt/py/bin/python3"))[:3] == ["/opt/py/bin/python3", "-c",
-                                                                             probe.TORCH_LOAD]
+    assert shlex.split(clock_probe.torch_load(python="/opt/py/bin/python3"))[:3] == ["/opt/py/bin/python3", "-c",
+                                                                             clock_probe.TORCH_LOAD]
 
 
 
@@ -83,7 +84,7 @@ def test_the_lanes_load_runs_as_long_as_up_was_told(repo_spec) -> None:
 
     inv, profile = repo_spec.inventory("lab"), repo_spec.profile("dcp2").profile
     node = inv.nodes["asusi"]
-    assert shlex.split(clock.load_for(node, None, profile))[14] == f"{probe.LOAD_SECONDS:g}"
+    assert shlex.split(clock.load_for(node, None, profile))[14] == f"{clock_probe.LOAD_SECONDS:g}"
     assert shlex.split(clock.load_for(node, None, profile, seconds=1.5))[14:] == ["1.5", "5", "8192"]
     assert shlex.split(clock.load_for(node, None, profile, "sim-gpu-load 9", seconds=1.5)) == ["sim-gpu-load", "9"]
 
@@ -105,7 +106,7 @@ def builtin_load(tmp_path: Path, path: str) -> dict:
     (tmp_path / "torch").mkdir(exist_ok=True)
     (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PATH": path}
-    p = subprocess.run([sys.executable, "-c", probe.TORCH_LOAD, "0.2", "3", "64"], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", clock_probe.TORCH_LOAD, "0.2", "3", "64"], capture_output=True,
                        text=True, env=env, timeout=30)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])["step_ms"]
@@ -124,7 +125,7 @@ def test_the_builtin_load_reads_gpu_idle_first_and_prints_step_timings(tmp_path:
 
 def test_probe_samples_under_load_and_reads_step_timings(gpu: Path) -> None:
     steps = json.dumps({"step_ms": {"after_idle": [94, 95], "back_to_back": [63, 64, 63], "pause_s": 3}})
-    doc = run_probe(probe.probe_command(load(gpu, "3003, 3003, 0x0000000000000000",
+    doc = run_probe(clock_probe.probe_command(load(gpu, "3003, 3003, 0x0000000000000000",
                                              extra=f"echo {shlex.quote(steps)};")), gpu)
     assert doc["errors"] == [] and doc["load"]["rc"] == 0 and doc["load"]["killed"] is False
     first, loaded = doc["samples"][0], [s for s in doc["samples"] if s["load"]]
@@ -143,7 +144,7 @@ def test_a_long_load_keeps_all_its_step_timings(gpu: Path) -> None:
     timings = gpu.parent / "timings.json"
     timings.write_text(json.dumps({"step_ms": {"after_idle": after, "back_to_back": b2b, "idle_seen": True}}) + "\n")
     chatter = "echo 'load done';"
-    doc = run_probe(probe.probe_command(load(gpu, "3003, 3003, 0x0000000000000000",
+    doc = run_probe(clock_probe.probe_command(load(gpu, "3003, 3003, 0x0000000000000000",
                                              extra=f"cat {shlex.quote(str(timings))}; {chatter}")), gpu)
     assert doc["load"]["rc"] == 0 and doc["step_ms"] == {"after_idle": after, "back_to_back": b2b, "idle_seen": True}
     slow = probe.verdict(doc, **GB10)["slow"]
@@ -151,26 +152,26 @@ def test_a_long_load_keeps_all_its_step_timings(gpu: Path) -> None:
 
 
 def test_probe_sees_a_latch(gpu: Path) -> None:
-    doc = run_probe(probe.probe_command(load(gpu, "780, 3003, 0x0000000000000000")), gpu)
+    doc = run_probe(clock_probe.probe_command(load(gpu, "780, 3003, 0x0000000000000000")), gpu)
     v = probe.verdict(doc, **GB10)
     assert v["clock"]["state"] == "latched" and v["clock"]["sm_mhz"] == 780 and v["clock"]["reasons"] == []
     assert v["slow"]["state"] == "not-measured"
 
 
 def test_a_hung_load_is_killed(gpu: Path) -> None:
-    doc = run_probe(probe.probe_command(load(gpu, "3003, 3003, 0x0", seconds=30), max_s=1), gpu, timeout=30)
+    doc = run_probe(clock_probe.probe_command(load(gpu, "3003, 3003, 0x0", seconds=30), max_s=1), gpu, timeout=30)
     assert doc["load"]["killed"] is True and doc["load"]["ended_s"] < 15
 
 
 def test_no_nvidia_smi_is_reported(tmp_path: Path) -> None:
-    doc = run_probe(probe.probe_command("sleep 0.3"), None)
+    doc = run_probe(clock_probe.probe_command("sleep 0.3"), None)
     assert doc["samples"] == [] and doc["errors"] and doc["errors"][0].startswith("nvidia-smi: ")
     v = probe.verdict(doc, **GB10)
     assert v["clock"]["state"] == "unknown" and "nvidia-smi" in v["clock"]["error"]
 
 
 def test_a_failing_load_is_not_judged(gpu: Path) -> None:
-    doc = run_probe(probe.probe_command("echo 'no torch' >&2; exit 3"), gpu)
+    doc = run_probe(clock_probe.probe_command("echo 'no torch' >&2; exit 3"), gpu)
     v = probe.verdict(doc, **GB10)
     assert v["clock"]["state"] == "load-failed" and doc["load"]["stderr_tail"] == "no torch\n"
 
@@ -229,10 +230,10 @@ def test_slow_verdict() -> None:
 
 
 def test_parse_output() -> None:
-    assert probe.parse_output("") == {"error": "the probe printed no result"}
-    assert "error" in probe.parse_output('{"not": "ours"}\n')
+    assert clock_probe.parse_output("") == {"error": "the probe printed no result"}
+    assert "error" in clock_probe.parse_output('{"not": "ours"}\n')
     doc = {"probe": "sparkfleet-clock-probe", "samples": []}
-    assert probe.parse_output("banner\n" + json.dumps(doc) + "\n") == doc
+    assert clock_probe.parse_output("banner\n" + json.dumps(doc) + "\n") == doc
 
 
 # -- the standalone entry point ----------------------------------------------------------------
@@ -251,17 +252,17 @@ def standalone(*args: str, stdin: str | None = None) -> subprocess.CompletedProc
 def test_entry_point_runs_with_the_standard_library_only(gpu: Path, tmp_path: Path) -> None:
     p = standalone("command", "--load", "sim-gpu-load 5")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == probe.probe_command("sim-gpu-load 5")
-    assert standalone("command", "--image", "img:1").stdout.strip() == probe.probe_command(probe.image_load("img:1"))
-    assert standalone("command").stdout.strip() == probe.probe_command(probe.torch_load())
-    doc = run_probe(probe.probe_command(load(gpu, "780, 3003, 0x0000000000000000")), gpu)
+    assert p.stdout.strip() == clock_probe.probe_command("sim-gpu-load 5")
+    assert standalone("command", "--image", "img:1").stdout.strip() == clock_probe.probe_command(clock_probe.image_load("img:1"))
+    assert standalone("command").stdout.strip() == clock_probe.probe_command(clock_probe.torch_load())
+    doc = run_probe(clock_probe.probe_command(load(gpu, "780, 3003, 0x0000000000000000")), gpu)
     out = tmp_path / "probe.json"
     out.write_text(json.dumps(doc))
     args = ("--latch-band", "630", "950", "--latch-fraction", "0.5", "--slow-ratio", "1.25")
     p = standalone("verdict", "--samples", str(out), *args)
     assert p.returncode == 1, p.stderr
     assert json.loads(p.stdout)["clock"]["state"] == "latched"
-    healthy = run_probe(probe.probe_command(load(gpu, "3003, 3003, 0x0")), gpu)
+    healthy = run_probe(clock_probe.probe_command(load(gpu, "3003, 3003, 0x0")), gpu)
     p = standalone("verdict", "--samples", "-", *args, stdin=json.dumps(healthy))
     assert p.returncode == 0 and json.loads(p.stdout)["clock"]["state"] == "fast"
     # the thresholds are the hardware class's: the tool has no defaults of its own
@@ -271,8 +272,8 @@ def test_entry_point_runs_with_the_standard_library_only(gpu: Path, tmp_path: Pa
 def test_the_doc_describes_this_probe() -> None:
     """docs/clock-probe.md quotes the query, the image load's docker options and the entry point."""
     doc = (REPO / "docs" / "clock-probe.md").read_text()
-    assert f"nvidia-smi --query-gpu={probe.QUERY} --format=csv,noheader,nounits" in doc
+    assert f"nvidia-smi --query-gpu={clock_probe.QUERY} --format=csv,noheader,nounits" in doc
     assert "docker run --rm --pull never --gpus all --label sparkfleet.probe=1 --entrypoint python3" in doc
-    assert f"-c '<TORCH_LOAD>' {probe.LOAD_SECONDS:g} {probe.AFTER_IDLE_STEPS} {probe.MATMUL_N}" in doc
-    assert f"python3 -c '<SAMPLER>' '<LOAD>' {probe.SAMPLE_INTERVAL_S:g} {probe.PROBE_MAX_S:g}" in doc
+    assert f"-c '<TORCH_LOAD>' {clock_probe.LOAD_SECONDS:g} {clock_probe.AFTER_IDLE_STEPS} {clock_probe.MATMUL_N}" in doc
+    assert f"python3 -c '<SAMPLER>' '<LOAD>' {clock_probe.SAMPLE_INTERVAL_S:g} {clock_probe.PROBE_MAX_S:g}" in doc
     assert "## Receipt (real GPU)" in doc

@@ -263,11 +263,11 @@ def test_when_each_rank_stopped_reads_as_times_not_text() -> None:
 def test_the_clock_probe_s_command_and_answer() -> None:
     """up's probe step and `check --probe` run the same op: the sampler around the load, a change (it starts a
     container), and the sampler's document or why there is none."""
-    from sparkfleet.checks import probe
+    from sparkfleet.fleet.nodeside import clock_probe
 
     op = ops.ClockProbe("sim-gpu-load 5")
-    assert op.command() == probe.probe_command("sim-gpu-load 5") and op.changes
-    assert ops.on("x", {"n": op}, op.timeout_s).timeout_s == probe.PROBE_MAX_S + 30
+    assert op.command() == clock_probe.probe_command("sim-gpu-load 5") and op.changes
+    assert ops.on("x", {"n": op}, op.timeout_s).timeout_s == clock_probe.PROBE_MAX_S + 30
     doc = {"probe": "sparkfleet-clock-probe", "samples": []}
     assert op.parse(Result("n", True, "banner\n" + json.dumps(doc) + "\n")) == doc
     assert op.parse(Result("n", True, "")) == {"error": "the probe printed no result"}

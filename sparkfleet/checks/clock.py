@@ -11,6 +11,7 @@ from typing import Any
 
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import Gpu, NodeFacts
+from sparkfleet.fleet.nodeside import clock_probe
 from sparkfleet.schema.inventory import HardwareClass, Node
 from sparkfleet.schema.profile import Profile
 
@@ -47,13 +48,13 @@ def expected_text(hw: HardwareClass) -> str:
 def load_for(node: Node, facts: NodeFacts | None, profile: Profile, override: str | None = None, *,
              seconds: float | None = None) -> str:
     """The probe's load on this node: the user's command, or the matmul in the lane's image for `seconds`
-    (None: probe.LOAD_SECONDS)."""
+    (None: clock_probe.LOAD_SECONDS)."""
     if override:
         return override
-    seconds = probe.LOAD_SECONDS if seconds is None else seconds
+    seconds = clock_probe.LOAD_SECONDS if seconds is None else seconds
     if profile.image is None:
-        return probe.torch_load(seconds)  # no image to run in: the host's python3 (needs torch)
-    return probe.image_load(profile.image.pinned, seconds)
+        return clock_probe.torch_load(seconds)  # no image to run in: the host's python3 (needs torch)
+    return clock_probe.image_load(profile.image.pinned, seconds)
 
 
 def _snapshot(node: str, hw: HardwareClass, g: Gpu) -> Finding:

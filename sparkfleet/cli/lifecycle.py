@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from sparkfleet.checks.probe import LOAD_SECONDS, PROBE_MAX_S
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
@@ -26,6 +25,7 @@ from sparkfleet.cli.common import (
     spec,
 )
 from sparkfleet.cli.progress import Progress, verbosity
+from sparkfleet.fleet.nodeside.clock_probe import LOAD_SECONDS, PROBE_MAX_S
 from sparkfleet.runner.context import RunOptions
 from sparkfleet.runner.events import JsonEvents
 from sparkfleet.schema.errors import UserError

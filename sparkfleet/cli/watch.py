@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkfleet.checks.probe import LOAD_SECONDS
 from sparkfleet.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
@@ -26,6 +25,7 @@ from sparkfleet.cli.common import (
     spec,
 )
 from sparkfleet.cli.progress import Progress, verbosity
+from sparkfleet.fleet.nodeside.clock_probe import LOAD_SECONDS
 from sparkfleet.schema.errors import UserError
 
 if TYPE_CHECKING:

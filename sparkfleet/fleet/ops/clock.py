@@ -1,13 +1,14 @@
 """The clock probe on a node (`check --probe`, up's probe step): the node's GPU loaded by `load` (a shell
-command line, checks/clock.py load_for: the matmul in the lane's image, or the user's) while checks/probe.py's
-sampler reads nvidia-smi's clocks; its answer is the sampler's JSON document, read as checks/probe.py reads it."""
+command line, checks/clock.py load_for: the matmul in the lane's image, or the user's) while the sampler
+(fleet/nodeside/clock_probe.py) reads nvidia-smi's clocks; its answer is the sampler's JSON document, which
+checks/probe.py judges."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sparkfleet.checks.probe import PROBE_MAX_S, parse_output, probe_command
+from sparkfleet.fleet.nodeside.clock_probe import PROBE_MAX_S, parse_output, probe_command
 from sparkfleet.fleet.ops.base import Op, classify
 from sparkfleet.fleet.transport import Result
 
