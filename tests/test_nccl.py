@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sparkfleet.checks import nccl
 from sparkfleet.cli.main import main
-from sparkfleet.fleet import nccl as run_nccl
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.ops import nccl as run_nccl
 from sparkfleet.fleet.ship import guard_command
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.opsdir import Spec
@@ -43,7 +43,7 @@ bluey:711:711 [0] NCCL INFO Channel 00/0 : 1[0] -> 2[0] [receive] via NET/Socket
 
 
 def test_the_h200_receipt_is_a_socket_fallback() -> None:
-    t = nccl.parse(RECEIPT.read_text())
+    t = run_nccl.parse(RECEIPT.read_text())
     assert t.network == "Socket" and t.on_socket and not t.on_rdma
     assert t.socket_ifaces == "[0]eth0:192.0.2.2<0>" and t.version == "2.28.9+cuda13.0"
     assert t.result is not None and t.result["world_size"] == 1 and set(t.result["latency_us"]) == {"49152", "409600"}
@@ -56,7 +56,7 @@ def test_the_h200_receipt_is_a_socket_fallback() -> None:
 
 
 def test_rdma_lines_pass_with_gpudirect_and_latency() -> None:
-    t = nccl.parse(RDMA)
+    t = run_nccl.parse(RDMA)
     assert (t.network, t.on_rdma, t.gdrdma, t.on_socket) == ("IB", True, True, False)
     assert t.via == {"NET/IB/0/GDRDMA": 3} and t.ib_devices == "[0]rocep1s0f0:1/RoCE [RO]"
     f = nccl.verdict("reddie", 0, t, expects_rdma=True, exit_code=0)
@@ -65,15 +65,15 @@ def test_rdma_lines_pass_with_gpudirect_and_latency() -> None:
 
 
 def test_a_channel_via_socket_fails_even_without_the_network_line() -> None:
-    t = nccl.parse(SOCKET_CHANNELS)
+    t = run_nccl.parse(SOCKET_CHANNELS)
     assert t.network is None and t.via == {"NET/Socket/0": 2}
     assert nccl.verdict("bluey", 2, t, expects_rdma=True, exit_code=0).status == "fail"
 
 
 def test_no_transport_lines_is_not_judged_and_a_failed_run_fails() -> None:
-    t = nccl.parse('{"sparkfleet_nccl": {"rank": 1, "latency_us": {"49152": 30}}}\n')
+    t = run_nccl.parse('{"sparkfleet_nccl": {"rank": 1, "latency_us": {"49152": 30}}}\n')
     assert nccl.verdict("asusi", 1, t, expects_rdma=True, exit_code=0).status == "warn"
-    t = nccl.parse("spark4:9:9 [0] NCCL WARN NET/IB : Got completion with error 12\n"
+    t = run_nccl.parse("spark4:9:9 [0] NCCL WARN NET/IB : Got completion with error 12\n"
                    '{"sparkfleet_nccl": {"rank": 3, "error": "DistBackendError: NCCL error"}}\n')
     f = nccl.verdict("spark4", 3, t, expects_rdma=True, exit_code=1)
     assert f.status == "fail" and "DistBackendError" in f.message and "Got completion with error 12" in f.message

@@ -218,7 +218,7 @@ def print_would(would: list[dict[str, Any]], nccl: tuple[dict[str, Any], list[Fi
 
 
 def nccl_op_name() -> str:
-    from sparkfleet.fleet import nccl
+    from sparkfleet.fleet.ops import nccl
 
     return nccl.WHAT
 
@@ -244,8 +244,8 @@ def run_nccl(ex: Any, plan: Plan, profile: Profile, facts: dict[str, Any], args:
              ) -> tuple[dict[str, Any], list[Finding]]:
     """The NCCL all-reduce across the ranks (under --dry-run: its commands, shown by the executor)."""
     from sparkfleet.checks import nccl as judge
-    from sparkfleet.fleet import nccl
     from sparkfleet.fleet.gather import resolve_gid_indexes
+    from sparkfleet.fleet.ops import nccl
 
     if profile.image is None:
         raise UserError(f"lane {profile.name!r} has no image: --nccl runs the all-reduce in the lane's image")

@@ -1,5 +1,6 @@
 """Node operations, one object each (see base.py): docker, the fleet lock, files, network, the kernel, the
-node-side helpers and the facts they gather.
+node-side helpers and the facts they gather. Where an operation takes more than one command, its module also
+drives them as a generator the executor runs (nccl.py: allreduce_ops, the all-reduce across the ranks).
 
 `from sparkfleet.fleet import ops` and `ops.LaneContainers(profile).command()`; the modules below
 import from each other's modules, never from this package, so nothing loops.
