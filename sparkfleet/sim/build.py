@@ -28,7 +28,7 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.schema.profile import Profile
-from sparkfleet.sim import image, llama, shim, tfbuild, values
+from sparkfleet.sim import image, llama, shim, tfbuild, values, vllmlab
 from sparkfleet.sim.node import home_dir, python_roots
 from sparkfleet.sim.paths import inside
 
@@ -285,6 +285,7 @@ def engine_state() -> dict:
     decides KV, MoE, Engram and hook lines from what each launch carries and the node it runs on."""
     return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
             "python_roots": python_roots(),
+            "vllm": vllmlab.engine_state(),
             "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
             "engram_layers": list(values.ENGRAM_LAYERS), "engram_tensor": values.ENGRAM_TENSOR,
             "stop_wait_s": values.ENGINE_STOP_WAIT_S,
@@ -400,6 +401,7 @@ def build_node(node_dir: Path, inv: Inventory, node: Node, ordinal: int, lanes: 
             serve.parent.mkdir(parents=True, exist_ok=True)
             serve.write_text(image.TENSORFOLD_SERVE_SCRIPT)
     llama.place_weights(root, node, profiles)  # the real GGUF where a llama.cpp lane names it (sim/llama.py)
+    vllmlab.place_model(root, node, profiles)  # vLLM's real checkpoint where a vLLM lane names it (sim/vllmlab.py)
     install_shims(node_dir / "bin", netns=netns, dockerd=bool(dockerd))
     tfbuild.place(root, node, profiles, node_dir / "bin", home_dir())  # TensorFold's build stand-ins (sim/tfbuild.py)
     shim.render(root)

@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         # the engine's own faults only: a rank-vanish is docker's to do (rm -f), on a running rank (sim-fault)
         engine += [a for k in rank_faults_due(ROOT, tuple(RANK_SIGNALS)) for a in ("--fault", k)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
-    env["PYTHONPATH"] = cfg["package_root"]
+    if engine[0] == cfg["python"]:  # a stand-in of sparkfleet's own; vLLM itself (shim.engine) needs none of it
+        env["PYTHONPATH"] = cfg["package_root"]
     env["PYTHONUNBUFFERED"] = "1"
     os.execve(engine[0], engine, env)
     return 127  # not reached

@@ -35,6 +35,7 @@ from sparkfleet.fleet.local import NOT_RUN_FD
 from sparkfleet.schema.errors import UserError
 from sparkfleet.sim import shim
 from sparkfleet.sim.daemon import alive_as
+from sparkfleet.sim.vllmbuild import built as vllm_built
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_TOP = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev"}
@@ -78,11 +79,17 @@ def home_dir() -> str:
     return pwd.getpwuid(os.getuid()).pw_dir
 
 
+def vllm_roots() -> list[str]:
+    """The lab's vLLM build (sim/vllmbuild.py), when there is one: its venv and checkpoint, bound like Python's."""
+    tree = vllm_built()
+    return [str(tree)] if tree else []
+
+
 def python_roots() -> list[str]:
     """Directories the sim engine's Python needs, bound read-only into each node at the same paths."""
     package_root = str(Path(sparkfleet.__file__).resolve().parent.parent)
     out: list[str] = []
-    for p in (sys.base_prefix, sys.prefix, package_root):
+    for p in (sys.base_prefix, sys.prefix, package_root, *vllm_roots()):
         p = os.path.realpath(p)
         if any(p == s or p.startswith(s + "/") for s in SYSTEM_RO):
             continue

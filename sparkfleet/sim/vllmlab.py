@@ -1,0 +1,64 @@
+"""The lab's real vLLM: where its build is, and its checkpoint on the nodes whose vLLM lanes name it.
+
+THIS IS PART OF THE SIMULATED LAB, but the engine is real: a vLLM lane whose model dir holds a real
+checkpoint runs vLLM's CPU build (sim/vllmbuild.py, `make vllm-cpu`) in its containers, picked by the
+docker stand-ins (shim/engine.py real_vllm_standin) from the container's own command line and mounts.
+Every other vLLM lane keeps the sim engine, which stands in for what CPU vLLM cannot show (GB10 memory, the
+MoE backend line, Engram rows).
+
+`place_model` hard-links the converted checkpoint into the snapshot dir of each vLLM lane on the node
+whose repo dir is that model's (vllmbuild.MODEL); any other checkpoint stays the sim's stand-in, as a
+node holds only what it was given.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+from pathlib import Path
+
+from sparkfleet.schema.profile import Profile
+from sparkfleet.sim import vllmbuild
+from sparkfleet.sim.paths import inside
+
+
+def engine_state() -> dict:
+    """engine.json's "vllm": the build's Python and CLI entry, or why there is none (the stand-in says it)."""
+    tree = vllmbuild.built()
+    if tree is None:
+        return {"missing": f"the lab's vLLM {vllmbuild.VERSION} (CPU) is not installed in {vllmbuild.cache_dir()}"}
+    return {"python": str(vllmbuild.python(tree)), "entry": str(vllmbuild.entry(tree)), "version": vllmbuild.VERSION}
+
+
+def checkpoint_dirs(node, profiles: list[Profile]) -> list[str]:
+    """The node paths of the snapshot dirs the node's vLLM lanes of the lab's model read."""
+    out = []
+    for p in profiles:
+        if p.engine == "vllm" and p.model and p.model.repo_dir == vllmbuild.MODEL:
+            snapshot = p.model.snapshot or p.model.revision
+            repo = posixpath.join(node.storage.model_root, p.model.repo_dir)
+            out.append(posixpath.join(repo, "snapshots", snapshot) if snapshot else repo)
+    return sorted(set(out))
+
+
+def place_model(root: Path, node, profiles: list[Profile]) -> list[str]:
+    """Hard-link (else copy) the converted checkpoint into each dir `checkpoint_dirs` names; the dirs placed.
+    Nothing when vLLM is not built: the lane's containers then say so (shim/engine.py)."""
+    wanted = checkpoint_dirs(node, profiles)
+    tree = vllmbuild.built()
+    if not wanted or tree is None:
+        return []
+    source = vllmbuild.model_dir(tree)
+    for d in wanted:
+        target = inside(root, d)
+        target.mkdir(parents=True, exist_ok=True)
+        for f in sorted(source.iterdir()):
+            dest = target / f.name
+            if dest.exists():
+                dest.unlink()
+            try:
+                os.link(f, dest)
+            except OSError:
+                shutil.copy2(f, dest)
+    return wanted
