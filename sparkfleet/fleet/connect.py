@@ -8,15 +8,14 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from sparkfleet.fleet.local import LocalTransport
-from sparkfleet.fleet.op import Executor
 from sparkfleet.fleet.srun import SrunTransport
 from sparkfleet.fleet.ssh import SshTransport
-from sparkfleet.fleet.transport import Result, Transport
+from sparkfleet.fleet.transport import Forwards, Result, Transport
 from sparkfleet.placement import endpoint, loopback_bound
 from sparkfleet.schema.inventory import Node
 
 
-class MixedTransport:
+class MixedTransport(Transport):
     """Dispatches each node to the transport its `transport:` field names; the parts run at once."""
 
     def __init__(self, known_hosts: Path | None = None, *, connect_timeout_s: float = 10.0,
@@ -41,10 +40,6 @@ class MixedTransport:
             for f in futures:
                 merged.update(f.result())
         return {n.name: merged[n.name] for n in nodes if n.name in merged}  # the caller's order
-
-    def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
-            timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
-        return self._fan(nodes, lambda t, ns: t.run(ns, command, stdin=stdin, timeout_s=timeout_s, env=env))
 
     def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
                  stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
@@ -81,7 +76,7 @@ def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
 
 
 @contextmanager
-def api_base(head: Node, port: int, host: str | None, transport: Transport | Executor | None = None,
+def api_base(head: Node, port: int, host: str | None, transport: Forwards | None = None,
              on_tunnel=None) -> Iterator[str]:
     """The lane's OpenAI-compatible base URL as seen from this machine, for the block's duration: for a
     head that binds its API to loopback (`host: 127.0.0.1`) behind SSH, a local port forward over the
@@ -93,10 +88,11 @@ def api_base(head: Node, port: int, host: str | None, transport: Transport | Exe
     if not (loopback_bound(host) and head.transport == "ssh"):
         yield endpoint(head, port)
         return
-    own = transport is None
-    t = transport if transport is not None else transport_for([head])
+    own: Transport | None = None  # a transport of its own, closed at the end
+    if transport is None:
+        transport = own = transport_for([head])
     try:
-        with t.forward(head, port) as local:
+        with transport.forward(head, port) as local:
             if local is None:  # shown, not opened (--dry-run)
                 yield endpoint(head, port)
                 return
@@ -105,5 +101,5 @@ def api_base(head: Node, port: int, host: str | None, transport: Transport | Exe
                 on_tunnel(url)
             yield url
     finally:
-        if own:
-            t.close()
+        if own is not None:
+            own.close()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sparkfleet.fleet.hostkeys import write_atomic
 from sparkfleet.fleet.ssh import DRAIN_AFTER_EXIT_S, ENV_NAME
-from sparkfleet.fleet.transport import Result, fan_out, telling_line
+from sparkfleet.fleet.transport import Result, Transport, fan_out, telling_line
 from sparkfleet.schema.inventory import Node
 
 NOT_RUN_FD = "SPARKFLEET_NOT_RUN_FD"  # names the wrapper's status pipe (see above)
@@ -35,7 +35,7 @@ NOT_RUN_MAX = 4096  # bytes of the wrapper's reason kept
 SHELL = shutil.which("bash") or "/bin/sh"
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     """Run commands as local subprocesses, in parallel threads, with the SSH transport's Result semantics."""
 
     def __init__(self, *, max_parallel: int = 64, shell: str = SHELL) -> None:
@@ -47,12 +47,6 @@ class LocalTransport:
     def forward(self, node: Node, remote_port: int, remote_host: str = "127.0.0.1") -> Iterator[int]:
         """A local node's loopback is this machine's: nothing to forward."""
         yield remote_port
-
-    def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
-            timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
-        """Run `command` with bash -c for every node at once; one Result per node, in input order."""
-        return self.run_each(nodes, {n.name: command for n in nodes},
-                             stdin={n.name: stdin for n in nodes} if stdin else None, timeout_s=timeout_s, env=env)
 
     def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
                  stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,

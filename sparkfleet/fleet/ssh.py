@@ -30,7 +30,7 @@ from fabric import Config, Connection
 
 from sparkfleet.fleet.forward import local_forward
 from sparkfleet.fleet.hostkeys import default_known_hosts, fingerprint, host_entry
-from sparkfleet.fleet.transport import Result, fan_out, telling_line
+from sparkfleet.fleet.transport import Result, Transport, fan_out, telling_line
 from sparkfleet.schema.inventory import Hop, Node
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -88,7 +88,7 @@ class HopFailed(Exception):
         self.cause = cause
 
 
-class SshTransport:
+class SshTransport(Transport):
     """Run commands and copy files over SSH with strict host-key checking; see the module docstring."""
 
     def __init__(self, known_hosts: Path | str | None = None, *, connect_timeout_s: float = 10.0,
@@ -108,12 +108,6 @@ class SshTransport:
         self._guard = threading.Lock()
 
     # -- public interface --------------------------------------------------------------
-    def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
-            timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
-        """Run `command` (a shell string) on every node at once; one Result per node, in input order."""
-        return self.run_each(nodes, {n.name: command for n in nodes},
-                             stdin={n.name: stdin for n in nodes} if stdin else None, timeout_s=timeout_s, env=env)
-
     def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
                  stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
                  env: dict[str, str] | None = None) -> dict[str, Result]:

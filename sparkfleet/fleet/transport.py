@@ -53,10 +53,14 @@ class Transport(Protocol):
     """Run commands on nodes; `put` copies bytes to a path on each node (mode applied).
 
     `run_each` is the one per-node form: a command (and stdin) of its own for each node, all at once;
-    `run` is the same command everywhere."""
+    `run` is the same command everywhere. A transport subclasses this class and writes `run_each`; `run` is
+    written here once, for all of them (test doubles that only have `run` use RunEachByRun instead)."""
 
     def run(self, nodes: list[Node], command: str, *, stdin: str | None = None,
-            timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]: ...
+            timeout_s: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Result]:
+        """Run `command` on every node at once (`run_each` with the same command and stdin for each)."""
+        return self.run_each(nodes, {n.name: command for n in nodes},
+                             stdin={n.name: stdin for n in nodes} if stdin else None, timeout_s=timeout_s, env=env)
 
     def run_each(self, nodes: list[Node], commands: Mapping[str, str], *,
                  stdin: Mapping[str, str] | None = None, timeout_s: float = 60.0,
@@ -71,6 +75,14 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Forwards(Protocol):
+    """What can open a local port forward to a node: a transport, or an executor (which, under --dry-run,
+    shows the forward and yields None instead of a port)."""
+
+    def forward(self, node: Node, remote_port: int,
+                remote_host: str = "127.0.0.1") -> AbstractContextManager[int | None]: ...
 
 
 class RunEachByRun:
