@@ -187,21 +187,19 @@ def probe_lane(sp: Spec, loaded: Loaded, inventory_name: str) -> dict:
     """The clock latch / slow-state probe on the lane's nodes (as `check --probe`), summarized."""
     from sparkfleet.checks import clock, probe
     from sparkfleet.cli.check import run_probes
-    from sparkfleet.fleet.connect import transport_for
-    from sparkfleet.fleet.gather import facts_requests, gather
-    from sparkfleet.fleet.op import Executor
+    from sparkfleet.fleet.gather import facts_requests, gather_ops
+    from sparkfleet.fleet.op import executor_for
     from sparkfleet.plan import make_plan
 
     inventory = fleet_inventory(sp, inventory_name)
     plan = make_plan(loaded, inventory, sp.playbook("up"), sp.root)
     nodes = [r.node for r in plan.ranks]
-    transport = transport_for(nodes)
+    ex = executor_for(nodes)
     try:
-        facts = gather(transport, nodes, facts_requests(inventory, plan, loaded.profile))
-        runs = run_probes(Executor(transport, {n.name: n for n in nodes}), nodes, facts, loaded.profile, inventory,
-                          None)
+        facts = ex.drive(gather_ops(nodes, facts_requests(inventory, plan, loaded.profile)))
+        runs = run_probes(ex, nodes, facts, loaded.profile, inventory, None)
     finally:
-        transport.close()
+        ex.transport.close()
     verdicts = {name: probe.verdict(run, **clock.thresholds(inventory.hardware(inventory.nodes[name])))
                 for name, run in runs.items()}
     parts = [f"{n}: clock {v['clock'].get('state')}, slow state {v['slow'].get('state')}"

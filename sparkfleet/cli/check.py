@@ -19,6 +19,7 @@ from sparkfleet.cli.common import (
     add_wide,
     dry_reads,
     err,
+    executor,
     fleet_inventory,
     out,
     overrides,
@@ -100,36 +101,30 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"sparkfleet: lane {plan.profile!r} is refused before any node is contacted; "
                       "fix the findings above", markup=False)
         return EXIT_USAGE
-    # the transports and the facts helper are imported when used (they bring fabric/paramiko)
-    from sparkfleet.fleet.connect import transport_for
+    # imported when used: the facts' modules cost every verb's start-up
     from sparkfleet.fleet.gather import facts_requests, gather_ops
-    from sparkfleet.fleet.op import Executor, NoConnection, shown_as
 
     nodes = [r.node for r in plan.ranks]
     would: list[dict[str, Any]] = []  # every command --dry-run shows (the executor's, not run)
-
-    def ops(transport: Any) -> Executor:
-        """The one executor of --fabric and --nccl: under --dry-run it shows their commands and runs none."""
-        return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads,
-                        show=shown_as(lambda event, **line: would.append(line)))
-
     requests = facts_requests(inventory, plan, profile, root=sp.root)
+    # the one executor of the facts, --probe, --fabric and --nccl: under --dry-run it shows their commands
+    # (collected in `would` for the report) and runs none, through a transport that opens no connection
+    ex = executor(args, nodes, emit=lambda event, **line: would.append(line))
     if dry and not reads:  # --dry-run: no node is contacted at all
-        ex = ops(NoConnection())
         ex.drive(gather_ops(nodes, requests, timeout_s=args.timeout))  # the facts helper's run, shown
         fabric = run_fabric(ex, plan, inventory, args) if args.fabric else None
         nccl = run_nccl(ex, plan, profile, {}, args) if args.nccl else None
         return dry_report(plan, nodes, fabric, nccl, would, args)
-    transport = transport_for(nodes)
+    transport = ex.transport
     try:
         dropped = drop_caches(transport, nodes) if args.drop_caches and not dry else {}
         # through the executor: under --dry-run=facts a node without the helper runs it inline, nothing is shipped
-        facts = ops(transport).drive(gather_ops(nodes, requests, timeout_s=args.timeout))
+        facts = ex.drive(gather_ops(nodes, requests, timeout_s=args.timeout))
         probes: dict[str, dict[str, Any]] = {}
         if args.probe or args.probe_command:
-            probes = run_probes(ops(transport), nodes, facts, profile, inventory, args.probe_command)
-        fabric = run_fabric(ops(transport), plan, inventory, args) if args.fabric else None
-        nccl = run_nccl(ops(transport), plan, profile, facts, args) if args.nccl else None
+            probes = run_probes(ex, nodes, facts, profile, inventory, args.probe_command)
+        fabric = run_fabric(ex, plan, inventory, args) if args.fabric else None
+        nccl = run_nccl(ex, plan, profile, facts, args) if args.nccl else None
         from sparkfleet.engram.fleet import lane_findings
 
         # each rank's Engram copy by the one rule, as `up` judges it (unreachable nodes: the facts say so);

@@ -8,9 +8,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from sparkfleet.findings import Finding
+    from sparkfleet.fleet.op import Executor
     from sparkfleet.opsdir import Spec
     from sparkfleet.schema.inventory import Inventory
 
@@ -57,26 +60,22 @@ def dry_reads(args: argparse.Namespace) -> bool:
     return getattr(args, "dry_run", None) == "facts"
 
 
-def executor(args: argparse.Namespace, nodes: list) -> Any:
-    """The executor a verb outside the runner drives its node operations through: under --dry-run it
-    opens no connection and prints each command (a JSON line each with --json); --dry-run=facts runs reads."""
-    from sparkfleet.fleet.op import Executor, NoConnection, shown_as
+def executor(args: argparse.Namespace, nodes: list, emit: Callable[..., None] | None = None) -> Executor:
+    """The executor a verb outside the runner drives its node operations through (fleet/op.py's executor_for,
+    under the verb's --dry-run): under --dry-run it opens no connection and prints each command (a JSON line
+    each with --json), or hands each to `emit(event, **line)` when given; --dry-run=facts runs reads. The
+    caller closes `ex.transport`."""
+    from sparkfleet.fleet.op import executor_for, shown_as
 
-    def emit(event: str, **line: Any) -> None:
+    def printed(event: str, **line: Any) -> None:
         if getattr(args, "json", False):
             print(json.dumps({"event": event, **{k: v for k, v in line.items() if k != "content"}}))
         else:
             did = f"write {line['write']}" if "write" in line else line["command"]
             out.print(f"{event}: {line['node']}: {line['what']}: {did}", markup=False, soft_wrap=True)
 
-    dry, reads = bool(getattr(args, "dry_run", None)), dry_reads(args)
-    if dry and not reads:
-        transport: Any = NoConnection()
-    else:
-        from sparkfleet.fleet.connect import transport_for
-
-        transport = transport_for(nodes)
-    return Executor(transport, {n.name: n for n in nodes}, dry_run=dry, reads=reads, show=shown_as(emit))
+    return executor_for(nodes, dry_run=bool(getattr(args, "dry_run", None)), reads=dry_reads(args),
+                        show=shown_as(emit or printed))
 
 
 def add_overrides(p: argparse.ArgumentParser) -> None:

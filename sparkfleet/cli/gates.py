@@ -153,12 +153,11 @@ def run(args: argparse.Namespace) -> int:
     tunnel = ExitStack()  # an SSH local forward to a loopback-bound head, closed when the gates end
     base = args.endpoint.rstrip("/") if args.endpoint else lane_base(tunnel, ranks[0].node, profile, args.json)
     if ranks is not None and sample:
-        from sparkfleet.fleet.connect import transport_for
-        from sparkfleet.fleet.op import Executor
+        from sparkfleet.fleet.op import executor_for
 
-        transport = transport_for([r.node for r in ranks])
-        options.mem_sampler = fleet_sampler(Executor(transport, {r.node.name: r.node for r in ranks}),
-                                            [(r.node, r.role if r.role == "head" else "workers") for r in ranks],
+        ex = executor_for([r.node for r in ranks])
+        transport = ex.transport
+        options.mem_sampler = fleet_sampler(ex, [(r.node, r.role if r.role == "head" else "workers") for r in ranks],
                                             profile.expect.mem_available_floor_gb)
     else:
         transport = None

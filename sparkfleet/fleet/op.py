@@ -15,14 +15,17 @@ A tunnel (`forward`) is decided here too: under --dry-run it is shown and not op
 
 A command that depends on what a read would return (the stop step's container ids) is shown with a
 named placeholder in angle brackets, e.g. `docker rm -f <ids of the lane's containers on reddie>`.
+
+`executor_for` is the one way to get an Executor (and `open_transport` the one way to get the transport it
+runs through): under --dry-run it is NoConnection, decided there and nowhere else.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from sparkfleet.fleet.transport import Result, Transport
@@ -52,14 +55,16 @@ class NodeCommands:
 
 
 class Pending(dict[str, Result]):
-    """The reply to a background NodeCommands: empty until its commands end; `wait` for them."""
+    """The reply to a background NodeCommands: empty until its commands end; `wait` for them. What running
+    them raised (a transport's bug) is kept in `error`, for the waiter to raise or report."""
 
     def __init__(self) -> None:
         super().__init__()
         self.done = threading.Event()
+        self.error: BaseException | None = None
 
-    def wait(self, timeout_s: float) -> bool:
-        """True once every node's command ended (its Result is in), False after `timeout_s`."""
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """True once every node's command ended (its Result is in), False after `timeout_s` (None: no limit)."""
         return self.done.wait(timeout_s)
 
 
@@ -149,6 +154,8 @@ class Executor:
             def run() -> None:
                 try:
                     pending.update(self._run(op))
+                except BaseException as exc:  # noqa: BLE001 - kept for the waiter, in its own thread
+                    pending.error = exc
                 finally:
                     pending.done.set()
 
@@ -205,13 +212,69 @@ class Executor:
             return done.value
 
 
+def open_transport(nodes: Iterable[Node], *, dry_run: bool = False, reads: bool = False,
+                   wait_once: bool = False) -> Transport:
+    """The transport an executor of these nodes runs through: under --dry-run (not =facts) NoConnection, so
+    nothing reaches a node and no connection is opened; else `transport_for` (fleet/connect.py, with its
+    `wait_once`). The caller closes it."""
+    if dry_run and not reads:
+        return NoConnection()  # any use of it is a bug, said loudly
+    # here, not at the top: the transports bring paramiko (a half second of every verb's start-up), and
+    # fleet/connect.py is looked up when called, so a test's stand-in for transport_for is the one used
+    from sparkfleet.fleet.connect import transport_for
+
+    listed = list(nodes)  # wait_once passed only when asked: the tests' stand-ins take the nodes alone
+    return transport_for(listed, wait_once=True) if wait_once else transport_for(listed)
+
+
+def executor_for(nodes: Mapping[str, Node] | Iterable[Node], *, transport: Transport | None = None,
+                 dry_run: bool = False, reads: bool = False, wait_once: bool = False,
+                 show: Callable[[NodeCommands], None] | None = None,
+                 on_run: Callable[[NodeCommands], None] | None = None) -> Executor:
+    """The one way to get an Executor: for these nodes (by name, or a list), under this dry-run (`reads`:
+    --dry-run=facts), through `transport` when the caller holds one, else through `open_transport`'s (the
+    caller closes `ex.transport`). `show` and `on_run` as Executor takes them."""
+    by_name = dict(nodes) if isinstance(nodes, Mapping) else {n.name: n for n in nodes}
+    if transport is None:
+        transport = open_transport(by_name.values(), dry_run=dry_run, reads=reads, wait_once=wait_once)
+    return Executor(transport, by_name, dry_run=dry_run, reads=reads, show=show, on_run=on_run)
+
+
 def run_ops(transport: Transport, nodes: list[Node], gen: OpGen[T]) -> T:
     """Drive `gen` now, no dry-run (for commands that only read or that the user asked to change)."""
-    return Executor(transport, {n.name: n for n in nodes}).drive(gen)
+    return executor_for(nodes, transport=transport).drive(gen)
 
 
 def run_commands(transport: Transport, nodes: list[Node], op: NodeCommands) -> dict[str, Result]:
     """One NodeCommands run now through the executor, no dry-run (a verb's reads: logs, bundle, watch)."""
-    reply = Executor(transport, {n.name: n for n in nodes}).run(op)
+    reply = executor_for(nodes, transport=transport).run(op)
     assert reply is not None  # no dry run here
     return reply
+
+
+def while_running(gen: OpGen[T], every_s: float, tick: Callable[[], OpGen[None]] | None = None) -> OpGen[T]:
+    """`gen`, each of its commands left running (background) while `tick`'s commands run every `every_s`
+    seconds beside it (a long copy's progress, read from its status file): the executor runs both, so the
+    caller needs no thread of its own. What a command raised, or Ctrl-C while waiting, is raised inside `gen`,
+    as `Executor.drive` does; under --dry-run the commands are shown and `tick` never runs."""
+    try:
+        op = next(gen)
+        while True:
+            try:
+                reply = yield replace(op, background=True)
+                if isinstance(reply, Pending):  # None: shown, not run
+                    while not reply.wait(every_s):
+                        if tick is not None:
+                            yield from tick()
+                    if reply.error is not None:
+                        raise reply.error
+                    reply = dict(reply)
+            except GeneratorExit:  # closed while suspended: so is `gen`
+                gen.close()
+                raise
+            except BaseException as exc:  # noqa: B036 - handed to the generator, which raises it again
+                op = gen.throw(exc)
+                continue
+            op = gen.send(reply)
+    except StopIteration as done:
+        return done.value

@@ -12,7 +12,7 @@ from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engram.fleet import copy_dirs
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
-from sparkfleet.fleet.op import Executor, placeholder, shown_as
+from sparkfleet.fleet.op import Executor, executor_for, placeholder, shown_as
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.result import GateResult
 from sparkfleet.opsdir import Spec
@@ -92,10 +92,10 @@ class RunContext:
 
     def __post_init__(self) -> None:
         nodes = {**self.inventory.nodes, **slurm_places(self.inventory)}  # launcher: slurm's controller
-        self.executor = Executor(self.transport, nodes, dry_run=self.options.dry_run,
-                                 reads=self.options.dry_reads, show=shown_as(self.events.emit),
-                                 on_run=shown_as(lambda _would, **line: self.events.emit("command", **line))
-                                 if self.options.verbose else None)
+        self.executor = executor_for(nodes, transport=self.transport, dry_run=self.options.dry_run,
+                                     reads=self.options.dry_reads, show=shown_as(self.events.emit),
+                                     on_run=shown_as(lambda _would, **line: self.events.emit("command", **line))
+                                     if self.options.verbose else None)
 
     @property
     def profile(self):

@@ -8,8 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from sparkfleet.fleet.connect import transport_for
-from sparkfleet.fleet.op import NoConnection
+from sparkfleet.fleet.op import open_transport
 from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from sparkfleet.root import state_dir
@@ -93,9 +92,8 @@ def execute(spec: Spec, loaded: Loaded, inventory: Inventory, playbook: Playbook
     with _signals(), FleetLock(state / "locks" / f"{inventory.name}.lock", command):
         # --dry-run opens no connection at all: a transport that refuses any use (--dry-run=facts reads)
         # a node that only times out (a blackhole) costs the run one connect timeout, not one per step
-        transport = NoConnection() if options.dry_run and not options.dry_reads else transport_for(
-            [r.node for r in plan.ranks] + list(slurm_places(inventory).values()),  # + the Slurm controller
-            wait_once=True)
+        reached = [r.node for r in plan.ranks] + list(slurm_places(inventory).values())  # + the Slurm controller
+        transport = open_transport(reached, dry_run=options.dry_run, reads=options.dry_reads, wait_once=True)
         ctx = RunContext(spec, loaded, inventory, playbook, plan, transport, record, events, options, state)
         lock = NodeLock(ctx)
         try:

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from sparkfleet import naming
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.op import Executor, NodeCommands, OpGen, query
+from sparkfleet.fleet.op import NodeCommands, OpGen, executor_for, query
 from sparkfleet.fleet.transport import Result
 from sparkfleet.schema.inventory import Inventory, Node, Ssh, Storage
 from sparkfleet.slurm import cluster
@@ -171,16 +171,11 @@ def places(inv: Inventory) -> dict[str, Node]:
 
 def drive_here(inv: Inventory, gen: OpGen[T]) -> T:
     """Drive controller-side operations now, outside a run (plan's refusals, status): no dry-run."""
-    # here, not at the top: plan and status import this module, and the transports (paramiko) cost their
-    # start-up a half second; only a command that reaches the controller needs them
-    from sparkfleet.fleet.connect import transport_for
-
-    ctl = controller(inv)
-    transport = transport_for([ctl])
+    ex = executor_for([controller(inv)])  # the controller's name is CONTROLLER, as the operations address it
     try:
-        return Executor(transport, {CONTROLLER: ctl}).drive(gen)
+        return ex.drive(gen)
     finally:
-        transport.close()
+        ex.transport.close()
 
 
 def refusals_now(inv: Inventory, lane_nodes: list[str], *, dry_run: bool = False) -> list[Finding]:
