@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ from sparkfleet.engram.manifest import judge_lane, judge_rank
 from sparkfleet.engram.ranges import Harvest, Ranges
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.nodeside.engram_copy import STATUS
-from sparkfleet.fleet.op import OpGen, run_commands
+from sparkfleet.fleet.op import OpGen, run_commands, run_ops, while_running
 from sparkfleet.fleet.ops import ReadFile, on
 from sparkfleet.fleet.ship import helper_ops, run_helper
 from sparkfleet.fleet.transport import Result, Transport
@@ -151,33 +150,18 @@ def copy_ops(jobs: list[Job]) -> OpGen[dict[str, Result]]:
 
 def run_copies(transport: Transport, jobs: list[Job], *, on_progress: Callable[[Job, dict], None] | None = None,
                timeout_s: float = COPY_TIMEOUT_S, poll_s: float = POLL_S) -> dict[int, tuple[Result, dict | None]]:
-    """Run every job's copy at once; returns rank -> (the node's Result, its final JSON event)."""
+    """Run every job's copy at once, its progress read every `poll_s` while it runs (the executor runs both:
+    the copies in the background); returns rank -> (the node's Result, its final JSON event)."""
     by_node: dict[str, Job] = {}
     for j in jobs:
         if j.node.name in by_node:
             raise UserError(f"two ranks on node {j.node.name}: one copy per node and lane")
         by_node[j.node.name] = j
-    box: dict[str, dict[str, Result]] = {}
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            box["results"] = run_helper(transport, [j.node for j in jobs], HELPER, copy_requests(jobs),
-                                        timeout_s=timeout_s, changes=True)
-        except BaseException as exc:  # noqa: B036 - re-raised in the caller's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=work, name="engram-fleet", daemon=True)
-    thread.start()
     seen: dict[str, str] = {}
-    while thread.is_alive():
-        thread.join(poll_s)
-        if not thread.is_alive() or on_progress is None:
-            break
-        _poll(transport, jobs, on_progress, seen)
-    if failure:
-        raise failure[0]
-    results = box["results"]
+    nodes = [j.node for j in jobs]
+    results = run_ops(transport, nodes, while_running(
+        helper_ops(HELPER, nodes, copy_requests(jobs), timeout_s, changes=True), poll_s,
+        (lambda: _progress(jobs, on_progress, seen)) if on_progress is not None else None))
     out: dict[int, tuple[Result, dict | None]] = {}
     for j in jobs:
         r = results[j.node.name]
@@ -188,30 +172,26 @@ def run_copies(transport: Transport, jobs: list[Job], *, on_progress: Callable[[
     return out
 
 
-def _poll(transport: Transport, jobs: list[Job], on_progress: Callable[[Job, dict], None],
-          seen: dict[str, str]) -> None:
-    """One status read per node; a node that does not answer now simply shows no new progress."""
-    groups: dict[str, list[Job]] = {}
+def _progress(jobs: list[Job], on_progress: Callable[[Job, dict], None], seen: dict[str, str]) -> OpGen[None]:
+    """One status read on every copying node at once (each node its own copy's file); a node that does not
+    answer now simply shows no new progress."""
+    # a copy that has not written its status file yet: cat fails, no progress
+    reads = {j.node.name: ReadFile(posixpath.join(j.dest, STATUS)) for j in jobs}
+    try:
+        answers = yield on("read the copies' progress", reads, 10.0)
+    except Exception:  # noqa: BLE001 - progress is best effort; the copy's own result decides
+        return
     for j in jobs:
-        groups.setdefault(posixpath.join(j.dest, STATUS), []).append(j)
-    for path, members in groups.items():
-        status = ReadFile(path)  # a copy that has not written it yet: cat fails, no progress
-        try:
-            answers = run_commands(transport, [j.node for j in members],
-                                   on("read the copies' progress", {j.node.name: status for j in members}, 10.0))
-        except Exception:  # noqa: BLE001 - progress is best effort; the copy's own result decides
+        r = (answers or {}).get(j.node.name)
+        if r is None or not r.ok or not r.stdout.strip() or seen.get(j.node.name) == r.stdout:
             continue
-        for j in members:
-            r = answers.get(j.node.name)
-            if r is None or not r.ok or not r.stdout.strip() or seen.get(j.node.name) == r.stdout:
-                continue
-            seen[j.node.name] = r.stdout
-            try:
-                event = json.loads(r.stdout)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("event") in ("plan", "progress"):
-                on_progress(j, event)
+        seen[j.node.name] = r.stdout
+        try:
+            event = json.loads(r.stdout)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") in ("plan", "progress"):
+            on_progress(j, event)
 
 
 def statuses(transport: Transport, jobs: list[Job]) -> dict[int, tuple[Result, dict | None]]:

@@ -20,14 +20,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sparkfleet.engram.fleet import copy_dirs
 from sparkfleet.engram.ranges import stored
 from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.gather import fabric_ifaces, gather
-from sparkfleet.fleet.op import query, run_commands
+from sparkfleet.fleet.op import Pending, executor_for, query
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras
 from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
@@ -160,11 +159,11 @@ class Poller:
         """Gather facts (and extras) from every node, update the state, publish a new snapshot."""
         t0 = time.monotonic()
         want_extras = self.journal or any(self.lanes[k].manifests for k in self.active)
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            facts_f = pool.submit(self._facts)
-            extras_f = pool.submit(self._extras) if want_extras else None
-            facts = facts_f.result()
-            answers = extras_f.result() if extras_f is not None else {}
+        # the extras run in the background (the executor's) while the facts are gathered: a poll takes the
+        # longer of the two, not their sum
+        extras_running = self._start_extras() if want_extras else None
+        facts = self._facts()
+        answers = self._extras(*extras_running) if extras_running is not None else {}
         with self._lock:
             now = self.clock()
             for node in self.nodes:
@@ -186,29 +185,34 @@ class Poller:
             msg = f"facts gathering failed: {type(exc).__name__}: {exc}"
             return {node.name: Result(node.name, False, error="error", message=msg) for node in self.nodes}
 
-    def _extras(self) -> dict[str, extras.Extras | str]:
+    def _start_extras(self) -> tuple[list[Node], Pending] | None:
+        """The extras command on every node that has something to read, started in the background: one
+        fan-out by the transport, each node's stdin its own (its journal window, its lanes' manifests)."""
         per_node: dict[str, list[str]] = {}
         for lane in (self.lanes[k] for k in self.active):
             for rank, path in lane.manifests.items():
                 per_node.setdefault(lane.ranks[rank], []).append(path)
-        jobs = {node.name: extras.request(journal=self.journal, since=self.states[node.name].journal_since,
-                                          manifests=per_node.get(node.name, [])) for node in self.nodes}
         targets = [node for node in self.nodes if self.journal or per_node.get(node.name)]
-
-        def one(node: Node) -> tuple[str, extras.Extras | str]:
-            try:
-                r = run_commands(self.transport, [node], query(
-                    "read the node's journal and Engram manifests", {node.name: extras.COMMAND}, self.timeout_s,
-                    {node.name: jobs[node.name]}))[node.name]
-            except Exception as exc:  # noqa: BLE001 - this node's answer is an error, not the poll's
-                return node.name, f"{type(exc).__name__}: {exc}"
-            return node.name, extras.parse(r)
-
         if not targets:
-            return {}
-        # one transport call per node: each node's stdin differs (its own journal window)
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-            return dict(pool.map(one, targets))
+            return None
+        asks = {n.name: extras.request(journal=self.journal, since=self.states[n.name].journal_since,
+                                       manifests=per_node.get(n.name, [])) for n in targets}
+        op = query("read the node's journal and Engram manifests", {n.name: extras.COMMAND for n in targets},
+                   self.timeout_s, asks)
+        op.background = True
+        pending = executor_for(targets, transport=self.transport).run(op)
+        assert isinstance(pending, Pending)  # no dry run here
+        return targets, pending
+
+    @staticmethod
+    def _extras(targets: list[Node], pending: Pending) -> dict[str, extras.Extras | str]:
+        """Each node's extras once the command ended; a transport that raised is every node's error (an
+        answer, not the poll's failure)."""
+        pending.wait()
+        if pending.error is not None:
+            why = f"{type(pending.error).__name__}: {pending.error}"
+            return {node.name: why for node in targets}
+        return {name: extras.parse(r) for name, r in pending.items()}
 
     def _update(self, st: NodeState, got: NodeFacts | Result | None, answer: extras.Extras | str | None,
                 now: float) -> None:
