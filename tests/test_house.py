@@ -193,3 +193,84 @@ def test_the_function_import_finder_sees_one(tmp_path: Path) -> None:  # the tes
                                            "    except ImportError:\n        pass\n")
     (tmp_path / "pkg" / "cli" / "c.py").write_text("def f():\n    import json\n")
     assert unexplained_function_imports(tmp_path / "pkg") == ["pkg/m.py:2: import json"]
+
+
+# -- one way to get an executor, one fan-out (issue 41 §3) ------------------------------------------------
+
+def calls_named(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines calling a class or function by one of `names` (`Executor(...)`, `op.Executor(...)`)."""
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Name) and n.func.id in names)
+        or (isinstance(n.func, ast.Attribute) and n.func.attr in names)))
+
+
+def sources() -> list[Path]:
+    """sparkfleet's modules and the benches', less the simulated lab (the nodes' side, not the controller's)."""
+    return [p for p in sorted([*PKG.rglob("*.py"), *(PKG.parent / "bench").rglob("*.py")])
+            if p.relative_to(PKG.parent).parts[:2] != ("sparkfleet", "sim")]
+
+
+def test_one_way_to_get_an_executor() -> None:
+    """An Executor (and the --dry-run transport, NoConnection) is made by fleet/op.py's executor_for and
+    open_transport only: no verb decides dry-run and NoConnection on its own."""
+    found = [f"{p.relative_to(PKG.parent)}:{line}" for p in sources()
+             if str(p.relative_to(PKG.parent)) != "sparkfleet/fleet/op.py"
+             for line in calls_named(ast.parse(p.read_text()), {"Executor", "NoConnection"})]
+    assert found == []
+
+
+def test_the_call_finder_sees_one() -> None:
+    tree = ast.parse("Executor(t, n)\nop.NoConnection()\nThreadPoolExecutor(4)\nexecutor_for(n)\n")
+    assert calls_named(tree, {"Executor", "NoConnection"}) == [1, 2]
+
+
+# a thread pool of its own beside the transport's fan-out, and why it is not a node command's
+OWN_POOLS = {
+    "sparkfleet/fleet/transport.py": "fan_out: the one fan-out of every transport's per-node work",
+    "sparkfleet/fleet/connect.py": "MixedTransport: its parts (ssh, local, srun) at once, each fanning out",
+    "sparkfleet/cli/trust.py": "host keys fetched before any transport may connect: no node command",
+    "sparkfleet/gates/determinism.py": "concurrent HTTP requests to the lane's API: no node command",
+    "sparkfleet/simengine/main.py": "the simulated engine's own server, on the node's side",
+}
+
+
+def pool_uses(tree: ast.AST) -> list[int]:
+    """Lines naming ThreadPoolExecutor (imported, called or referred to)."""
+    return sorted({n.lineno for n in ast.walk(tree)
+                   if (isinstance(n, ast.Name) and n.id == "ThreadPoolExecutor")
+                   or (isinstance(n, ast.Attribute) and n.attr == "ThreadPoolExecutor")
+                   or (isinstance(n, ast.ImportFrom) and any(a.name == "ThreadPoolExecutor" for a in n.names))})
+
+
+def test_node_commands_fan_out_in_the_transport_only() -> None:
+    """Work per node runs through the transport's fan-out (run_each), never a pool of a module's own; work
+    beside it runs in the background through the executor (NodeCommands.background, fleet/op.py's
+    while_running), as the exporter's extras and the Engram copies' progress do."""
+    found = [f"{p.relative_to(PKG.parent)}:{line}" for p in sources()
+             if str(p.relative_to(PKG.parent)) not in OWN_POOLS for line in pool_uses(ast.parse(p.read_text()))]
+    assert found == []
+
+
+def test_the_pool_finder_sees_one() -> None:
+    tree = ast.parse("from concurrent.futures import ThreadPoolExecutor\nimport concurrent.futures as cf\n"
+                     "cf.ThreadPoolExecutor(2)\nx = 1\n")
+    assert pool_uses(tree) == [1, 3]
+
+
+def run_and_run_each(tree: ast.AST) -> list[str]:
+    """Classes that write both `run` and `run_each`."""
+    return [c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+            and {"run", "run_each"} <= {f.name for f in c.body if isinstance(f, ast.FunctionDef)}]
+
+
+def test_run_is_written_once_for_every_transport() -> None:
+    """A transport writes `run_each`; `run` (the same command everywhere) is Transport's, written once. The
+    --dry-run stand-in writes both: it refuses each by name."""
+    found = {f"{p.relative_to(PKG.parent)}:{name}" for p in sources() for name in run_and_run_each(ast.parse(p.read_text()))}
+    assert found == {"sparkfleet/fleet/transport.py:Transport", "sparkfleet/fleet/op.py:NoConnection"}
+
+
+def test_the_run_finder_sees_one() -> None:
+    tree = ast.parse("class A:\n    def run(self): ...\n    def run_each(self): ...\n"
+                     "class B:\n    def run_each(self): ...\n")
+    assert run_and_run_each(tree) == ["A"]
