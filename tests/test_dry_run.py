@@ -175,7 +175,7 @@ READS = ("python3 -c 'import hashlib, os, sys",  # the facts helper's sha256 gua
          "python3 -c '#!/usr/bin/env python3",  # the facts helper run inline: nothing shipped
          "docker ps -a -q --no-trunc --filter",  # the lane's containers
          "cat ",  # the Engram manifests
-         "python3 -c 'import hashlib,json,sys")  # the patch files' sha256 (patches/sync.py HASH_SCRIPT)
+         "python3 -c 'import hashlib,json,sys")  # the patch files' sha256 (fleet/ops/patches.py HASH_SCRIPT)
 
 
 def test_dry_run_facts_sends_only_reads(ops_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:

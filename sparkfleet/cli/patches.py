@@ -68,7 +68,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_sync(args: argparse.Namespace) -> int:
-    from sparkfleet.patches import sync
+    from sparkfleet.fleet.ops import patches as patch_ops
 
     sp = spec(args)
     loaded = sp.profile(args.profile)
@@ -86,12 +86,13 @@ def run_sync(args: argparse.Namespace) -> int:
     nodes = [r.node for r in place(loaded, inventory)]
     ex = executor(args, nodes)
     try:
-        states = ex.drive(sync.push_ops(nodes, manifest, sp.root) if args.push else sync.inspect_ops(nodes, manifest))
+        states = ex.drive(patch_ops.push_ops(nodes, manifest, sp.root) if args.push else
+                          patch_ops.inspect_ops(nodes, manifest))
     finally:
         ex.transport.close()
     if states is None:  # --dry-run: the commands were shown, none ran
         return EXIT_OK
-    findings = sync.findings(states, manifest)
+    findings = patch_ops.findings(states, manifest)
     if args.json:
         print_json({"set": manifest.name, "nodes": {k: vars(v) | {"ok": v.ok} for k, v in states.items()},
                     "findings": [f.as_dict() for f in findings]})

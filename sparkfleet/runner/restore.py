@@ -26,9 +26,9 @@ from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import resolve_gid_indexes
 from sparkfleet.fleet.op import OpGen, query
 from sparkfleet.fleet.ops import ReadFile
+from sparkfleet.fleet.ops.patches import inspect_ops
 from sparkfleet.naming import RUN_LABEL, engram_manifest_path
 from sparkfleet.patches.manifest import PatchManifest
-from sparkfleet.patches.sync import inspect_ops
 from sparkfleet.placement import Rank
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.record import (

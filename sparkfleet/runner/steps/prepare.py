@@ -11,8 +11,8 @@ from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import ops
 from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.ops import patches as patch_ops
 from sparkfleet.patches import manifest as pm
-from sparkfleet.patches import sync
 from sparkfleet.runner import restore as rp
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepGen, StepResult, query
@@ -33,10 +33,10 @@ def patches(ctx: RunContext, st: Step) -> StepGen:
             else "differs from its manifest here"
         return StepResult("fail", f"patch set {name!r} {why}: nothing was started", refused)
     manifest = pm.load(ctx.spec.root, name)
-    states = yield from sync.inspect_ops(ctx.nodes, manifest)
+    states = yield from patch_ops.inspect_ops(ctx.nodes, manifest)
     if states is None:
         return StepResult("ok", f"would verify patch set {name!r} ({len(manifest.files)} file(s)) on every rank")
-    findings = sync.findings(states, manifest)
+    findings = patch_ops.findings(states, manifest)
     ctx.record.data["patches"] = {"set": name, "manifest_sha256": ctx.patch_manifest_sha256(), "nodes": {
         k: {"ok": v.ok, "missing": v.missing, "wrong": v.wrong, "found": v.found} for k, v in states.items()}}
     if failed(findings):
