@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sparkfleet.fleet.facts import NetLink, RdmaPort
 from sparkfleet.metrics import names as n
-from sparkfleet.metrics.records import RunIndex
+from sparkfleet.runner.summaries import RunIndex
 from tests.test_metrics import T0, facts, inv, scrape, spec, up_view, value, write_record  # noqa: F401
 
 

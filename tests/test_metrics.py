@@ -32,9 +32,9 @@ from sparkfleet.metrics import names as n
 from sparkfleet.metrics.collector import FleetCollector, FleetView, NodeState, snapshot
 from sparkfleet.metrics.poller import Poller, load_lane
 from sparkfleet.metrics.provisioning import EngineTarget, scrape_config, write_all
-from sparkfleet.metrics.records import RunIndex
 from sparkfleet.opsdir import Spec
 from sparkfleet.runner.record import Record
+from sparkfleet.runner.summaries import RunIndex
 from sparkfleet.simengine.metrics import COUNTERS, GAUGES, SPEC_COUNTERS, Metrics
 from tests.conftest import REPO
 from tests.noderoot import write_wrapper
@@ -288,11 +288,11 @@ def test_run_index_parses_a_record_once(tmp_path, monkeypatch) -> None:
     write_record(runs, "a", started=T0, duration=1.0)
     index = RunIndex(runs, "lab")
     assert [r.run_id for r in index.refresh()] == ["a"]
-    from sparkfleet.metrics import records
+    from sparkfleet.runner import summaries
 
     calls = []
-    real = records.summarise
-    monkeypatch.setattr(records, "summarise", lambda rec: calls.append(rec["run_id"]) or real(rec))
+    real = summaries.summarise
+    monkeypatch.setattr(summaries, "summarise", lambda rec: calls.append(rec["run_id"]) or real(rec))
     write_record(runs, "b", started=T0 + 1, duration=1.0)
     assert [r.run_id for r in index.refresh()] == ["a", "b"]
     assert calls == ["b"]

@@ -30,8 +30,8 @@ from sparkfleet.engram.ranges import Harvest
 from sparkfleet.fleet.facts import Container, NodeFacts
 from sparkfleet.fleet.ops.docker import docker_time
 from sparkfleet.metrics import names as n
-from sparkfleet.metrics.records import RunSummary
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
+from sparkfleet.runner.summaries import RunSummary
 from sparkfleet.schema.inventory import HardwareClass, Inventory, Node
 from sparkfleet.schema.profile import Profile
 from sparkfleet.watch.status import REASONS as WATCH_REASONS

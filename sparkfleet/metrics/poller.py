@@ -30,10 +30,10 @@ from sparkfleet.fleet.op import Pending, executor_for, query
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras
 from sparkfleet.metrics.collector import PROFILE_LABEL, FleetView, Lane, NodeState, Snapshot, lane_containers, snapshot
-from sparkfleet.metrics.records import RunIndex, RunSummary
 from sparkfleet.naming import engram_manifest_path
 from sparkfleet.opsdir import Spec
 from sparkfleet.placement import place
+from sparkfleet.runner.summaries import RunIndex, RunSummary
 from sparkfleet.schema.errors import SpecError, UserError
 from sparkfleet.schema.inventory import Inventory, Node
 from sparkfleet.watch.status import Status as WatchStatus

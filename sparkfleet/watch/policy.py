@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sparkfleet.metrics.records import RunSummary
+from sparkfleet.runner.summaries import RunSummary
 from sparkfleet.watch.probe import GONE, Probe
 from sparkfleet.watch.status import REASONS
 

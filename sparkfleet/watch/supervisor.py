@@ -40,7 +40,6 @@ from sparkfleet.fleet.op import query, run_commands
 from sparkfleet.fleet.ops import LogTail, Look, Op, Stopped, on
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import ApiClient
-from sparkfleet.metrics.records import RunIndex
 from sparkfleet.naming import node_lock_path, slurm_job_name
 from sparkfleet.opsdir import Spec
 from sparkfleet.placement import Rank, endpoint, loopback_bound, place
@@ -50,6 +49,7 @@ from sparkfleet.runner.lock import FleetLock, describe, holder_text, parse_holde
 from sparkfleet.runner.record import Record, new_run_id
 from sparkfleet.runner.run import execute
 from sparkfleet.runner.slurm_launch import OUTPUT_LINES
+from sparkfleet.runner.summaries import RunIndex
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Loaded

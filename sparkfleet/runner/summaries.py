@@ -1,9 +1,10 @@
-"""Run records (state_dir()/runs/*.json) as the exporter needs them: one small summary per run.
+"""Run records (state_dir()/runs/*.json) read back: one small summary per run, for the exporter (metrics/)
+and watch (its restart budget and evidence).
 
-A record is the typed model the runner writes (runner/record.py RunRecord), written once, atomically,
+A record is the typed model the runner writes (record.py RunRecord), written once, atomically,
 when its run ends, so a summary is parsed once per file and kept while the file's size and mtime stay
 the same; a poll only parses new records.
-Records of other inventories are left out (one exporter watches one inventory).
+Records of other inventories are left out (one exporter, or one watch, reads one inventory).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ STATUS_RANK = {"ok": 0, "warn": 1, "unknown": 2, "fail": 3}  # worst wins per (n
 
 @dataclass(frozen=True)
 class RunSummary:
-    """What the metrics read from one run record."""
+    """What the exporter and watch read from one run record."""
 
     run_id: str
     playbook: str
