@@ -89,7 +89,7 @@ def test_push_copies_only_what_differs_and_up_refuses_a_rank_whose_copy_changed(
         ("patches", "bluey", f"/{PATCH}: expected sha256 {expected}, found {found}", expected, found)]
     assert [e["step"] for e in events if e["event"] == "step" and e["status"] != "start"] == [
         "stop", "drop_caches", "facts", "patches"]
-    assert "launch" not in [e["step"] for e in events if e["event"] == "step"]
+    assert not [e["step"] for e in events if e["event"] == "step" and e["step"].startswith("launch:")]
     assert containers(sim) == []  # nothing was launched
 
     # push copies that one file to that one rank, then every rank verifies
@@ -112,7 +112,9 @@ def test_a_missing_file_on_one_rank_is_named_and_up_starts_nothing(ops, capsys) 
     assert [(f["node"], f["message"], f["observed"]) for f in v["findings"] if f["status"] != "ok"] == [
         ("spark4", f"/{PATCH}: expected sha256 {expected}, found no file", "missing")]
     code, events = cli(capsys, "up", *args, "--gates", "models", "--poll", "0.2", "--no-probe")
-    assert code == 1 and "launch" not in [e["step"] for e in events if e["event"] == "step"]
+    assert code == 1  # stopped in the patches step: no launch step began (they are launch:workers, launch:head)
+    assert [e["step"] for e in events if e["event"] == "step" and e["status"] != "start"][-1] == "patches"
+    assert not [e["step"] for e in events if e["event"] == "step" and e["step"].startswith("launch:")]
     fails = [f for e in events if e["event"] == "findings" for f in e["findings"] if f["status"] == "fail"]
     assert [(f["node"], f["message"]) for f in fails] == [
         ("spark4", f"/{PATCH}: expected sha256 {expected}, found no file")]
