@@ -270,8 +270,10 @@ def station_down(capsys):
 
 def test_negative_available_kv_is_fatal_and_stops_the_boot(sim, capsys, station_down) -> None:
     """FM-45: a budget that leaves nothing for KV (here a gpu-memory-utilization of 0.05) makes vLLM log a negative
-    `Available KV cache memory`: `up` fails the boot on that line at once and stops the rank."""
-    code, events = run(capsys, *STATION_UP, "-o", "flags.--gpu-memory-utilization=0.05")
+    `Available KV cache memory`: `up` fails the boot on that line at once and stops the rank. The boot budget is
+    the profile's 5,400 s (a cold autotune): here 30 s (the line comes about 1 s into the wait, a healthy
+    Station boot serves in about 4 s), so a fast-fail that broke fails this test in seconds, not in 90 minutes."""
+    code, events = run(capsys, *STATION_UP, "-o", "flags.--gpu-memory-utilization=0.05", "--boot-budget", "30")
     assert code == 1
     reason = result(events)["reason"]
     assert reason.startswith("wait_ready: rank 0 logged a fatal line: ") and "Available KV cache memory: -" in reason
