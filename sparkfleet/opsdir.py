@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkfleet.engines.registry import check_lane
+from sparkfleet.root import sim_inventory_path
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.schema.load import Hooks, Loaded, Loader
 from sparkfleet.schema.yamlsrc import Marks
-from sparkfleet.sim.paths import sim_inventory_path
 from sparkfleet.userconfig import value
 
 __all__ = ["Loaded", "Spec"]

@@ -1,4 +1,6 @@
-"""Where an ops directory is: `--root`, $SPARKFLEET_ROOT, the user config file, else this checkout."""
+"""Where things are: the ops directory (`--root`, $SPARKFLEET_ROOT, the user config file, else this checkout),
+the state directory, and the simulated lab's place in it (its inventory, which `--inventory sim` reads
+whether or not the sim package is loaded; sim/paths.py lays out the rest of that directory)."""
 
 from __future__ import annotations
 
@@ -30,3 +32,13 @@ def find_root(explicit: str | None = None) -> Path:
 def state_dir() -> Path:
     """Runs, restore points and locks; never inside the package."""
     return Path(setting("state").value).expanduser()
+
+
+def sim_dir() -> Path:
+    """The simulated lab's directory: sandboxes, ssh keys and configs, the manifest, the inventory."""
+    return state_dir() / "sim"
+
+
+def sim_inventory_path() -> Path:
+    """The inventory `sim up` writes for itself; `--inventory sim` resolves here."""
+    return sim_dir() / "inventory.yaml"

@@ -138,7 +138,7 @@ def test_the_units_exec_start_watches_the_lab(sim, tmp_path: Path) -> None:
     probe fails against the lab's head; under --dry-run it stops and starts nothing, looks at the lab's nodes,
     finds no container of dcp2 there (nobody brought it up: as after a `down`) and stands down, exit 0 (the
     operator has the lane)."""
-    from sparkfleet.sim.paths import sim_inventory_path
+    from sparkfleet.root import sim_inventory_path
 
     inv = sim_inventory_path()
     env = _env(tmp_path, SPARKFLEET_STATE=os.environ["SPARKFLEET_STATE"])  # the lab's own state dir

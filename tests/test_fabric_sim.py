@@ -16,8 +16,8 @@ import shutil
 import pytest
 
 from sparkfleet.cli.main import main
+from sparkfleet.root import sim_inventory_path
 from sparkfleet.sim import lab
-from sparkfleet.sim.paths import sim_inventory_path
 from tests.cli_run import findings
 from tests.conftest import copy_ops, engram_copies
 

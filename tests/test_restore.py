@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from sparkfleet.cli.main import main
+from sparkfleet.root import sim_inventory_path
 from sparkfleet.sim import lab
-from sparkfleet.sim.paths import sim_inventory_path
 from tests import cli_run
 from tests.cli_run import findings, result, run, step
 from tests.conftest import copy_ops, engram_copies

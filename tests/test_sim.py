@@ -17,7 +17,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
-from sparkfleet.root import find_root
+from sparkfleet.root import find_root, sim_inventory_path
 from sparkfleet.sim import build, lab, netlab, paths, shim, sshd, values
 from sparkfleet.sim import node as simnode
 
@@ -354,7 +354,7 @@ def test_docker_images_for_every_shipped_lane(ro_sim, source):
 
 def test_generated_inventory_mirrors_the_source(ro_sim, source):
     inv = ro_sim.inventory()
-    assert ro_sim.inventory_path == paths.sim_inventory_path() == paths.sim_dir() / "inventory.yaml"
+    assert ro_sim.inventory_path == sim_inventory_path() == paths.sim_dir() / "inventory.yaml"
     assert inv.name == "sim"
     assert list(inv.nodes) == list(source.nodes) and inv.groups == source.groups
     for name, node in inv.nodes.items():

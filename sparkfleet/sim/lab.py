@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from sparkfleet.opsdir import Spec
-from sparkfleet.root import find_root
+from sparkfleet.root import find_root, sim_inventory_path
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
 from sparkfleet.sim import build, dockerd, faults, netlab, node, paths, registry, shim, sshd
@@ -50,7 +50,7 @@ class Sim:
 
     @property
     def inventory_path(self) -> Path:
-        return paths.sim_inventory_path()
+        return sim_inventory_path()
 
     def inventory(self) -> Inventory:
         """The generated inventory, loaded and validated as sparkfleet loads any inventory file."""
@@ -358,7 +358,7 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
             sshd.pin_host_keys(paths.known_hosts_path(), {name: (info["host"], info["port"], info["host_key"])
                                                           for name, info in ssh.items()})
         slurm = sim_slurm.start(names) if slurm else None
-        paths.sim_inventory_path().write_text(_inventory_yaml(inv, transport, ssh, slurm))
+        sim_inventory_path().write_text(_inventory_yaml(inv, transport, ssh, slurm))
         manifest = {
             "simulation": True, "transport": transport, "source_inventory": str(spec.inventory_path(inventory)),
             "ops_root": str(spec.root), "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -1,20 +1,13 @@
-"""Where the simulated lab lives: everything under `<state_dir>/sim/` (state_dir() honours $SPARKFLEET_STATE)."""
+"""Where the simulated lab lives: everything under `<state_dir>/sim/` (state_dir() honours $SPARKFLEET_STATE).
+
+The directory itself and the inventory in it are root.py's (sim_dir, sim_inventory_path): the ops directory's
+loader reads that inventory for `--inventory sim` without importing the simulated lab."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sparkfleet.root import state_dir
-
-
-def sim_dir() -> Path:
-    """The simulated lab's directory: sandboxes, ssh keys and configs, the manifest, the inventory."""
-    return state_dir() / "sim"
-
-
-def sim_inventory_path() -> Path:
-    """The inventory `sim up` writes for itself; `--inventory sim` resolves here."""
-    return sim_dir() / "inventory.yaml"
+from sparkfleet.root import sim_dir, state_dir
 
 
 def manifest_path() -> Path:
