@@ -1,9 +1,11 @@
 """The house's shape, held by tests: no import loops (imports at the top and inside functions, type-only
-ones included), and no engine branch outside the engine adapters."""
+ones included), no engine branch outside the engine adapters, and the map: README.md's Layout names every room
+of the package and none that is gone, from the ground floor up, and no room imports one listed below it."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from sparkfleet.engines.registry import NAMES
@@ -274,3 +276,74 @@ def test_the_run_finder_sees_one() -> None:
     tree = ast.parse("class A:\n    def run(self): ...\n    def run_each(self): ...\n"
                      "class B:\n    def run_each(self): ...\n")
     assert run_and_run_each(tree) == ["A"]
+
+
+# -- the map: README.md's Layout names every room of the package, from the ground floor up ------------------------
+
+README = PKG.parent / "README.md"
+
+
+def layout(readme: str) -> list[tuple[int, list[str]]]:
+    """The Layout's entries in order, each (indent, names): 4 = a path from the repository's root, 6 = one inside
+    the package. A line's names stand before the first run of two spaces; a line indented further continues one."""
+    block = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return [(len(m.group(1)), m.group(2).split(" ")) for line in block.splitlines()
+            if (m := re.match(r"( {4}| {6})(\S.*?)(?: {2,}|$)", line))]
+
+
+def rooms(pkg: Path) -> set[str]:
+    """The package's rooms: each package (`fleet/`) and module (`plan.py`) right under it."""
+    return {p.name + "/" if p.is_dir() else p.name for p in pkg.iterdir()
+            if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py" and p.name != "__init__.py")}
+
+
+def map_faults(readme: str, pkg: Path) -> list[str]:
+    """A room with no line, and a line for a path that is gone."""
+    entries = layout(readme)
+    named = {n.split("/")[0] + "/" if "/" in n.rstrip("/") else n for indent, names in entries if indent == 6
+             for n in names}
+    out = [f"{pkg.name}/{r}: a room with no line in README.md's Layout" for r in sorted(rooms(pkg) - named)]
+    return out + [f"{n}: README.md's Layout has a line for it, and it is gone" for indent, names in entries
+                  for n in names if not ((pkg if indent == 6 else pkg.parent) / n).exists()]
+
+
+def upward_imports(readme: str, graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a room listed further down the Layout than the importer (`a.b.c` is in room b)."""
+    order = [names[0].rstrip("/").removesuffix(".py") for indent, names in layout(readme)
+             if indent == 6 and "/" not in names[0].rstrip("/")]
+    rank = {r: i for i, r in enumerate(order)}
+
+    def room(module: str) -> str | None:
+        return module.split(".")[1] if "." in module else None
+
+    return [f"{a} -> {b}: {room(b)} is listed below {room(a)}" for a in sorted(graph) for b in sorted(graph[a])
+            if room(a) in rank and room(b) in rank and rank[room(b)] > rank[room(a)]]
+
+
+def test_the_layout_names_every_room_and_only_rooms_that_are_there() -> None:
+    assert map_faults(README.read_text(), PKG) == []
+
+
+def test_a_room_imports_only_rooms_listed_above_it() -> None:
+    """The Layout lists the rooms from the ground floor up: an import of a room below is an upward import (move
+    the import, or the line, where no loop comes of it)."""
+    known = modules()
+    assert upward_imports(README.read_text(), {n: imports(n, p, known) for n, p in known.items()}) == []
+
+
+def test_the_map_readers_see_a_missing_room_a_gone_one_and_an_upward_import(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "low").mkdir(parents=True)
+    (tmp_path / "pkg" / "low" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "data").mkdir()  # no package: no room
+    for name in ("__init__.py", "high.py", "unlisted.py"):
+        (tmp_path / "pkg" / name).write_text("")
+    readme = ("# x\n\n## Layout\n\n    pkg/        the package\n      low/      the ground floor\n"
+              "                continued\n      low/sub/  inside low\n      high.py   above low\n"
+              "      gone.py   was here\n    docs/       notes\n\n## Next\n\n      later.py  not the map\n")
+    assert map_faults(readme, tmp_path / "pkg") == [
+        "pkg/unlisted.py: a room with no line in README.md's Layout",
+        "low/sub/: README.md's Layout has a line for it, and it is gone",
+        "gone.py: README.md's Layout has a line for it, and it is gone",
+        "docs/: README.md's Layout has a line for it, and it is gone"]
+    graph = {"pkg.high": {"pkg.low"}, "pkg.low.x": {"pkg.high", "pkg.low"}, "pkg": {"pkg.low"}}
+    assert upward_imports(readme, graph) == ["pkg.low.x -> pkg.high: high is listed below low"]
