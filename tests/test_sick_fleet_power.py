@@ -19,8 +19,8 @@ import pytest
 from sparkfleet.cli.main import main
 from tests.cli_run import LAB_NODES, findings, lane_containers, lane_states, result, run, step
 from tests.conftest import REPO
+from tests.watchproc import DETECT_S, WatchProc
 from tests.watchproc import FAST as WATCH_FAST
-from tests.watchproc import WatchProc
 
 LANE = ["--profile", "dcp2", "--inventory", "sim"]
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
@@ -118,7 +118,7 @@ def test_watch_waits_for_a_power_cycled_node_then_restarts_the_group_and_the_lan
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
         sim.fault("bluey", "power-cycle", off=float(OFF))
-        waiting = w.event("watch.waiting")
+        waiting = w.event("watch.waiting", within=DETECT_S)
         # still waiting a probe later: the node is off, no restart is spent on it
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["_seen"] > waiting["_seen"], "a probe while off")
         st = json.loads((state() / "watch" / "dcp2.json").read_text())

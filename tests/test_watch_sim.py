@@ -20,7 +20,7 @@ import pytest
 from sparkfleet.cli.main import main
 from tests import cli_run
 from tests.conftest import REPO
-from tests.watchproc import FAST, WatchProc
+from tests.watchproc import DETECT_S, FAST, WatchProc
 
 NODES = ("reddie", "asusi", "bluey", "spark4")
 RANK_NODE = {0: "reddie", 1: "asusi", 2: "bluey", 3: "spark4"}
@@ -75,7 +75,7 @@ def test_a_worker_vanishing_while_serving_restarts_the_group_workers_before_head
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
         lane.fault("asusi", "rank-vanish")  # the sim removes the serving rank's container
-        failure = w.event("watch.failure")
+        failure = w.event("watch.failure", within=DETECT_S)
         served = w.event("watch.serving")
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
@@ -146,7 +146,7 @@ def test_memory_under_the_floor_stops_the_lane_head_first(lane) -> None:
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
         lane.fault("reddie", "low-memory", gib=3)  # under the head's 5 GB floor (HLT-23), above earlyoom's line
-        failure = w.event("watch.failure")
+        failure = w.event("watch.failure", within=DETECT_S)  # the guard acts at the probe past the 1 s grace
         w.event("watch.stopped")
         give_up = w.event("watch.give-up")
         code = w.wait()
@@ -182,7 +182,7 @@ def test_down_by_a_second_controller_makes_watch_stand_down(lane, tmp_path) -> N
                                env=env(SPARKFLEET_STATE=str(tmp_path / "other")),
                                cwd=REPO, capture_output=True, text=True)
         assert other.returncode == 0, other.stdout[-2000:] + other.stderr
-        stood = w.event("watch.stand-down")
+        stood = w.event("watch.stand-down", within=DETECT_S)
         assert w.wait() == 0
     finally:
         w.stop()
@@ -260,7 +260,8 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(lane) -> None:
     status_before = path.read_text() if path.exists() else None
     w = start_watch("--dry-run", "--max-restarts", "1")
     try:
-        failure = w.event("watch.failure")
+        w.event("watch.probe")  # its first probe (the rank was gone before it started)
+        failure = w.event("watch.failure", within=DETECT_S)
         would = w.event("watch.dry-run")
         give_up = w.event("watch.give-up")
         code = w.wait()
@@ -308,9 +309,9 @@ def test_a_worker_node_lost_while_serving_keeps_health_200_and_the_generating_pr
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
         lane.fault("asusi", "node-lost")
-        waiting = w.event("watch.waiting")
+        waiting = w.event("watch.waiting", within=DETECT_S)
         lane.heal("asusi", "node-lost")  # the node is back; its rank was killed with the power
-        failure = w.event("watch.failure")
+        failure = w.event("watch.failure", within=DETECT_S)
         served = w.event("watch.serving")
         w.signal(signal.SIGTERM)
         code = w.wait()

@@ -13,15 +13,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["--interval", "2", "--probe-timeout", "1.5", "--backoff", "0", "--poll", "0.2", "--clock-probe-seconds", "1"]
+INTERVAL_S, PROBE_TIMEOUT_S = 2.0, 1.5
+FAST = ["--interval", f"{INTERVAL_S:g}", "--probe-timeout", f"{PROBE_TIMEOUT_S:g}", "--backoff", "0", "--poll", "0.2",
+        "--clock-probe-seconds", "1"]
+# What watch's failure guards promise under FAST: a rank exited or vanished is a failure at the next probe; K=2
+# (the default --failures) failed probes, a node not answering (wait), memory under its line for a grace of at
+# most one interval (--memory-grace 1), an operator's run (stand down): at the second. So within two intervals
+# and a probe's timeout of the fault (measured 2-4 s on the 2-core machine); a wait for what a guard decides is
+# bounded at four times that, so a guard that broke fails its test in seconds, not at BOUND_S.
+DETECT_S = 4 * (2 * INTERVAL_S + PROBE_TIMEOUT_S)
+BOUND_S = 180.0  # any other wait (a restart's whole `up`, several restarts): a bound only, so nothing hangs
 
 
 class WatchProc:
     """`sparkfleet watch ... --json` in its own process; `wait_for` reads its events in order."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str],
+                 command: tuple[str, ...] = (sys.executable, "-m", "sparkfleet.cli.main", "watch")) -> None:
         self.started = time.time()
-        self.proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "watch", *argv, "--json"],
+        self.proc = subprocess.Popen([*command, *argv, "--json"],
                                      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.events: list[dict] = []
         self.stderr = ""
@@ -43,32 +53,31 @@ class WatchProc:
         assert self.proc.stderr is not None
         self.stderr = self.proc.stderr.read()
 
-    def wait_for(self, pred: Callable[[dict], bool], what: str, timeout_s: float = 180.0) -> dict:
-        """The next event matching `pred` (a bound only so a broken run cannot hang the suite)."""
+    def wait_for(self, pred: Callable[[dict], bool], what: str, timeout_s: float = BOUND_S) -> dict:
+        """The next event matching `pred`, within `timeout_s` (DETECT_S for what a guard decides)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                ev = self._q.get(timeout=max(0.1, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            try:  # past the deadline only what had come is read: a watch that keeps probing cannot hold the wait
+                ev = self._q.get(timeout=left) if left > 0 else self._q.get_nowait()
             except queue.Empty:
                 ev = None
-                if time.monotonic() < deadline:
-                    continue
             if ev is None:
                 self.stop()
-                raise AssertionError(f"watch never sent {what}; exit {self.proc.poll()}; events: "
+                raise AssertionError(f"watch never sent {what} within {timeout_s:g} s; exit {self.proc.poll()}; events: "
                                      f"{[(e['event'], e.get('text', e.get('step'))) for e in self.events if e['event'] != 'watch.probe'][-40:]}; "
                                      f"last probe: {next((e for e in reversed(self.events) if e['event'] == 'watch.probe'), None)}; stderr: {self.stderr[-2000:]}")
             if pred(ev):
                 return ev
 
-    def event(self, name: str, **match) -> dict:
+    def event(self, name: str, *, within: float = BOUND_S, **match) -> dict:
         return self.wait_for(lambda e: e["event"] == name and all(e.get(k) == v for k, v in match.items()),
-                             f"{name} {match}")
+                             f"{name} {match}", within)
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
 
-    def wait(self, timeout_s: float = 180.0) -> int:
+    def wait(self, timeout_s: float = BOUND_S) -> int:
         code = self.proc.wait(timeout_s)
         time.sleep(0.1)  # let the reader threads drain the pipes
         return code
