@@ -434,6 +434,8 @@ def run_runs(args: argparse.Namespace) -> int:
             + (f" ({rec.reason})" if rec.reason else "") + f", {rec.duration_s} s")
         render([Column("status"), Column("step"), Column("seconds"), Column("summary", wrap=True)],
                [[st.status, st.step, f"{st.elapsed_s:.2f}", st.summary] for st in rec.steps], wide=args.wide)
+        if rec.data.startup is not None:
+            out.print(startup_line(rec.data.startup), markup=False)
         for rank, lines in (rec.data.last_log_lines or {}).items():
             out.print(f"  last lines of rank {rank}:", markup=False)
             for line in lines[-10:]:
@@ -447,6 +449,15 @@ def run_runs(args: argparse.Namespace) -> int:
     if not runs:
         out.print("no runs recorded yet")
     return EXIT_OK
+
+
+def startup_line(receipt) -> str:
+    """The startup receipt (runner/record.py StartupRecord) as one line: seconds from the head's container start."""
+    points = [("port open", receipt.port_open_s), ("/health 200", receipt.health_s), ("ready", receipt.ready_s),
+              ("first token", receipt.first_token_s)]
+    said = ", ".join(f"{name} {s:.1f} s" if s is not None else f"{name} not reached" for name, s in points)
+    why = f" ({receipt.first_token_error})" if receipt.first_token_error else ""
+    return f"startup from the head's container start: {said}{why}"
 
 
 def print_runs(runs: list[dict], wide: bool = False) -> None:

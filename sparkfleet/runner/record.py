@@ -156,6 +156,20 @@ class WaitReadyRecord(_Open):
     silent: list[SilenceRecord] | None = None
 
 
+class StartupRecord(_Open):
+    """The lane's startup receipt: seconds from the head's container start (its `docker run` returned, on the
+    controller's clock) to the API port first answering, to /health 200, and to the first generated token of
+    one streamed request sent as the lane was ready. Each is seen at wait_ready's poll, so it is exact to a poll;
+    None where that point was not reached, with the reason for the token in first_token_error."""
+
+    head_started: float | None = None
+    port_open_s: float | None = None
+    health_s: float | None = None
+    ready_s: float | None = None
+    first_token_s: float | None = None
+    first_token_error: str | None = None
+
+
 class UnreachableRecord(_Open):
     """A node stop could not ask: its rank may still run there."""
 
@@ -240,6 +254,7 @@ class RecordData(BaseModel):
     slurm_job: SlurmJobRecord | None = None  # launcher: slurm: the job the lane ran as (watch: the one that ended)
     slurm_drained: dict[str, str] | None = None  # up --drain-on-fail: node -> the reason Slurm was given
     wait_ready: WaitReadyRecord | None = None
+    startup: StartupRecord | None = None
     autotune_shape_changes: list[str] | None = None
     autotune_seeded: list[str] | None = None
     log_facts: dict[str, Doc] | None = None  # rank -> LogFacts.as_dict()

@@ -12,12 +12,15 @@ from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
 from sparkfleet.fleet import ops
+from sparkfleet.gates.client import ApiClient, RequestFailed
 from sparkfleet.runner import autotune, progress, slurm_launch
 from sparkfleet.runner.context import RunContext, Started
 from sparkfleet.runner.ops import StepGen, StepResult, query
 from sparkfleet.runner.ranks import follow, launch_failure, stop_launch_commands, stop_run, stopped_every_rank
 from sparkfleet.runner.served import launch_records
 from sparkfleet.schema.playbook import Step
+
+FIRST_TOKEN_TIMEOUT_S = 60.0  # the receipt's one request: a lane that serves answers one token well within it
 
 
 def _render(ctx: RunContext) -> None:
@@ -68,11 +71,14 @@ def launch(ctx: RunContext, st: Step) -> StepGen:
             dry = True
             ctx.would(batch)
             continue
+        started_at = time.time()
         refused = [x for x in batch if not results[x.node].ok]
         for x in batch:  # every rank of the wave that did start is recorded first, so the failure stops it too
             cid = starts[x.node].parse(results[x.node])
             if not isinstance(cid, ops.NodeError):
                 ctx.started.append(Started(x.node, x.rank, x.container, cid))
+                if x.rank == 0:  # the startup receipt counts from here (wait_ready adds what follows)
+                    ctx.record.data["startup"] = {"head_started": round(started_at, 3)}
         if refused:
             x, res = refused[0], results[refused[0].node]
             bad = ops.failures({y.node: results[y.node] for y in refused})
@@ -156,11 +162,15 @@ def wait_ready(ctx: RunContext, st: Step) -> StepGen:
                 watch.update(failed_rank=rank, failed_node=node, detected_at=round(time.time(), 3))
                 return (yield from _fail_launch(ctx, f"cannot follow rank {rank} on {node}: {err.message}",
                                                 [e.finding() for _, _, e in errors]))
-            ready, why = _api_ready(http, base, names)
+            reached, why = _api_ready(http, base, names)
+            ready = reached == "ready"
             if ready and engine.ready_from_log and not ctx.log_facts.get(0, LogFacts()).api_up:
                 ready, why = False, f"{why}, but the head has not logged that it serves"
+            receipt = _receipt(ctx, reached if reached != "ready" or ready else "health", time.time())
             if ready:
                 ctx.record.data["log_facts"] = {str(r): lf.as_dict() for r, lf in ctx.log_facts.items()}
+                if receipt is not None:
+                    _first_token(receipt, base, key, sorted(names)[0] if names else None)
                 return StepResult("ok", f"serving at {base} ({why})")
             silence.lines(sum(lf.lines_seen for lf in ctx.log_facts.values()), time.time())
             if silence.due(time.time()):
@@ -194,18 +204,60 @@ def _cpu(ctx: RunContext) -> StepGen:
     return out
 
 
-def _api_ready(http: httpx.Client, base: str, names: set[str]) -> tuple[bool, str]:
+# how far a poll got: nothing answered, the port answered, /health said 200, or every served name is listed
+REACHED = ("closed", "open", "health", "ready")
+RECEIPT_KEYS = {"open": "port_open_s", "health": "health_s", "ready": "ready_s"}
+
+
+def _api_ready(http: httpx.Client, base: str, names: set[str]) -> tuple[str, str]:
+    """How far the head's API got (REACHED), and what it said."""
     try:
         h = http.get(f"{base}/health")
-        if h.status_code != 200:
-            return False, f"/health {h.status_code}"
+    except httpx.HTTPError as exc:
+        return "closed", f"API not answering ({type(exc).__name__})"
+    if h.status_code != 200:
+        return "open", f"/health {h.status_code}"
+    try:
         m = http.get(f"{base}/v1/models")
         listed = {x.get("id") for x in m.json().get("data", [])} if m.status_code == 200 else set()
     except (httpx.HTTPError, ValueError) as exc:
-        return False, f"API not answering ({type(exc).__name__})"
+        return "health", f"/health 200, /v1/models not answering ({type(exc).__name__})"
     if not names <= listed:
-        return False, f"/v1/models lacks {sorted(names - listed)}"
-    return True, f"/health 200, models {sorted(listed)}"
+        return "health", f"/v1/models lacks {sorted(names - listed)}"
+    return "ready", f"/health 200, models {sorted(listed)}"
+
+
+def _receipt(ctx: RunContext, reached: str, now: float) -> dict | None:
+    """Note in the run's startup receipt the first poll at which the head reached each point up to `reached`
+    (a point passed between two polls is seen at the later one); None when this run started no head."""
+    receipt = ctx.record.data.get("startup")
+    if not isinstance(receipt, dict) or receipt.get("head_started") is None:
+        return None
+    for point in REACHED[1:REACHED.index(reached) + 1]:
+        receipt.setdefault(RECEIPT_KEYS[point], round(now - receipt["head_started"], 3))
+    return receipt
+
+
+def _first_token(receipt: dict, base: str, key: str | None, model: str | None) -> None:
+    """The receipt's last point: one streamed chat request of one token, sent as the lane is ready; the time
+    its first token arrived, from the head's start. A request that fails says why (the gates judge answers)."""
+    if model is None:
+        receipt["first_token_error"] = "the lane serves no model name"
+        return
+    body = {"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1,
+            "temperature": 0}
+    client = ApiClient(base, key, timeout_s=FIRST_TOKEN_TIMEOUT_S)
+    try:
+        reply = client.stream(body)
+    except RequestFailed as exc:
+        receipt["first_token_error"] = str(exc)
+        return
+    finally:
+        client.http.close()
+    if reply.ttft_s is None:
+        receipt["first_token_error"] = "the stream carried no token"
+        return
+    receipt["first_token_s"] = round(time.time() - reply.elapsed_s + reply.ttft_s - receipt["head_started"], 3)
 
 
 def _fail_launch(ctx: RunContext, why: str, findings: list[Finding] | None = None) -> StepGen:
