@@ -8,9 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sparkfleet.fleet import ship
 from sparkfleet.fleet.local import LocalTransport
-from sparkfleet.fleet.ops.helper import remote_path
+from sparkfleet.fleet.ops.helper import guard_command, helper_bytes, remote_path
 from sparkfleet.sim import llamabuild
 from sparkfleet.userconfig import config_path, setting
 from tests import realhome
@@ -39,15 +38,18 @@ def test_the_build_caches_stay_the_real_users() -> None:
 
 
 def test_a_plain_local_node_ships_into_the_suites_home() -> None:
-    """The node the issue was about: a local node's `~` (and its commands' $HOME) is the suite's home, so the
-    facts helper is shipped there and a copy in the real home is neither used nor made."""
-    node = make_node("here")
-    helper = Path.home() / remote_path("facts.py").removeprefix("~/")
+    """The node the issue was about: a local node's `~` (its commands' $HOME, the helper guard's expanduser, a
+    put to ~/...) is the suite's home, so the facts helper is shipped and found there, and a copy in the real
+    home is neither used nor made."""
+    node, home = make_node("here"), Path(os.environ["HOME"])
+    where = "import os; print(os.path.expanduser('~/.cache/sparkfleet/bin'))"
     before = realhome.snapshot(realhome.watched(), skip=list(realhome.build_caches().values()))
     with LocalTransport() as t:
-        assert t.run([node], 'printf %s "$HOME"')["here"].stdout == os.environ["HOME"]
-        assert ship.ensure_helper(t, [node])["here"].ok
-    assert helper.is_file()
+        assert t.run([node], f'printf %s "$HOME"; echo; python3 -c "{where}"')["here"].stdout.splitlines() == [
+            str(home), str(home / ".cache/sparkfleet/bin")]
+        assert t.put([node], helper_bytes("facts.py"), remote_path("facts.py"), mode=0o755)["here"].ok
+        assert t.run([node], guard_command("facts.py", run=False))["here"].ok  # the guard finds it there
+    assert (home / ".cache/sparkfleet/bin/facts.py").read_bytes() == helper_bytes("facts.py")
     assert realhome.changes(before, realhome.snapshot(realhome.watched(),
                                                       skip=list(realhome.build_caches().values()))) == []
 
