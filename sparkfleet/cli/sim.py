@@ -115,6 +115,8 @@ def run_up(args: argparse.Namespace) -> int:
         say(f"needs root, so not here: {part}")
     for skipped in sim.manifest.get("skipped_profiles", []):
         say(f"profile skipped (did not load): {skipped}")
+    for why in sim.manifest.get("engines_missing", []):
+        say(f"engine not installed: {why}")
     say(f"make it this shell's default inventory: {default_line()}")
     return EXIT_OK
 

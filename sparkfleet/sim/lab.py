@@ -24,7 +24,7 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.root import find_root, sim_inventory_path
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
-from sparkfleet.sim import build, dockerd, faults, netlab, node, paths, registry, shim, sshd
+from sparkfleet.sim import build, dockerd, faults, llama, netlab, node, paths, registry, shim, sshd, vllmlab
 from sparkfleet.sim import slurm as sim_slurm
 
 TransportKind = Literal["local", "ssh"]
@@ -364,6 +364,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
             "ops_root": str(spec.root), "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "known_hosts": str(paths.known_hosts_path()) if transport == "ssh" else None,
             "netns": netns, "docker": docker, "skipped_profiles": lanes.skipped,
+            "engines_missing": [why for why in (llama.missing(lanes.profiles), vllmlab.missing(lanes.profiles))
+                                if why],
             "without_root": without_root(transport, root),
             "nodes": {n.name: {"hardware": n.hardware, **({"ssh": ssh[n.name]} if ssh else {})}
                       for n in inv.nodes.values()},

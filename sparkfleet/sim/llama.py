@@ -237,6 +237,15 @@ def place_binaries(root: Path, node, profiles) -> bool:
     return True
 
 
+def missing(profiles) -> str | None:
+    """What `sim up` says when lanes spanning nodes have no llama.cpp binaries to run, naming them and the command."""
+    lanes = sorted(p.name for p in profiles if p.llamacpp and p.llamacpp.rpc_ports)
+    if not lanes or llamabuild.bin_dir() is not None:
+        return None
+    return (f"{', '.join(lanes)}: llama.cpp's RPC binaries are not built ({llamabuild.cache_dir()}), so their "
+            "ranks will refuse to start: `make llama-rpc` builds them, then `sparkfleet sim up` again")
+
+
 def lane_gguf_paths(node, profiles) -> list[str]:
     """The node paths of the GGUF files the node's llamacpp lanes name."""
     return [posixpath.join(node.storage.model_root, p.model.repo_dir, p.llamacpp.gguf) for p in profiles

