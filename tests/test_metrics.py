@@ -283,6 +283,22 @@ def test_run_records_give_outcomes_durations_checks_gates_engram_and_patches(inv
     assert value(old, n.CHECK_TIME.name, profile="dcp2") == T0 + 3.0
 
 
+def test_the_startup_receipt_of_the_newest_run_that_started_a_head(inv, tmp_path) -> None:
+    runs = tmp_path / "runs"
+    write_record(runs, "a-old", started=T0, duration=300.0, data={"startup": {
+        "head_started": T0 + 10, "port_open_s": 150.0, "health_s": 150.0, "ready_s": 151.0, "first_token_s": 190.5}})
+    write_record(runs, "b-fail", started=T0 + 1000, duration=60.0, outcome="failed", data={"startup": {
+        "head_started": T0 + 1010, "port_open_s": 40.0}})  # never healthy: only the point it reached
+    write_record(runs, "c-down", playbook="down", started=T0 + 2000, duration=6.0)  # started no head
+    got = scrape(up_view(inv, {}, runs=RunIndex(runs, "lab").refresh()))
+    assert {p["point"]: value(got, n.STARTUP.name, **p) for p in names_with(got, n.STARTUP.name)} == {
+        "port_open": 40.0}
+    (runs / "b-fail.json").unlink()
+    got = scrape(up_view(inv, {}, runs=RunIndex(runs, "lab").refresh()))
+    assert {p["point"]: value(got, n.STARTUP.name, **p) for p in names_with(got, n.STARTUP.name)} == {
+        "port_open": 150.0, "health": 150.0, "ready": 151.0, "first_token": 190.5}
+
+
 def test_run_index_parses_a_record_once(tmp_path, monkeypatch) -> None:
     runs = tmp_path / "runs"
     write_record(runs, "a", started=T0, duration=1.0)

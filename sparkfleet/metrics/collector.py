@@ -263,6 +263,10 @@ def _record_families(view: FleetView, out: dict[str, Metric]) -> None:
         if r.finished is not None:
             out[n.LAST_RUN_TIME.name].add_metric(labels, r.finished)
         out[n.LAST_RUN_OK.name].add_metric(labels, 1.0 if r.outcome == "ok" else 0.0)
+    for profile, r in sorted(_newest(runs, lambda r: r.startup).items()):
+        assert r.startup is not None
+        for point, seconds in r.startup.items():
+            out[n.STARTUP.name].add_metric([profile, point], seconds)
     for profile, r in sorted(_newest(runs, lambda r: r.checks).items()):
         assert r.checks is not None
         for (node, check), status in sorted(r.checks.items()):

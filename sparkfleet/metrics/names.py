@@ -169,6 +169,10 @@ LAST_RUN_DURATION = _m("sparkfleet_last_run_duration_seconds", "gauge",
 LAST_RUN_TIME = _m("sparkfleet_last_run_timestamp_seconds", "gauge",
                    "When the newest run of each lane and playbook finished (unix time).",
                    ("profile", "playbook"), "records")
+STARTUP = _m("sparkfleet_startup_seconds", "gauge",
+             "The startup receipt of the lane's newest run that started a head: seconds from the head's container "
+             "start to each point (port_open, health, ready, first_token), as wait_ready saw it; a point not "
+             "reached is left out.", ("profile", "point"), "records")
 LAST_RUN_OK = _m("sparkfleet_last_run_ok", "gauge",
                  "1 when the newest run of each lane and playbook ended ok, else 0.", ("profile", "playbook"),
                  "records")

@@ -40,6 +40,7 @@ class RunSummary:
     patches: dict[str, Any] | None = None  # {"set": name, "nodes": {node: ok}}
     fabric: list[dict[str, Any]] | None = None  # the fabric probe's links, each with "ok" from its verdict
     fabric_at: float | None = None
+    startup: dict[str, float] | None = None  # point -> seconds from the head's start (the run's startup receipt)
 
 
 def _step_ends(rec: RunRecord) -> dict[str, float]:
@@ -70,13 +71,18 @@ def summarise(doc: dict[str, Any]) -> RunSummary:
     if data.patches is not None:
         patches = {"set": data.patches.set, "nodes": {n: v.ok for n, v in data.patches.nodes.items()}}
     fabric = fabric_links(getattr(data, "fabric_probe", None))
+    startup = None
+    if data.startup is not None:
+        got = {"port_open": data.startup.port_open_s, "health": data.startup.health_s, "ready": data.startup.ready_s,
+               "first_token": data.startup.first_token_s}
+        startup = {point: s for point, s in got.items() if s is not None}
     return RunSummary(
         run_id=rec.run_id, playbook=rec.playbook, profile=rec.profile, inventory=rec.inventory,
         outcome=rec.outcome, started=rec.started, finished=rec.finished, duration_s=rec.duration_s,
         checks=checks, checks_at=ends.get("check") if checks is not None else None,
         gates=gates, gates_at=ends.get("gates") if gates is not None else None,
         engram=dict(data.engram) if data.engram is not None else None, rank_nodes=rank_nodes, patches=patches,
-        fabric=fabric, fabric_at=ends.get("fabric_probe") if fabric is not None else None)
+        fabric=fabric, fabric_at=ends.get("fabric_probe") if fabric is not None else None, startup=startup)
 
 
 
