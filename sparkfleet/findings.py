@@ -20,6 +20,8 @@ class Finding:
     where: str | None = None  # file:line
     observed: str | None = None
     expected: str | None = None
+    # the node's facts part this check could not read (an "unknown" that `up` stops on, unlike "not judged")
+    unread: str | None = None
 
     def as_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v not in (None, "")}
@@ -27,3 +29,8 @@ class Finding:
 
 def failed(findings: list[Finding]) -> bool:
     return any(f.status == "fail" for f in findings)
+
+
+def unread(findings: list[Finding]) -> list[Finding]:
+    """The unknowns caused by a facts part the node could not read (not the idle clock's "not judged")."""
+    return [f for f in findings if f.status == "unknown" and f.unread]

@@ -16,7 +16,7 @@ from sparkfleet.schema.inventory import HardwareClass, Node
 from sparkfleet.schema.profile import Profile
 
 from . import probe
-from .context import CheckContext
+from .context import CheckContext, part_error, unread
 from .seeds import LATCH_REMEDY
 
 CHECK = "clock"
@@ -140,6 +140,8 @@ def check(ctx: CheckContext) -> list[Finding]:
         run = ctx.probes.get(node)
         if run is not None:
             out += from_probe(node, hw, run)
+        elif not f.gpus and (error := part_error(f, "nvidia-smi")):
+            out.append(unread(CHECK, node, error, expected_text(hw)))
         elif not f.gpus:
             out.append(Finding(CHECK, "warn", "no GPU reported: the clock cannot be checked",
                                "see the facts errors; is nvidia-smi installed and the driver loaded?", node=node,

@@ -12,7 +12,7 @@ from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import Container
 from sparkfleet.naming import LABEL_PREFIX, PROFILE_LABEL, RUN_LABEL
 
-from .context import CheckContext
+from .context import CheckContext, part_error, unread
 
 CHECK = "conflicts"
 LIVE = ("running", "restarting", "paused")  # states that keep their ports and GPU
@@ -78,7 +78,11 @@ def check(ctx: CheckContext) -> list[Finding]:
                                     FOREIGN_REMEDY, node=node, observed=describe(c) + ", no sparkfleet labels",
                                     expected=expected))
         hostnet = [c for c in containers if c.state in LIVE and c.network_mode == "host"]
-        for port, what in watch.items():
+        # an unread socket table or container list is empty, not "nothing holds the port" (FM-48)
+        for error in filter(None, (part_error(f, "listening") if watch else None,
+                                   part_error(f, "docker inspect") if docker_ok else None)):
+            mine.append(unread(CHECK, node, error, expected))
+        for port, what in (watch.items() if not part_error(f, "listening") else ()):
             listeners = [x for x in f.listening if x.port == port]
             if not listeners or port in published:
                 continue  # nobody, or the publishing container above (docker-proxy) already named

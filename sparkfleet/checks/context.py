@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkfleet.engines.base import Launch
+from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.placement import Rank
 from sparkfleet.plan import Plan
@@ -41,6 +42,27 @@ class CheckContext:
     @property
     def head(self) -> Node:
         return self.plan.ranks[0].node
+
+
+def part_error(f: NodeFacts, *parts: str) -> str | None:
+    """Why the node could not read one of these facts parts, or None when it read them all.
+
+    The helper (fleet/nodeside/facts.py) reports a part it could not read as an empty default plus an error
+    line "PART: why" in `errors` ("listening: cannot read /proc/net/tcp", "mounts: Permission denied",
+    "path /x: helper failed: ..."); a part here is that line's name before the first ": ".
+    """
+    lines = [e for e in f.errors if e.split(": ", 1)[0] in parts]
+    return "; ".join(lines) or None
+
+
+def unread(check: str, node: str, error: str, expected: str | None = None) -> Finding:
+    """The one finding a check gives when a part it reads could not be read: unknown, never ok or a guess.
+
+    `up` stops on it as on a failure unless the operator passes --accept-unknown (runner/steps/preflight.py)."""
+    return Finding(check, "unknown", f"could not judge, because {error}",
+                   f"make it readable on {node} (`sparkfleet facts --node {node}` shows the facts' errors) and "
+                   "check again; `up --accept-unknown` goes on without it", node=node, observed=error,
+                   expected=expected, unread=error.split(": ", 1)[0])  # the part (part_error's line names it)
 
 
 def role_value(table: dict[str, float], rank: Rank) -> tuple[str, float] | None:

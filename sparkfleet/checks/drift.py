@@ -23,7 +23,7 @@ from sparkfleet.findings import Finding, Status
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.placement import Rank
 
-from .context import CheckContext
+from .context import CheckContext, part_error, unread
 from .image import normal, split_ref
 
 CHECK = "drift"
@@ -126,7 +126,13 @@ def check(ctx: CheckContext) -> list[Finding]:
         out += bad[n]
         if n in skew:
             out.append(skew[n])
-        if unknown[n]:
+        # the parts the compared values come from (stack versions, image list, patch hashes)
+        error = part_error(f, "versions", "nvidia-smi (versions)", "docker version", "docker images",
+                           "docker image", "hashes") if unknown[n] else None
+        if error:
+            out.append(unread(CHECK, n, error + f" (not compared: {', '.join(unknown[n])})",
+                              "the same on every rank"))
+        elif unknown[n]:
             out.append(Finding(CHECK, "warn", f"not reported, not compared: {', '.join(unknown[n])}",
                                "see `sparkfleet facts --node " + n + "` (errors)", node=n,
                                observed="; ".join(f.errors) or "no value", expected="the same on every rank"))

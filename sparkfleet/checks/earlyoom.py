@@ -12,7 +12,7 @@ from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.placement import Rank
 
-from .context import CheckContext, gb, gib, role_value
+from .context import CheckContext, gb, gib, part_error, role_value, unread
 from .seeds import EARLYOOM_MARGIN_BYTES, GB, GiB
 
 CHECK = "earlyoom"
@@ -61,6 +61,11 @@ def check(ctx: CheckContext) -> list[Finding]:
         hw = ctx.hardware(r.node)
         eo = f.earlyoom
         want_pct = f"-m {hw.earlyoom_percent:g}" if hw.earlyoom_percent is not None else "-m PERCENT"
+        # the process list unread: earlyoom would read as "not running" (a false fail)
+        error = part_error(f, "earlyoom") if eo is None else part_error(f, "processes")
+        if error:
+            out.append(unread(CHECK, node, error, "earlyoom running"))
+            continue
         if eo is None:
             out.append(Finding(CHECK, "warn", "earlyoom state unknown: the node did not report it",
                                f"see the facts errors (`sparkfleet facts --node {node}`)", node=node,

@@ -14,7 +14,7 @@ from sparkfleet.fleet.facts import NetLink, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import resolve_gid_indexes
 from sparkfleet.schema.inventory import Node
 
-from .context import CheckContext
+from .context import CheckContext, part_error, unread
 from .drift import listing, odd_ones
 
 CHECK = "fabric"
@@ -67,6 +67,10 @@ def check(ctx: CheckContext) -> list[Finding]:
         mine = per_node.setdefault(node.name, [])
         iface = node.rdma.fabric_iface
         link = f.links.get(iface)
+        error = part_error(f, "links") if link is None else None
+        if error:
+            mine.append(unread(CHECK, node.name, error, f"{iface} up, RDMA port ACTIVE"))
+            continue
         if link is None:
             mine.append(Finding(CHECK, "warn", f"no link facts for {iface}: not judged",
                                 "a helper from another sparkfleet version? run `sparkfleet facts --node "
@@ -89,7 +93,10 @@ def check(ctx: CheckContext) -> list[Finding]:
             mine.append(Finding(CHECK, "fail", f"fabric link {iface} is down", "bring the link up (cable, "
                                 f"switch port, `ip link set {iface} up`) before launching", node=node.name,
                                 observed=seen, expected=expected))
-        if port is None:
+        rdma_error = part_error(f, "rdma", *(f"rdma {hca}" for hca in node.rdma.hcas)) if port is None else None
+        if rdma_error:
+            mine.append(unread(CHECK, node.name, rdma_error, expected))  # its port was not read, not unbound
+        elif port is None:
             mine.append(Finding(CHECK, "fail", f"no RDMA port is bound to {iface}", "check the ConnectX driver "
                                 "and `ibdev2netdev`; NCCL would fall back to sockets", node=node.name,
                                 observed=seen, expected=expected))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.facts import Image
 
-from .context import CheckContext
+from .context import CheckContext, part_error, unread
 
 CHECK = "image"
 
@@ -55,6 +55,11 @@ def check(ctx: CheckContext) -> list[Finding]:
             out.append(Finding(CHECK, "fail", "docker is not available: the image cannot be checked or run",
                                f"check the docker daemon on {node} (`systemctl status docker`)", node=node,
                                observed=(d.error if d else None) or "docker not reported", expected=expected))
+            continue
+        # docker answered `ps` but not `images`/`image inspect`: an empty list, not "the image is absent"
+        error = part_error(f, "docker images", "docker image")
+        if error:
+            out.append(unread(CHECK, node, error, expected))
             continue
         by_ref = [i for i in d.images if split_ref(i.ref) == (repo, tag)]
         if want.digest:

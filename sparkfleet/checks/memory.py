@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sparkfleet.findings import Finding
 
-from .context import CheckContext, gb, gib
+from .context import CheckContext, gb, gib, part_error, unread
 from .seeds import GB, GiB
 
 CHECK = "memory"
@@ -21,6 +21,9 @@ def check(ctx: CheckContext) -> list[Finding]:
     for r, f in ctx.ranks():
         node = r.node.name
         hw = ctx.hardware(r.node)
+        if f.meminfo is None and (error := part_error(f, "meminfo")):
+            out.append(unread(CHECK, node, error, "MemAvailable at or above the launch floor"))
+            continue
         if f.meminfo is None:
             out.append(Finding(CHECK, "warn", "MemAvailable unknown: the node did not report /proc/meminfo",
                                "see the facts errors (`sparkfleet facts --node " + node + "`)", node=node,

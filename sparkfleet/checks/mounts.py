@@ -10,7 +10,7 @@ import posixpath
 
 from sparkfleet.findings import Finding
 
-from .context import CheckContext
+from .context import CheckContext, part_error, unread
 
 CHECK = "mounts"
 
@@ -31,7 +31,9 @@ def check(ctx: CheckContext) -> list[Finding]:
             sources = [s for s in launch.spec.bind_sources if s != later and s not in written]
             if not sources:
                 continue
-            missing = [s for s in sources if s in f.paths and not f.paths[s].exists]
+            # a source the helper failed to look at reads as missing: it is unknown, not missing
+            errors = {s: e for s in sources if s in f.paths and (e := part_error(f, f"path {s}"))}
+            missing = [s for s in sources if s in f.paths and not f.paths[s].exists and s not in errors]
             unasked = [s for s in sources if s not in f.paths]
             fields = {posixpath.normpath(b.source): b.field for b in launch.spec.mounts if b.field}
             for s in missing:
@@ -51,7 +53,8 @@ def check(ctx: CheckContext) -> list[Finding]:
                 out.append(Finding(CHECK, "warn", f"{len(unasked)} bind-mount source(s) not reported by the node: "
                                    + ", ".join(unasked), "gather facts again (`sparkfleet facts --profile ...`)",
                                    node=node, observed="not reported", expected="every -v source exists"))
-            if not missing and not unasked:
+            out += [unread(CHECK, node, e, f"{s} exists") for s, e in errors.items()]
+            if not missing and not unasked and not errors:
                 out.append(Finding(CHECK, "ok", f"all {len(sources)} bind-mount sources of rank {launch.rank} exist",
                                    node=node, observed=", ".join(sources), expected="every -v source exists"))
     return out

@@ -15,7 +15,7 @@ from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import resolve_gid_indexes
 from sparkfleet.schema.inventory import Node
 
-from .context import CheckContext
+from .context import CheckContext, part_error, unread
 
 CHECK = "rdma"
 
@@ -51,11 +51,15 @@ def check(ctx: CheckContext) -> list[Finding]:
         iface, hcas = node.rdma.fabric_iface, ",".join(node.rdma.hcas)
         configured = node.rdma.gid_index
         expected = f"the RoCE v2 IPv4 GID entry on {iface} ({hcas})"
+        # an HCA whose ports were not read: its GID entry is unknown, not missing
+        error = part_error(f, "rdma", *(f"rdma {hca}" for hca in node.rdma.hcas))
+        if error and (not f.rdma or right_index(node, f) is None):
+            out.append(unread(CHECK, node.name, error, expected))
+            continue
         if not f.rdma:
             out.append(Finding(CHECK, "fail", "no RDMA port reported: the lane's ranks cannot reach each other",
                                "check the ConnectX driver and `ibdev2netdev` on the node", node=node.name,
-                               observed="; ".join(e for e in f.errors if "rdma" in e.lower() or "ib" in e.lower())
-                               or "no ports", expected=expected))
+                               observed=part_error(f, "ibdev2netdev") or "no ports", expected=expected))
             continue
         right = right_index(node, f)
         if right is None:

@@ -10,7 +10,7 @@ from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import model_dir
 from sparkfleet.placement import Rank
 
-from .context import CheckContext, gib
+from .context import CheckContext, gib, part_error, unread
 from .seeds import engram_copy_bytes
 
 CHECK = "storage"
@@ -41,6 +41,11 @@ def model(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
     wants_nfs = nfs is not None and (path == nfs.path or path.startswith(nfs.path.rstrip("/") + "/"))
     expected = (f"present, on the NFS mount {nfs.path} ({nfs.source})" if wants_nfs and nfs
                 else "present, on the node's local disk" if node.storage.model_local else "present")
+    # the path itself unread: neither present nor missing is known; the mount table unread: the filesystem
+    # it is on is not known (an empty table read as "mount unknown", ok, on a CIFS share: FM-44)
+    error = part_error(f, f"path {info.path}") or (part_error(f, "mounts") if info.exists else None)
+    if error:
+        return [unread(CHECK, node.name, error, expected)]
     if info.mount is not None and info.mount.fstype in CIFS:
         return [Finding(CHECK, "fail", f"model dir {path} is on {info.mount.fstype}: pinned copies page-fault from "
                         "it and DSpark reads it twice; over SMB neither converges (35 min to load)",
@@ -48,7 +53,7 @@ def model(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
                         "(docs/failure-modes.md FM-44; LCH-G1, HLT-15)", node=node.name, observed=_on(info),
                         expected=expected)]
     if not info.exists:
-        if wants_nfs and nfs and not on_nfs:
+        if wants_nfs and nfs and not on_nfs and not part_error(f, "mounts"):
             return [Finding(CHECK, "fail", f"model dir {path} is missing: the NFS mount {nfs.path} is not mounted",
                             f"mount it on {node.name}: `mount {nfs.path}` (fstab: {nfs.source} {nfs.path} nfs "
                             f"{nfs.options}; nofail lets a node boot without it, INV-32)",
@@ -81,6 +86,9 @@ def engram(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
     need = engram_copy_bytes(e.format, ctx.profile.tp)
     expected = (f"room for {gib(need)} (a {e.format} rank copy at TP{ctx.profile.tp}, INV-36)" if need
                 else "room for the rank's copy")
+    error = part_error(f, f"path {info.path}")
+    if error:
+        return [unread(CHECK, node, error, expected)]
     if info.exists:
         return [Finding(CHECK, "ok", f"Engram copy dir {copy} present (`sparkfleet engram-local` verifies it)",
                         node=node, observed=f"present, {gib(info.free_bytes)} free", expected=expected)]
@@ -117,6 +125,9 @@ def cache(ctx: CheckContext, r: Rank, f: NodeFacts) -> list[Finding]:
     if launch is None or launch.spec is None or path not in launch.spec.bind_sources:
         return []  # this lane's launch does not mount the node's cache dir (TensorFold's recipe has its own)
     info = f.paths.get(path)
+    error = part_error(f, f"path {path}") if info is not None else None
+    if error:
+        return [unread(CHECK, node, error, "free space")]
     if info is None or not info.exists:
         return []
     observed = f"{gib(info.free_bytes)} free ({_on(info)})"

@@ -52,6 +52,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_progress(p)
 
 
+def _accept_unknown(p: argparse.ArgumentParser) -> None:
+    """The playbooks that launch stop on a check left unknown by a facts part a node could not read."""
+    p.add_argument("--accept-unknown", action="store_true",
+                   help="go on when a check could not judge because a node could not read part of its facts "
+                   "(e.g. /proc/net/tcp, /etc/mtab); the record lists the unknowns accepted. Default: stop, "
+                   "as on a failed check")
+
+
 def _probe(p: argparse.ArgumentParser) -> None:
     """The clock probe's options: only the playbooks that launch (up, restore) run the probe."""
     p.add_argument("--no-probe", action="store_true",
@@ -65,9 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="bring a lane up: stop-all, preflight, patches, workers then head, ready",
                         description="Run playbooks/up.yaml for a lane.", formatter_class=fmt,
                         epilog="examples:\n  sparkfleet up --profile dcp2\n  sparkfleet up --profile boot10 "
-                        "--save-as boot10\n  sparkfleet up --profile dcp2 --dry-run")
+                        "--save-as boot10\n  sparkfleet up --profile dcp2 --dry-run\n  sparkfleet up --profile "
+                        "dcp2 --accept-unknown   # go on past checks a node's unread facts left unknown")
     _common(up)
     _probe(up)
+    _accept_unknown(up)
     up.add_argument("--profile", "-p", required=True, help="the lane to bring up")
     add_overrides(up)
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
@@ -116,6 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "  sparkfleet restore --list\n  sparkfleet diff boot10   # what changed since")
     _common(rs)
     _probe(rs)
+    _accept_unknown(rs)
     rs.add_argument("name", nargs="?", help="the restore point (or a profile, restored from its own pins)")
     rs.add_argument("--list", action="store_true", help="list restore points")
     rs.add_argument("--force", action="store_true", help="restore even when pins drifted")
@@ -166,6 +177,7 @@ def _options(args: argparse.Namespace, **extra) -> RunOptions:
                       endpoint=args.endpoint, fabric_probe=getattr(args, "fabric_probe", True),
                       drain_on_fail=getattr(args, "drain_on_fail", False),
                       no_probe=getattr(args, "no_probe", False),
+                      accept_unknown=getattr(args, "accept_unknown", False),
                       probe_seconds=probe_seconds(args), **extra)
 
 

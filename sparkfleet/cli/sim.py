@@ -71,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("kind", metavar="KIND", help="one of: " + ", ".join(faults.KINDS))
     f.add_argument("--mhz", type=int, help="clock-latch: the latched SM clock under load")
     f.add_argument("--gib", type=float, help="low-memory: MemAvailable in GiB")
-    f.add_argument("--what", choices=("engram", "cache"), help="missing-mount-source: which dir disappears")
+    f.add_argument("--what", choices=("engram", "cache", "mounts", "listening"),
+                   help="missing-mount-source: which dir disappears (engram, cache); unreadable-part: which facts "
+                   "part the node cannot read (mounts, listening)")
     f.add_argument("--port", type=int, help="port-taken: the port the foreign container listens on")
     f.add_argument("--rate", help="slow-link: tc tbf rate (e.g. 100mbit)")
     f.add_argument("--mtu", type=int, help="mtu-mismatch: the node's fabric MTU")

@@ -48,6 +48,7 @@ class RunOptions:
     fabric_probe: bool = True  # up --no-fabric-probe: skip the measured fabric probe
     limit: tuple[str, ...] = ()  # down --limit NODE,...: only these nodes of the lane are touched
     drain_on_fail: bool = False  # up --drain-on-fail (launcher: slurm): a node preflight fails is drained
+    accept_unknown: bool = False  # up --accept-unknown: go on past checks a node's unread facts left unknown
 
 
 @dataclass

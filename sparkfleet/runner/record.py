@@ -237,6 +237,8 @@ class RecordData(BaseModel):
     overrides: Doc | None = None  # -o KEY=VALUE as given: restore reloads the profile with them
     facts: dict[str, Doc] | None = None  # node -> NodeFacts, or {error, message}
     findings: list[FindingRecord] | None = None
+    # up --accept-unknown: the unknowns (a facts part a node could not read) the operator chose to go on past
+    accepted_unknowns: list[FindingRecord] | None = None
     probe: Doc | None = None  # node -> the clock probe's verdict, or {"skipped": why}
     fabric_probe: Doc | None = None
     nccl: Doc | None = None

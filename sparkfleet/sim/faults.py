@@ -50,6 +50,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "(INV-23)"),
     Kind("missing-mount-source", "the node's Engram dir (--what engram, default) or cache dir (--what cache) "
          "disappears (FM-12)", ("what",)),
+    Kind("unreadable-part", "the node's facts helper cannot read one of its parts: --what mounts (default: /etc/mtab) "
+         "or listening (/proc/net/tcp), an open() that fails with EACCES as an unreadable file does (the node's "
+         "python3 on PATH is wrapped); its checks must say unknown, never ok (FM-44, FM-48)", ("what",)),
     Kind("cifs-model", "the model root is a CIFS/SMB mount instead of local NVMe or the head's NFS (FM-44)"),
     Kind("port-taken", "a foreign container without sparkfleet labels runs and listens on --port (default 8000) "
          "(FM-48)", ("port",)),
@@ -528,12 +531,55 @@ def _slow_off(t: Target, params: dict[str, Any]) -> None:
         (t.dir / "bin" / SLOW_DOCKER).unlink(missing_ok=True)
 
 
+# unreadable-part: what the node's python3 may not open, per part of the facts helper (fleet/nodeside/facts.py)
+UNREADABLE = {"mounts": ("/etc/mtab",), "listening": ("/proc/net/tcp",)}
+UNREADABLE_PY = "python3"  # the wrapper in the node's shim dir (first on PATH), over /usr/bin/python3
+UNREADABLE_DIR = "sim-unreadable"  # beside it: the sitecustomize.py the wrapper puts on PYTHONPATH
+# An audit hook, not a chmod: the lab's nodes run as root (CAP_DAC_OVERRIDE reads any mode), and /proc/net is
+# the kernel's. Only an open() of the listed paths fails, as the kernel fails an unreadable file.
+UNREADABLE_SITE = """\
+# sparkfleet simulation: the unreadable-part fault (sparkfleet/sim/faults.py)
+import errno, os, sys
+_DENIED = {denied!r}
+def _deny(event, args):
+    if event == "open" and args and isinstance(args[0], str) and args[0] in _DENIED:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), args[0])
+sys.addaudithook(_deny)
+"""
+
+
+def _unreadable(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    what = params.get("what", "mounts")
+    if what not in UNREADABLE:
+        raise UserError(f"unreadable-part --what {what}: expected one of {', '.join(UNREADABLE)}")
+    return {"what": what, "paths": list(UNREADABLE[what])}
+
+
+def _unreadable_on(t: Target, params: dict[str, Any]) -> None:
+    assert t.dir is not None
+    site = t.dir / "bin" / UNREADABLE_DIR
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(UNREADABLE_SITE.format(denied=set(params["paths"])))
+    wrapper = t.dir / "bin" / UNREADABLE_PY
+    wrapper.write_text("#!/bin/sh\n# sparkfleet simulation: the unreadable-part fault\n"
+                       f"PYTHONPATH={node.SHIM_DIR}/{UNREADABLE_DIR}${{PYTHONPATH:+:$PYTHONPATH}} "
+                       "exec /usr/bin/python3 \"$@\"\n")
+    wrapper.chmod(0o755)
+
+
+def _unreadable_off(t: Target, params: dict[str, Any]) -> None:
+    assert t.dir is not None
+    (t.dir / "bin" / UNREADABLE_PY).unlink(missing_ok=True)
+    shutil.rmtree(t.dir / "bin" / UNREADABLE_DIR, ignore_errors=True)
+
+
 APPLY: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "slow-link": _slow_link, "mtu-mismatch": _mtu_mismatch, "driver-drift": _driver_drift,
     "clock-latch": _clock_latch, "slow-state": _nothing, "low-memory": _low_memory, "earlyoom-off": _nothing,
     "wrong-gid": _wrong_gid,
     "missing-mount-source": _missing_source, "cifs-model": _nothing, "port-taken": _port_taken,
     "unreachable": _nothing, "docker-down": _daemon("down"), "daemon-slow": _daemon_slow,
+    "unreadable-part": _unreadable,
     **{k: _nothing for k in ENGINE_FAULTS},
     "slow-boot": _slow_boot,
     **{k: _rank_fault(k) for k in shim.RANK_FAULTS},
@@ -554,11 +600,12 @@ def _dockerd_start(t: Target, params: dict[str, Any]) -> None:
 # Faults that act on the running node (processes, sockets), run after the state is recorded / removed.
 ACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _listen, "earlyoom-off": _earlyoom_stop, "slow-link": _tbf_on, "mtu-mismatch": _mtu_on,
-    "docker-down": _dockerd_stop, "daemon-slow": _slow_on,
+    "docker-down": _dockerd_stop, "daemon-slow": _slow_on, "unreadable-part": _unreadable_on,
     **{k: (lambda t, p, k=k: _rank_act(t, p, k)) for k in shim.RANK_FAULTS}}
 UNACT: dict[str, Callable[[Target, dict[str, Any]], None]] = {
     "port-taken": _unlisten, "earlyoom-off": _earlyoom_start, "slow-link": _tbf_off, "mtu-mismatch": _mtu_off,
-    "docker-down": _dockerd_start, "daemon-slow": _slow_off, "rank-vanish": _rank_unact}
+    "docker-down": _dockerd_start, "daemon-slow": _slow_off, "rank-vanish": _rank_unact,
+    "unreadable-part": _unreadable_off}
 HEAL: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "missing-mount-source": _unmissing_source, "port-taken": _unport_taken, "docker-down": _daemon("up"),
 }

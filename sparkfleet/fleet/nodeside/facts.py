@@ -435,7 +435,11 @@ def listening(procs: dict[int, str], errors: list[str]) -> list[dict]:
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = read_text(name).splitlines()[1:]
-        except OSError:
+        except OSError as exc:
+            if name.endswith("6") and isinstance(exc, FileNotFoundError):
+                continue  # a kernel without IPv6 has no tcp6 table: nothing listens there
+            # one table unread hides its listeners: said, so the conflicts check says unknown, never "free"
+            errors.append(f"listening: cannot read {name}: {why(exc)}")
             continue
         read_any = True
         for line in lines:
@@ -451,7 +455,6 @@ def listening(procs: dict[int, str], errors: list[str]) -> list[dict]:
             if key not in found or not found[key]:
                 found[key] = inode
     if not read_any:
-        errors.append("listening: cannot read /proc/net/tcp")
         return []
     owners = _socket_owners({i for i in found.values() if i}, procs)
     out = []

@@ -9,7 +9,7 @@ from sparkfleet.checks import clock, run_checks
 from sparkfleet.checks import nccl as judge
 from sparkfleet.checks import probe as clock_probe
 from sparkfleet.checks.fabric_probe import suspects, verdict
-from sparkfleet.findings import Finding, failed
+from sparkfleet.findings import Finding, failed, unread
 from sparkfleet.fleet import fabric_probe as fp
 from sparkfleet.fleet import ops
 from sparkfleet.fleet.facts import NodeFacts
@@ -59,8 +59,17 @@ def check(ctx: RunContext, st: Step) -> StepResult:
     if failed(findings):
         n = sum(1 for f in findings if f.status == "fail")
         return StepResult("fail", f"{n} check(s) failed: nothing was started", findings)
+    # a check that could not read its part is not passed: stop as on a failure, unless the operator said to go
+    # on; the idle clock's "not judged" (an unknown with no unread part) never stops a run
+    unknown = unread(findings)
+    if unknown and not ctx.options.accept_unknown:
+        return StepResult("fail", f"{len(unknown)} check(s) could not judge a part the node could not read: "
+                          "nothing was started (--accept-unknown goes on without them)", findings)
+    if unknown:
+        ctx.record.data["accepted_unknowns"] = [f.as_dict() for f in unknown]
     warns = sum(1 for f in findings if f.status == "warn")
-    return StepResult("warn" if warns else "ok", f"{len(findings)} finding(s), {warns} warning(s)", findings)
+    return StepResult("warn" if warns or unknown else "ok", f"{len(findings)} finding(s), {warns} warning(s)"
+                      + (f", {len(unknown)} unknown(s) accepted (--accept-unknown)" if unknown else ""), findings)
 
 
 def probe(ctx: RunContext, st: Step) -> StepGen:
