@@ -72,6 +72,9 @@ def _named(op: NodeCommands, placeholders: bool) -> NodeCommands:
     return op
 
 
+LAST_WORD_CHARS = 300  # of a gone rank's last log line, in the failure it is named in
+
+
 def launch_failure(ctx: RunContext, states: dict) -> tuple[int, str, str] | None:
     """(rank, node, why) when the launch has failed, naming the rank that failed (not a peer that noticed
     later): ranks that are gone (vanished, exited, dead) first, with their own fatal line when they logged one."""
@@ -87,7 +90,11 @@ def launch_failure(ctx: RunContext, states: dict) -> tuple[int, str, str] | None
         if s.status == "missing":
             return rank, node, f"rank {rank} on {node} vanished (docker no longer knows its container)"
         code = f" with code {s.exit_code}" if s.exit_code is not None else ""
-        return rank, node, f"rank {rank} on {node} {s.status}{code}"
+        # the rank's own last word, where it logged one: an engine refusing its arguments says why only there
+        # (vLLM's usage error: "vllm serve: error: unrecognized arguments: ...", exit 2, no fatal signature)
+        last = next((line.strip() for line in reversed(ctx.logs_tail.get(rank, [])) if line.strip()), "")
+        said = f": {last[-LAST_WORD_CHARS:]}" if last else ""
+        return rank, node, f"rank {rank} on {node} {s.status}{code}{said}"
     return None
 
 
