@@ -13,7 +13,7 @@ from sparkfleet.schema.errors import SpecError
 SERVABLE = ["1017g", "boot10", "dcp1", "dcp2", "dcp4", "exl3-1017-full", "exl3tp3", "exl3tp3a10", "exl3tp4b",
             "exl3tp4b-ablit-best", "gb300-1017-v21cfg", "gb300-configc", "gb300-v11", "gb300-v12", "gb300-v18",
             "gb300-v22", "gb300-v23", "llamacpp-lab", "llamacpp-lab-station", "llamacpp-spark", "llamacpp-sparks", "local-gemma", "production-1.0-dcp2set", "production-1.0-tonyd2wild", "production-1.1",
-            "sglang-dryrun", "speedrun2", "tf1017", "tf1017-rail2", "vllm-lab"]
+            "sglang-dryrun", "speedrun2", "tf1017", "tf1017-rail2", "vllm-lab", "vllm-lab-station"]
 
 
 def test_every_shipped_profile_loads(repo_spec: Spec) -> None:
