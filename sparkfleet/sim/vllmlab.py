@@ -31,23 +31,31 @@ def engine_state() -> dict:
     return {"python": str(vllmbuild.python(tree)), "entry": str(vllmbuild.entry(tree)), "version": vllmbuild.VERSION}
 
 
-def snapshot_of(p: Profile) -> str | None:
-    """The snapshot dir (a checkpoint's layout in an HF repo dir) a lane of the lab's model reads; None for any
-    other lane, and for one naming no snapshot: it reads a file of the repo dir itself (llama.cpp's GGUF)."""
-    if p.model is None or p.model.repo_dir != vllmbuild.MODEL:
+FLAT = f"{vllmbuild.MODEL}-bf16"  # the checkpoint as a plain dir (the Station lanes mount their repo dir whole)
+
+
+def checkpoint_of(p: Profile) -> str | None:
+    """Where under the model root a lane reads the lab's converted checkpoint: a snapshot dir of the model's repo
+    dir (an HF repo's layout, as the multi-node template reads it), or FLAT itself; None for any other lane, and
+    for one of the repo dir naming no snapshot: it reads a file of the repo dir itself (llama.cpp's GGUF)."""
+    if p.model is None:
         return None
-    return p.model.snapshot or p.model.revision
+    if p.model.repo_dir == FLAT:
+        return FLAT
+    snapshot = p.model.snapshot or p.model.revision
+    if p.model.repo_dir != vllmbuild.MODEL or not snapshot:
+        return None
+    return posixpath.join(p.model.repo_dir, "snapshots", snapshot)
 
 
 def checkpoint_dirs(node, profiles: list[Profile]) -> list[str]:
-    """The node paths of the snapshot dirs the node's lanes of the lab's model read."""
-    return sorted({posixpath.join(node.storage.model_root, p.model.repo_dir, "snapshots", snap)
-                   for p in profiles if p.model and (snap := snapshot_of(p))})
+    """The node paths of the dirs the node's lanes read the lab's checkpoint from."""
+    return sorted({posixpath.join(node.storage.model_root, d) for p in profiles if (d := checkpoint_of(p))})
 
 
 def missing(profiles: list[Profile]) -> str | None:
     """What `sim up` says when lanes of the lab's model have no vLLM to run them, naming them and the command."""
-    lanes = sorted(p.name for p in profiles if snapshot_of(p))
+    lanes = sorted(p.name for p in profiles if checkpoint_of(p))
     if not lanes or vllmbuild.built() is not None:
         return None
     return (f"{', '.join(lanes)}: the lab's vLLM {vllmbuild.VERSION} (CPU) is not installed "
