@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkfleet.fleet import fabric_probe as fp  # noqa: E402
+from sparkfleet.fleet import fabric_measure as fp  # noqa: E402
 from sparkfleet.fleet.ship import ensure_helper  # noqa: E402
 from tests import netnslab  # noqa: E402
 

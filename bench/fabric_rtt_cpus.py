@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkfleet.fleet import fabric_probe as fp  # noqa: E402
+from sparkfleet.fleet import fabric_measure as fp  # noqa: E402
 from tests import netnslab  # noqa: E402
 
 HELPER = "sparkfleet/fleet/nodeside/fabric_probe.py"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for `tests.sshlab` when run as a script
 
-from sparkfleet.fleet.facts import FactsRequest, NodeFacts  # noqa: E402
 from sparkfleet.fleet.gather import gather  # noqa: E402
+from sparkfleet.fleet.nodefacts import FactsRequest, NodeFacts  # noqa: E402
 from sparkfleet.fleet.ship import ensure_helper, remote_path  # noqa: E402
 from sparkfleet.fleet.ssh import SshTransport  # noqa: E402
 from tests.sshlab import SshLab  # noqa: E402

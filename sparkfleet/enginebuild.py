@@ -1,6 +1,6 @@
 """Building an engine on every rank, pinning what was built, and checking the pin before a lane serves.
 
-`build_ops` runs the adapter's published commands (sparkfleet/engines/build.py) on every rank at once, in a
+`build_ops` runs the adapter's published commands (sparkfleet/engines/build_recipe.py) on every rank at once, in a
 staging dir beside the built dir; only when every rank built and every rank's artefact has the same
 bytes is each stage moved into place and the pin written (`<state dir>/builds/<engine>-<key>.json`, key =
 the build's inputs: what is on the fleet's nodes is fleet state, like runs and restore points, not a
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sparkfleet.engines.build import EngineBuild
+from sparkfleet.engines.build_recipe import EngineBuild
 from sparkfleet.findings import Finding
 from sparkfleet.fleet.op import OpGen
 from sparkfleet.fleet.ops.base import on
-from sparkfleet.fleet.ops.build import (
+from sparkfleet.fleet.ops.rank_build import (
     BuildEngine,
     HashArtefact,
     InstallBuild,

@@ -13,7 +13,8 @@ from sparkfleet.checks import ORDER, run_checks
 from sparkfleet.checks.seeds import EARLYOOM_MARGIN_BYTES, GB, GiB, engram_copy_bytes
 from sparkfleet.cli.main import command_modules, main
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import (
+from sparkfleet.fleet.gather import facts_requests
+from sparkfleet.fleet.nodefacts import (
     Container,
     Docker,
     EarlyOom,
@@ -29,7 +30,6 @@ from sparkfleet.fleet.facts import (
     RdmaPort,
     Versions,
 )
-from sparkfleet.fleet.gather import facts_requests
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.opsdir import Spec
 from sparkfleet.plan import Plan, make_plan

@@ -13,7 +13,7 @@ import pytest
 from sparkfleet.cli import main as cli_main
 from sparkfleet.cli.main import main
 from sparkfleet.cli.tables import Column, lines
-from sparkfleet.fleet.facts import EarlyOom
+from sparkfleet.fleet.nodefacts import EarlyOom
 from tests.test_checks import fake_fleet, healthy, lane  # noqa: F401 - fake_fleet is a fixture
 
 REPO = Path(__file__).resolve().parent.parent

@@ -53,18 +53,18 @@ def test_a_daemon_that_does_not_come_up_fails_sim_up_naming_the_node_and_its_log
     """reddie's dockerd cannot start (its data-root is a file: dockerd refuses it and exits): `sim up` names
     the node and the last line dockerd logged, and tears everything down: no lab dir, daemon, cgroup or
     mount is left. The bound is lowered to 3 s so the test does not wait the full READY_TIMEOUT_S."""
-    from sparkfleet.sim import build
+    from sparkfleet.sim import sandbox
 
     monkeypatch.setenv("SPARKFLEET_STATE", str(tmp_path / "state"))
     monkeypatch.setattr(dockerd, "READY_TIMEOUT_S", 3.0)
-    real_build = build.build_node
+    real_build = sandbox.build_node
 
     def broken_data_root(node_dir, *args, **kwargs):
         real_build(node_dir, *args, **kwargs)
         if node_dir.name == "reddie":
             (node_dir / "fs" / "var" / "lib" / "docker").write_text("not a directory\n")
 
-    monkeypatch.setattr(build, "build_node", broken_data_root)
+    monkeypatch.setattr(sandbox, "build_node", broken_data_root)
     before, traces = daemons(), host_traces()
     try:
         with pytest.raises(UserError) as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from tests.test_nodeside_facts import HELPER, PYTHON3
 
 needs_netns = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,

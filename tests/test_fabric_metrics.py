@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkfleet.fleet.facts import NetLink, RdmaPort
+from sparkfleet.fleet.nodefacts import NetLink, RdmaPort
 from sparkfleet.metrics import names as n
 from sparkfleet.runner.summaries import RunIndex
 from tests.test_metrics import T0, facts, inv, scrape, spec, up_view, value, write_record  # noqa: F401

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.checks.fabric_probe import suspects, verdict
-from sparkfleet.fleet import fabric_probe as fp
-from sparkfleet.fleet.fabric_probe import Link, ProbeRun, probe, rounds
+from sparkfleet.fleet import fabric_measure as fp
+from sparkfleet.fleet.fabric_measure import Link, ProbeRun, probe, rounds
 from sparkfleet.schema.inventory import Node, Ssh, Storage
 from tests import netnslab
 

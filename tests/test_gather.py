@@ -19,8 +19,8 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.fleet import ship
-from sparkfleet.fleet.facts import FactsRequest, Gid, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import facts_requests, gather, plan_for, resolve_gid_indexes
+from sparkfleet.fleet.nodefacts import FactsRequest, Gid, NodeFacts, RdmaPort
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.opsdir import Spec
 from sparkfleet.schema.inventory import Node

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkfleet.cli.main import main
 from sparkfleet.engines.llamacpp import METRICS as LLAMA
 from sparkfleet.engines.vllm import METRICS as VLLM
-from sparkfleet.fleet.facts import Container, Docker, EarlyOom, Gpu, MemInfo, NodeFacts
 from sparkfleet.fleet.local import LocalTransport
+from sparkfleet.fleet.nodefacts import Container, Docker, EarlyOom, Gpu, MemInfo, NodeFacts
 from sparkfleet.fleet.ops.docker import docker_time
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.metrics import dashboards as dash

@@ -14,7 +14,7 @@ from pathlib import Path
 from sparkfleet.checks import nccl
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.gather import resolve_gid_indexes
-from sparkfleet.fleet.ops import nccl as run_nccl
+from sparkfleet.fleet.ops import allreduce as run_nccl
 from sparkfleet.fleet.ship import guard_command
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.opsdir import Spec

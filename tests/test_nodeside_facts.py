@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from tests.noderoot import argv_in_root
 
 HELPER = Path(__file__).resolve().parent.parent / "sparkfleet" / "fleet" / "nodeside" / "facts.py"

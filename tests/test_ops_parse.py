@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.engines.build import BuildStep, EngineBuild, stage_of
+from sparkfleet.engines.build_recipe import BuildStep, EngineBuild, stage_of
 from sparkfleet.fleet import ops
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.fleet.ship import guard_command, helper_bytes, inline_command, remote_path
 from sparkfleet.fleet.transport import Result
 from sparkfleet.patches import manifest as pm

@@ -33,8 +33,8 @@ import pytest
 import yaml
 
 from sparkfleet.engines.tensorfold import parse_env_file
-from sparkfleet.fleet.facts import Gid, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.nodefacts import Gid, NodeFacts, RdmaPort
 from sparkfleet.opsdir import Spec
 from sparkfleet.plan import Plan, make_plan
 from sparkfleet.sim.shim import gid_entries

@@ -49,8 +49,8 @@ def test_down_limit_touches_only_the_named_nodes_under_dry_run(capsys) -> None:
 
 
 def test_watch_waits_for_a_silent_node_before_any_restart_even_when_another_rank_exited() -> None:
+    from sparkfleet.watch.liveness import Probe, RankState
     from sparkfleet.watch.policy import Settings, Tracker
-    from sparkfleet.watch.probe import Probe, RankState
 
     t = Tracker(Settings(failures=1))
     ranks = (RankState(0, "reddie", "exited"), RankState(2, "bluey", "unknown", error="No route to host"))
@@ -66,7 +66,7 @@ def test_a_rank_is_lost_to_a_reboot_when_its_node_booted_after_it_started() -> N
     """status (FM-25): the node's boot time (its clock less its uptime, one facts run) against the container's
     start (dockerd's, on the node's clock)."""
     from sparkfleet.cli.observe import rebooted_under
-    from sparkfleet.fleet.facts import Container, NodeFacts
+    from sparkfleet.fleet.nodefacts import Container, NodeFacts
 
     boot = 1_796_000_000.0  # 2026-11-30T00:53:20Z
     node = NodeFacts(node="bluey", hostname="bluey", collected_at=boot + 30, uptime_s=30.0, helper_version="1")

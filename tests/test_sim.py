@@ -18,7 +18,7 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
 from sparkfleet.root import find_root, sim_inventory_path
-from sparkfleet.sim import build, lab, netlab, paths, shim, sshd, values
+from sparkfleet.sim import lab, netlab, paths, sandbox, shim, sshd, values
 from sparkfleet.sim import node as simnode
 
 GIB_KB = 1024 * 1024
@@ -194,17 +194,17 @@ def test_up_builds_one_node_per_inventory_node_with_the_contract_layout(ro_sim, 
         "llama.cpp",  # llama.cpp's built binaries, placed in every node for its RPC lanes (sim/llama.py)
         "tensorfold",  # the stand-in TensorFold fork `sparkfleet build` clones (sim/tfbuild.py)
         "init.ready"}
-    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name not in (build.SHIM_ZIP, "zig")]
-    assert sorted(tools) == sorted(set(build.SHIM_NAMES) - set(build.DAEMON_TOOLS))  # a node without its own dockerd
+    tools = [p.name for p in (asusi.parent / "bin").iterdir() if p.name not in (sandbox.SHIM_ZIP, "zig")]
+    assert sorted(tools) == sorted(set(sandbox.SHIM_NAMES) - set(sandbox.DAEMON_TOOLS))  # a node without its own dockerd
     assert (asusi.parent / "bin" / "zig").read_text().startswith('#!/usr/bin/python3\n"""SIMULATION: the simulated')
     for name in tools:
         s = asusi.parent / "bin" / name
-        assert os.access(s, os.X_OK) and s.read_text() == build.SHIM_STUB
-    with zipfile.ZipFile(asusi.parent / "bin" / build.SHIM_ZIP) as z:  # the package, each module with its bytecode
+        assert os.access(s, os.X_OK) and s.read_text() == sandbox.SHIM_STUB
+    with zipfile.ZipFile(asusi.parent / "bin" / sandbox.SHIM_ZIP) as z:  # the package, each module with its bytecode
         names = z.namelist()
-        assert {n for n in names if n.endswith(".py")} == {f"{build.SHIM_MODULE}/{m}" for m in build.shim_sources()}
+        assert {n for n in names if n.endswith(".py")} == {f"{sandbox.SHIM_MODULE}/{m}" for m in sandbox.shim_sources()}
         assert {n[:-1] for n in names if n.endswith(".pyc")} == {n for n in names if n.endswith(".py")}
-        assert all(z.read(f"{build.SHIM_MODULE}/{m}") == data for m, data in build.shim_sources().items())
+        assert all(z.read(f"{sandbox.SHIM_MODULE}/{m}") == data for m, data in sandbox.shim_sources().items())
     # inside, it is a machine of its own: its hostname, its files at the inventory's paths, shims on PATH
     assert tool(asusi, "hostname").stdout == "asusi\n" and cat(asusi, "/etc/hostname") == "asusi\n"
     assert tool(asusi, "bash", "-c", "command -v nvidia-smi docker").stdout == "/usr/local/bin/nvidia-smi\n" \
@@ -785,7 +785,7 @@ def _engine_argv(root: Path, *flags: str, env: tuple[str, ...] = (), binds: tupl
                  active: dict | None = None) -> list[str]:
     c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": list(env),
                     "Cmd": ["/models/repo", "--port", "8410", *flags]}, "HostConfig": {"Binds": list(binds)}}
-    return shim.engine_argv(root, c, build.engine_state() | {"python": "python3"}, active or {})
+    return shim.engine_argv(root, c, sandbox.engine_state() | {"python": "python3"}, active or {})
 
 
 def test_slow_boot_takes_its_factor_to_the_engine(tmp_path):
@@ -807,8 +807,8 @@ def _gb10_root(tmp_path: Path) -> Path:
     """A node tree with a GB10's state and /proc/meminfo (the inventory's 121 GiB, INV-10)."""
     root = tmp_path / "R"
     inv = Spec(find_root()).inventory("lab")
-    shim.save(root, "node.json", build.node_state(inv, inv.nodes["asusi"], 1) | {"netns": False})
-    shim.save(root, "gpu.json", build.gpu_state(inv.nodes["asusi"]))
+    shim.save(root, "node.json", sandbox.node_state(inv, inv.nodes["asusi"], 1) | {"netns": False})
+    shim.save(root, "gpu.json", sandbox.gpu_state(inv.nodes["asusi"]))
     shim.save(root, "faults.json", {"faults": {}})
     shim.render(root)
     return root
@@ -823,7 +823,7 @@ def test_the_sim_engine_takes_its_moe_line_from_the_launch_not_the_profile(tmp_p
     a = _engine_argv(root, "--moe-backend", "marlin")
     assert a[a.index("--moe-backend") + 1] == "MARLIN"
     assert "--moe-backend" not in _engine_argv(root)
-    assert "lanes" not in build.engine_state()  # nothing per profile reaches the engine
+    assert "lanes" not in sandbox.engine_state()  # nothing per profile reaches the engine
 
 
 def test_the_sim_engine_prints_the_vllm_version_the_image_declares(tmp_path):
@@ -834,7 +834,7 @@ def test_the_sim_engine_prints_the_vllm_version_the_image_declares(tmp_path):
     old = dcp2.model_copy(update={"image": dcp2.image.model_copy(update={"engine_version": "0.11.1"})})
     other = dcp2.model_copy(update={"image": dcp2.image.model_copy(update={"ref": "vllm/vllm-openai:v0.20.0",
                                                                            "engine_version": "0.20.0"})})
-    docker = build.docker_state([old, other, dcp2])  # dcp2 names old's image again, declaring nothing
+    docker = sandbox.docker_state([old, other, dcp2])  # dcp2 names old's image again, declaring nothing
     assert [(i["RepoTags"], i["Config"]["Labels"]) for i in docker["images"]] == [
         ([dcp2.image.ref], {shim.engine.ENGINE_VERSION_LABEL: "0.11.1"}),
         (["vllm/vllm-openai:v0.20.0"], {shim.engine.ENGINE_VERSION_LABEL: "0.20.0"})]
@@ -844,13 +844,13 @@ def test_the_sim_engine_prints_the_vllm_version_the_image_declares(tmp_path):
     def argv(image: dict | None, env: tuple[str, ...] = ()) -> list[str]:
         c = {"Config": {"Labels": {"sparkfleet.profile": "dcp2"}, "Env": list(env), "Cmd": ["/m", "--port", "8410"]},
              "HostConfig": {"Binds": []}, "Image": image["Id"] if image else "sha256:" + "0" * 64}
-        return shim.engine_argv(root, c, build.engine_state() | {"python": "python3"}, {})
+        return shim.engine_argv(root, c, sandbox.engine_state() | {"python": "python3"}, {})
 
     for image, version in zip(docker["images"], ("0.11.1", "0.20.0"), strict=True):
         a = argv(image)
         assert a[a.index("--vllm-version") + 1] == version
     assert "--vllm-version" not in argv(None)
-    assert "--vllm-version" not in argv(build.image_record("plain:1", []))
+    assert "--vllm-version" not in argv(sandbox.image_record("plain:1", []))
     a = argv(None, ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30", "VLLM_RINGBUFFER_WARNING_INTERVAL=10"))
     assert a[a.index("--execute-model-timeout") + 1] == "30" and a[a.index("--ringbuffer-warning-interval") + 1] == "10"
     assert "--execute-model-timeout" not in argv(None)

@@ -87,7 +87,7 @@ def test_a_lab_node_s_images_take_their_entrypoint_from_the_engine_adapter():
     """vLLM's image runs `vllm serve` (the adapter's image_entrypoint, from vLLM's Dockerfile); a llama.cpp
     lane's image has none (the lane's command is the container's command)."""
     from sparkfleet.opsdir import Spec
-    from sparkfleet.sim.build import Lanes, image_specs, images_archive
+    from sparkfleet.sim.sandbox import Lanes, image_specs, images_archive
 
     sp = Spec(Path(__file__).resolve().parent.parent)
     inv = sp.inventory("lab")

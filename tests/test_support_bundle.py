@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cli.main import main
-from sparkfleet.fleet.facts import Container
+from sparkfleet.fleet.nodefacts import Container
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from tests.test_checks import fake_fleet, healthy, lane  # noqa: F401 - fake_fleet is a fixture
 

@@ -17,7 +17,7 @@ import pytest
 
 from sparkfleet.checks.context import part_error
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from sparkfleet.runner.context import RunContext, RunOptions

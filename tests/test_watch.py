@@ -12,13 +12,13 @@ import pytest
 
 from sparkfleet.checks.seeds import EARLYOOM_MARGIN_BYTES, GB
 from sparkfleet.cli.main import main
-from sparkfleet.fleet.facts import Container, Docker, EarlyOom, MemInfo, NodeFacts
+from sparkfleet.fleet.nodefacts import Container, Docker, EarlyOom, MemInfo, NodeFacts
 from sparkfleet.fleet.transport import Result
 from sparkfleet.gates.client import Reply
 from sparkfleet.placement import place
 from sparkfleet.runner.events import Events
 from sparkfleet.runner.summaries import RunSummary
-from sparkfleet.watch import probe as pr
+from sparkfleet.watch import liveness as pr
 from sparkfleet.watch import unit
 from sparkfleet.watch.policy import Budget, Settings, Tracker, foreign_ranks, memory_unread, operator_run
 from tests.conftest import REPO

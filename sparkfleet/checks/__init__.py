@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sparkfleet.findings import Finding
 
 if TYPE_CHECKING:
-    from sparkfleet.fleet.facts import NodeFacts
+    from sparkfleet.fleet.nodefacts import NodeFacts
     from sparkfleet.fleet.transport import Result
     from sparkfleet.plan import Plan
     from sparkfleet.schema.inventory import Inventory
@@ -48,7 +48,7 @@ def run_checks(plan: Plan, inventory: Inventory, facts: dict[str, NodeFacts | Re
     """
     # inside the function: the clock probe's entry point (sparkfleet.checks.probe, run in the lane's image)
     # imports this package and must need nothing beyond the standard library
-    from sparkfleet.fleet.facts import NodeFacts
+    from sparkfleet.fleet.nodefacts import NodeFacts
 
     from .context import CheckContext
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import Gpu, NodeFacts
+from sparkfleet.fleet.nodefacts import Gpu, NodeFacts
 from sparkfleet.fleet.nodeside import clock_probe
 from sparkfleet.schema.inventory import HardwareClass, Node
 from sparkfleet.schema.profile import Profile

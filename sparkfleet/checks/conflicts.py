@@ -9,7 +9,7 @@ FM-01). A container of another sparkfleet lane holding the port or GPU refuses t
 from __future__ import annotations
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import Container
+from sparkfleet.fleet.nodefacts import Container
 from sparkfleet.naming import LABEL_PREFIX, PROFILE_LABEL, RUN_LABEL
 
 from .context import CheckContext, part_error, unread

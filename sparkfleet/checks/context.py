@@ -8,7 +8,7 @@ from typing import Any
 
 from sparkfleet.engines.base import Launch
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.placement import Rank
 from sparkfleet.plan import Plan
 from sparkfleet.schema.inventory import HardwareClass, Inventory, Node

@@ -20,7 +20,7 @@ from collections.abc import Hashable
 
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding, Status
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.placement import Rank
 
 from .context import CheckContext, part_error, unread

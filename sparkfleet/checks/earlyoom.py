@@ -9,7 +9,7 @@ on unified memory, MemTotal − model − KV budget (an upper bound); else no pr
 from __future__ import annotations
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.placement import Rank
 
 from .context import CheckContext, gb, gib, part_error, role_value, unread

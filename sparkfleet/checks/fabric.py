@@ -10,8 +10,8 @@ here, naming the node and the interface.
 from __future__ import annotations
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NetLink, NodeFacts, RdmaPort
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.nodefacts import NetLink, NodeFacts, RdmaPort
 from sparkfleet.schema.inventory import Node
 
 from .context import CheckContext, part_error, unread

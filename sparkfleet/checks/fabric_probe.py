@@ -13,7 +13,7 @@ from collections.abc import Callable
 from statistics import median
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.fabric_probe import Link, ProbeRun
+from sparkfleet.fleet.fabric_measure import Link, ProbeRun
 
 CHECK = "fabric-probe"
 DEFAULT_RATIO = 2.0

@@ -9,7 +9,7 @@ in every lane's `plan`.
 from __future__ import annotations
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import Image
+from sparkfleet.fleet.nodefacts import Image
 
 from .context import CheckContext, part_error, unread
 

@@ -1,7 +1,7 @@
 """NCCL's real transport, judged: a rank of an RDMA lane whose NCCL chose TCP sockets fails.
 
 NCCL falls back from RDMA to TCP sockets without an error: the only sign is in its NCCL_DEBUG=INFO lines,
-which fleet/ops/nccl.py reads from each rank's run into an NcclTranscript (the formats are cited there).
+which fleet/ops/allreduce.py reads from each rank's run into an NcclTranscript (the formats are cited there).
 A rank whose network is Socket, or any of whose channels go via NET/Socket, fails for a lane that
 expects RDMA. A rank that printed none of these lines cannot be judged (and says so).
 """
@@ -9,7 +9,7 @@ expects RDMA. A rank that printed none of these lines cannot be judged (and says
 from __future__ import annotations
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.ops.nccl import NcclTranscript, transcript
+from sparkfleet.fleet.ops.allreduce import NcclTranscript, transcript
 
 CHECK = "nccl"
 
@@ -50,7 +50,7 @@ def expects_rdma(ranks: list) -> bool:
 
 
 def judge(runs: list, rdma: bool) -> tuple[list[Finding], list[dict]]:
-    """Findings and a summary per rank from the ranks' runs (fleet/ops/nccl.py RankRun: rank, node, result, and
+    """Findings and a summary per rank from the ranks' runs (fleet/ops/allreduce.py RankRun: rank, node, result, and
     the transcript its operation read from the result)."""
     findings: list[Finding] = []
     seen: list[dict] = []

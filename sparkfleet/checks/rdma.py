@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.schema.inventory import Node
 
 from .context import CheckContext, part_error, unread

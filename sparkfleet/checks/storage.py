@@ -6,8 +6,8 @@ from __future__ import annotations
 import posixpath
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import model_dir
+from sparkfleet.fleet.nodefacts import NodeFacts, PathInfo
 from sparkfleet.placement import Rank
 
 from .context import CheckContext, gib, part_error, unread

@@ -170,8 +170,8 @@ def _fleet(inventory, plan, profile, args) -> tuple[dict, dict[str, list[str]]]:
     """Facts of the lane's nodes and the last log lines of the lane's containers on them, now."""
     from sparkfleet.cli.observe import _ours
     from sparkfleet.fleet.connect import transport_for
-    from sparkfleet.fleet.facts import NodeFacts
     from sparkfleet.fleet.gather import facts_requests, gather
+    from sparkfleet.fleet.nodefacts import NodeFacts
     from sparkfleet.fleet.op import run_commands
     from sparkfleet.fleet.ops import LogTail, on
 

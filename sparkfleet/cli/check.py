@@ -165,7 +165,7 @@ def run_probes(ex: Any, nodes: list[Node], facts: dict[str, Any], profile: Profi
     executor (under --dry-run: each node's load shown, none run, nothing judged)."""
     from sparkfleet.checks import clock
     from sparkfleet.fleet import ops
-    from sparkfleet.fleet.facts import NodeFacts
+    from sparkfleet.fleet.nodefacts import NodeFacts
 
     probes = {n.name: ops.ClockProbe(clock.load_for(n, facts[n.name], profile, override)) for n in nodes
               if isinstance(facts.get(n.name), NodeFacts) and clock.judged(inventory.hardware(n))}
@@ -180,7 +180,7 @@ def run_fabric(ex: Any, plan: Plan, inventory: Inventory, args: argparse.Namespa
     """The measured fabric probe between every pair of the lane's ranks, and its findings (under --dry-run:
     its commands, shown by the executor, and no finding)."""
     from sparkfleet.checks.fabric_probe import suspects, verdict
-    from sparkfleet.fleet import fabric_probe as fp
+    from sparkfleet.fleet import fabric_measure as fp
 
     if len(plan.ranks) < 2:
         return {"links": []}, [Finding("fabric-probe", "ok", "one rank: nothing crosses the fabric (not probed)",
@@ -213,9 +213,9 @@ def print_would(would: list[dict[str, Any]], nccl: tuple[dict[str, Any], list[Fi
 
 
 def nccl_op_name() -> str:
-    from sparkfleet.fleet.ops import nccl
+    from sparkfleet.fleet.ops import allreduce
 
-    return nccl.WHAT
+    return allreduce.WHAT
 
 
 def dry_report(plan: Plan, nodes: list, fabric: tuple[dict[str, Any], list[Finding]] | None,
@@ -240,16 +240,16 @@ def run_nccl(ex: Any, plan: Plan, profile: Profile, facts: dict[str, Any], args:
     """The NCCL all-reduce across the ranks (under --dry-run: its commands, shown by the executor)."""
     from sparkfleet.checks import nccl as judge
     from sparkfleet.fleet.gather import resolve_gid_indexes
-    from sparkfleet.fleet.ops import nccl
+    from sparkfleet.fleet.ops import allreduce
 
     if profile.image is None:
         raise UserError(f"lane {profile.name!r} has no image: --nccl runs the all-reduce in the lane's image")
     nodes = [r.node for r in plan.ranks]
-    runs = nccl.commands(profile, plan.ranks, plan.launches, resolve_gid_indexes(nodes, facts))
+    runs = allreduce.commands(profile, plan.ranks, plan.launches, resolve_gid_indexes(nodes, facts))
     doc: dict[str, Any] = {"commands": [{"rank": x.rank, "node": x.node, "command": x.command} for x in runs]}
     if not args.json and not args.dry_run:
         err.print(f"running the NCCL all-reduce on {len(runs)} rank(s) ...", markup=False)
-    ex.drive(nccl.allreduce_ops(plan.ranks, runs))
+    ex.drive(allreduce.allreduce_ops(plan.ranks, runs))
     if any(x.result is None for x in runs):  # --dry-run: shown, not run
         return doc, []
     findings, ranks = judge.judge(runs, judge.expects_rdma(plan.ranks))
@@ -261,7 +261,7 @@ def report(plan: Plan, inventory: Inventory, findings: list[Finding], facts: dic
            simulated: dict[str, bool], dropped: dict[str, bool | str], probes: dict[str, dict[str, Any]]) -> dict:
     """The JSON document `check --json` prints."""
     from sparkfleet.checks import clock, probe
-    from sparkfleet.fleet.facts import NodeFacts
+    from sparkfleet.fleet.nodefacts import NodeFacts
 
     counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail", "unknown")}
     doc: dict[str, Any] = {

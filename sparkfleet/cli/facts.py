@@ -15,8 +15,8 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
-from sparkfleet.fleet.facts import NodeFacts, PathInfo
 from sparkfleet.fleet.gather import facts_requests, gather, model_dir, plan_for, resolve_gid_indexes
+from sparkfleet.fleet.nodefacts import NodeFacts, PathInfo
 from sparkfleet.fleet.transport import Result
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
 from sparkfleet.schema.errors import UserError

@@ -103,7 +103,7 @@ UNREACHABLE = "unreachable, may be running"  # a node that could not be asked: i
 def _ours(facts, ranks: dict[str, tuple[str, int]] | None = None) -> list[dict]:
     """sparkfleet's containers per node; a node that did not answer is a row of its own (with the lane's rank
     placed there, from `ranks`: node -> (profile, rank), when one lane is asked about)."""
-    from sparkfleet.fleet.facts import NodeFacts
+    from sparkfleet.fleet.nodefacts import NodeFacts
 
     rows = []
     for node, f in facts.items():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from sparkfleet import naming
-from sparkfleet.engines.build import EngineBuild
+from sparkfleet.engines.build_recipe import EngineBuild
 from sparkfleet.engines.container import ContainerSpec, docker_argv, docker_script
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding
@@ -132,7 +132,7 @@ class Engine:
     # why `engram-local` needs --source for this engine (its weights pack has no Engram shards), or None
     engram_source_needed: ClassVar[str | None] = None
     # the entrypoint of the engine's published image (a lane's command follows it); None: the lane's command is
-    # the container's whole command (or its --entrypoint). The lab's images are built with it (sim/build.py).
+    # the container's whole command (or its --entrypoint). The lab's images are built with it (sim/sandbox.py).
     image_entrypoint: ClassVar[tuple[str, ...] | None] = None
 
     def model_dir(self, profile: Profile, node: Node) -> str | None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from sparkfleet.engines.base import Engine, LaneContext, Launch, at, container_name, gid_for, groups, labels
 from sparkfleet.engines.base import reserved as reserved_rule
-from sparkfleet.engines.build import BuildStep, EngineBuild, stage_of
+from sparkfleet.engines.build_recipe import BuildStep, EngineBuild, stage_of
 from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.engines.logs import LogVocabulary
 from sparkfleet.findings import Finding

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkfleet.engines.registry import engine_for
-from sparkfleet.fleet.facts import FactsRequest, NodeFacts
+from sparkfleet.fleet.nodefacts import FactsRequest, NodeFacts
 from sparkfleet.fleet.op import OpGen, run_ops
-from sparkfleet.fleet.ops.facts import Facts
+from sparkfleet.fleet.ops.facts_helper import Facts
 from sparkfleet.fleet.ship import helper_ops
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.patches import manifest as pm

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import gather_ops
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.gates.client import ApiClient, RequestFailed, clip
 from sparkfleet.gates.env import GateEnv, MemSample, MemSampler, user
 from sparkfleet.gates.result import Check, GateResult, verdict

@@ -27,7 +27,7 @@ from sparkfleet.checks import clock, probe
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.engram.manifest import judge_rank
 from sparkfleet.engram.ranges import Harvest
-from sparkfleet.fleet.facts import Container, NodeFacts
+from sparkfleet.fleet.nodefacts import Container, NodeFacts
 from sparkfleet.fleet.ops.docker import docker_time
 from sparkfleet.metrics import names as n
 from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL

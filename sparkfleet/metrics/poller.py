@@ -24,8 +24,8 @@ from pathlib import Path
 
 from sparkfleet.engram.fleet import copy_dirs
 from sparkfleet.engram.ranges import stored
-from sparkfleet.fleet.facts import FactsRequest, NodeFacts
 from sparkfleet.fleet.gather import fabric_ifaces, gather
+from sparkfleet.fleet.nodefacts import FactsRequest, NodeFacts
 from sparkfleet.fleet.op import Pending, executor_for, query
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.metrics import extras

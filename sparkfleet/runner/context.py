@@ -11,7 +11,7 @@ from sparkfleet.engines.base import Launch
 from sparkfleet.engines.logs import LogFacts
 from sparkfleet.engram.fleet import copy_dirs
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.fleet.op import Executor, executor_for, placeholder, shown_as
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.result import GateResult

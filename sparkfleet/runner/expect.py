@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 
 if TYPE_CHECKING:
     from sparkfleet.runner.context import RunContext

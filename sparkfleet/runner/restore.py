@@ -22,8 +22,8 @@ from sparkfleet.diff import diff_launches
 from sparkfleet.engines.base import Launch
 from sparkfleet.engines.container import Bind, ContainerSpec
 from sparkfleet.findings import Finding
-from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import resolve_gid_indexes
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.fleet.op import OpGen, query
 from sparkfleet.fleet.ops import ReadFile
 from sparkfleet.fleet.ops.patches import inspect_ops

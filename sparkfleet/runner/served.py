@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkfleet.diff import parse_docker_argv
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.patches import manifest as pm
 from sparkfleet.runner.record import LaunchRecord, Served
 

@@ -25,9 +25,9 @@ from typing import Any
 
 from sparkfleet.fleet.transport import telling_line
 from sparkfleet.schema.errors import UserError
-from sparkfleet.sim import build, clock, dockerd, netlab, node, paths, shim, sshd, values
-from sparkfleet.sim.build import image_record
+from sparkfleet.sim import clock, dockerd, netlab, node, paths, sandbox, shim, sshd, values
 from sparkfleet.sim.paths import inside
+from sparkfleet.sim.sandbox import image_record
 from sparkfleet.sim.shim.faults import VANISH_WATCH_PID
 
 
@@ -283,7 +283,7 @@ def _foreign_run(t: Target, params: dict[str, Any]) -> None:
     port, name = params["port"], f"foreign-lane-{params['port']}"
     added = _docker(t, "image", "inspect", values.FOREIGN_IMAGE).returncode != 0
     if added:
-        r = _docker(t, "load", "-q", stdin=build.images_archive({values.FOREIGN_IMAGE: {"entrypoint": None}}))
+        r = _docker(t, "load", "-q", stdin=sandbox.images_archive({values.FOREIGN_IMAGE: {"entrypoint": None}}))
         if r.returncode != 0:
             _drop_fault(t, "port-taken")
             raise UserError(f"{t.node}: port-taken: docker load of {values.FOREIGN_IMAGE} failed: "

@@ -24,7 +24,7 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.root import find_root, sim_inventory_path
 from sparkfleet.schema.errors import UserError
 from sparkfleet.schema.inventory import Inventory
-from sparkfleet.sim import build, dockerd, faults, llama, netlab, node, paths, registry, shim, sshd, vllmlab
+from sparkfleet.sim import dockerd, faults, llama, netlab, node, paths, registry, sandbox, shim, sshd, vllmlab
 from sparkfleet.sim import slurm as sim_slurm
 
 TransportKind = Literal["local", "ssh"]
@@ -193,7 +193,7 @@ def down() -> bool:
     if not had:
         return False
     sshd.unpin_host_keys(paths.known_hosts_path())
-    build.remove_tree(d)
+    sandbox.remove_tree(d)
     return True
 
 
@@ -315,7 +315,7 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         down()
     spec = Spec(find_root(str(ops_root) if ops_root else None))
     inv = spec.inventory(inventory)
-    lanes = build.load_lanes(spec)
+    lanes = sandbox.load_lanes(spec)
     if launcher == "slurm" and not netns:
         raise UserError("--launcher slurm needs --transport ssh as root (each slurmd in its node's own network)")
     if netns:
@@ -325,7 +325,7 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
         names = list(inv.nodes)
         checkpoints: dict = {}  # one stand-in checkpoint per lab, linked into every node that holds it
         for ordinal, n in enumerate(inv.nodes.values(), start=1):
-            build.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns, checkpoints=checkpoints,
+            sandbox.build_node(paths.node_dir(n.name), inv, n, ordinal, lanes, netns=netns, checkpoints=checkpoints,
                              dockerd=dockerd.cgroup_parent(n.name) if daemon else None,
                              registry=registry.address() if daemon and netns else None)
         ssh = _ssh_config(names, netns) if transport == "ssh" else {}
@@ -348,8 +348,8 @@ def up(inventory: str = "lab", *, transport: TransportKind = "local", ops_root: 
                 registry.start()
             for n in inv.nodes.values():
                 dockerd.wait_ready(paths.node_dir(n.name), n.name)
-                specs = build.image_specs(inv, n, lanes)
-                dockerd.load_images(paths.node_dir(n.name), n.name, build.images_archive(specs))
+                specs = sandbox.image_specs(inv, n, lanes)
+                dockerd.load_images(paths.node_dir(n.name), n.name, sandbox.images_archive(specs))
                 if netns:
                     registry.publish(paths.node_dir(n.name), n.name, sorted(specs), pushed)
         for name, info in ssh.items():

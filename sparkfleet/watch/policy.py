@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sparkfleet.runner.summaries import RunSummary
-from sparkfleet.watch.probe import GONE, Probe
+from sparkfleet.watch.liveness import GONE, Probe
 from sparkfleet.watch.status import REASONS
 
 __all__ = ["REASONS", "Budget", "Settings", "Tracker", "Verdict", "foreign_ranks", "lane_removed", "memory_unread",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet.connect import api_base, transport_for
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.fleet.op import query, run_commands
 from sparkfleet.fleet.ops import LogTail, Look, Op, Stopped, on
 from sparkfleet.fleet.transport import Result
@@ -56,6 +56,7 @@ from sparkfleet.schema.load import Loaded
 from sparkfleet.slurm.job import output_path
 from sparkfleet.slurm.ops import drive_here
 from sparkfleet.watch import status as st
+from sparkfleet.watch.liveness import Probe, Prober, RankState
 from sparkfleet.watch.policy import (
     Budget,
     Settings,
@@ -66,7 +67,6 @@ from sparkfleet.watch.policy import (
     memory_unread,
     operator_run,
 )
-from sparkfleet.watch.probe import Probe, Prober, RankState
 from sparkfleet.watch.slurmjob import JobEnd, classify, read_end
 
 PREFLIGHT = ("pins", "stop", "drop_caches", "facts", "check", "patches", "engram", "rail2_up")  # before launch

@@ -3,7 +3,7 @@
 
 Runs inside the lane's own image (torch with NCCL is in it), one process per rank, with the lane's
 NCCL environment; `NCCL_DEBUG=INFO` (set here unless given) makes NCCL say which network and which
-transport each channel uses, which the controller reads (fleet/ops/nccl.py) and judges (checks/nccl.py).
+transport each channel uses, which the controller reads (fleet/ops/allreduce.py) and judges (checks/nccl.py).
 It also runs alone on any machine with a GPU and torch:
 
     python3 nccl_allreduce.py --world-size 1

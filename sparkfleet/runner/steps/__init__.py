@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sparkfleet.runner.ops import StepFn
-from sparkfleet.runner.steps import build, finish, launch, preflight, prepare, stop
+from sparkfleet.runner.steps import build_pin, finish, launch, preflight, prepare, stop
 from sparkfleet.schema.playbook import STEPS as NAMES
 
 # Every step's implementation; its function's name is its step's name (in the schema's table).
@@ -26,7 +26,7 @@ IMPLEMENTATIONS: tuple[StepFn, ...] = (
     stop.stop,
     preflight.facts, preflight.check, preflight.probe, preflight.fabric_probe, preflight.nccl,
     prepare.patches, prepare.drop_caches, prepare.engram, prepare.rail2_up, prepare.rail2_down, prepare.pins,
-    build.engine_build,
+    build_pin.engine_build,
     launch.launch, launch.wait_ready,
     finish.expect, finish.gates, finish.record,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparkfleet.findings import failed
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.expect import assert_expectations
 from sparkfleet.runner.gates_step import gates_step

@@ -10,11 +10,11 @@ from sparkfleet.checks import nccl as judge
 from sparkfleet.checks import probe as clock_probe
 from sparkfleet.checks.fabric_probe import suspects, verdict
 from sparkfleet.findings import Finding, failed, unread
-from sparkfleet.fleet import fabric_probe as fp
+from sparkfleet.fleet import fabric_measure as fp
 from sparkfleet.fleet import ops
-from sparkfleet.fleet.facts import NodeFacts
 from sparkfleet.fleet.gather import facts_requests, gather_ops, resolve_gid_indexes
-from sparkfleet.fleet.ops import nccl as allreduce
+from sparkfleet.fleet.nodefacts import NodeFacts
+from sparkfleet.fleet.ops import allreduce
 from sparkfleet.fleet.transport import Result
 from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import NodeCommands, Reply, StepGen, StepResult

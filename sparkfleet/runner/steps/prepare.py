@@ -10,7 +10,7 @@ from sparkfleet.engram.fleet import manifest_reads
 from sparkfleet.engram.manifest import judge_lane
 from sparkfleet.findings import Finding, failed
 from sparkfleet.fleet import ops
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.fleet.ops import patches as patch_ops
 from sparkfleet.patches import manifest as pm
 from sparkfleet.runner import restore as rp

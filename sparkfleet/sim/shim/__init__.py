@@ -7,7 +7,7 @@ THIS IS A SIMULATION: no GPU, container or RDMA device exists behind these comma
 Stdlib only, and what a stand-in alone uses (subprocess, fractions, ...) is imported inside the function
 that uses it: every `nvidia-smi`, `docker` or `ip` a node runs starts this package afresh, and pays
 for what its module imports at the top.
-A node gets this package as one zip (sim/build.py install_shims: `sparkfleet_sim_shim.zip`,
+A node gets this package as one zip (sim/sandbox.py install_shims: `sparkfleet_sim_shim.zip`,
 each module precompiled for the node's Python) and a three-line stub per tool name at /usr/local/bin.
 Inside a node its root R is `/` and the node's state is R/var/lib/sparkfleet-sim (STATE); it re-renders
 the files the node shows (`render`) after anything that changes them. The sim controller (`sparkfleet.sim`)

@@ -31,7 +31,7 @@ SUPERVISOR = ("import signal, subprocess, sys\n"
 
 
 # The image label saying which vLLM an image holds (the lab writes it from the profile's image.engine_version,
-# sim/build.py image_record): the sim engine prints that version's lines. Docker merges an image's labels
+# sim/sandbox.py image_record): the sim engine prints that version's lines. Docker merges an image's labels
 # into its containers', so the container's own labels are looked at first.
 ENGINE_VERSION_LABEL = "sparkfleet-sim.engine-version"
 # vLLM's environment variables (vllm/envs.py) the sim engine honours, as its flags

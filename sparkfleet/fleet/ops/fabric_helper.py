@@ -1,5 +1,5 @@
 """The fabric probe's helper (fleet/nodeside/fabric_probe.py) on a node: one request on its stdin (serve, drive
-or quit), run through the helper's sha256 guard (fleet/fabric_probe.py verifies or ships the helper first, and
+or quit), run through the helper's sha256 guard (fleet/fabric_measure.py verifies or ships the helper first, and
 builds the requests from the lane's fabric IPs). The helper prints one JSON line last."""
 
 from __future__ import annotations

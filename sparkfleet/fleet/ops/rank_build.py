@@ -1,4 +1,4 @@
-"""Building an engine on a rank (sparkfleet/engines/build.py gives the published commands): the build in a
+"""Building an engine on a rank (sparkfleet/engines/build_recipe.py gives the published commands): the build in a
 staging dir, moving it into place, removing a failed stage, and hashing the built artefact.
 
 The build script prints `sparkfleet-build: step NAME` before each step and, last, one
@@ -14,7 +14,7 @@ import posixpath
 import shlex
 from dataclasses import dataclass, field
 
-from sparkfleet.engines.build import EngineBuild
+from sparkfleet.engines.build_recipe import EngineBuild
 from sparkfleet.fleet.ops.base import Done, Op
 from sparkfleet.fleet.transport import Result
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from sparkfleet.fleet.op import OpGen, Pending, run_ops
 from sparkfleet.fleet.ops.base import on
-from sparkfleet.fleet.ops.probe import HELPER, FabricProbe, why
+from sparkfleet.fleet.ops.fabric_helper import HELPER, FabricProbe, why
 from sparkfleet.fleet.ship import helper_ops
 from sparkfleet.fleet.transport import Transport
 from sparkfleet.placement import Rank

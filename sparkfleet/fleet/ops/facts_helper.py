@@ -1,5 +1,5 @@
 """A node's facts: the node-side helper facts.py (fleet/nodeside/facts.py) run through its sha256 guard, its
-one JSON line read as NodeFacts (fleet/facts.py). The request (which paths, interfaces, patch files) is its
+one JSON line read as NodeFacts (fleet/nodefacts.py). The request (which paths, interfaces, patch files) is its
 stdin; fleet/gather.py decides it and drives the run through fleet/ship.py (the ship where a node lacks it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from sparkfleet.fleet.facts import NodeFacts
+from sparkfleet.fleet.nodefacts import NodeFacts
 from sparkfleet.fleet.ops.helper import RunHelper
 from sparkfleet.fleet.transport import Result
 

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 from sparkfleet.checks.context import role_value
 from sparkfleet.checks.seeds import EARLYOOM_MARGIN_BYTES, GB
-from sparkfleet.fleet.facts import Container, NodeFacts
 from sparkfleet.fleet.gather import gather
+from sparkfleet.fleet.nodefacts import Container, NodeFacts
 from sparkfleet.fleet.transport import Result, Transport
 from sparkfleet.gates.client import ApiClient, Reply, RequestFailed, clip
 from sparkfleet.gates.env import user
