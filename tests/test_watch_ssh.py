@@ -21,7 +21,7 @@ from sparkfleet.cli.main import main
 from sparkfleet.sim import lab
 from tests import cli_run
 from tests.conftest import REPO, engram_copies, tensorfold_built
-from tests.watchproc import FAST, WatchProc
+from tests.watchproc import DETECT_S, FAST, WatchProc
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 
@@ -56,7 +56,7 @@ def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over
     try:
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
         ssh_sim.fault("bluey", "rank-hang")
-        failure = w.event("watch.failure")
+        failure = w.event("watch.failure", within=DETECT_S)
         served = w.event("watch.serving")
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
@@ -96,7 +96,7 @@ def test_a_loopback_bound_head_is_probed_through_the_ssh_tunnel_and_restarted(ss
         start = w.event("watch.start")
         w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe through the tunnel")
         ssh_sim.fault("asusi", "rank-vanish")
-        failure = w.event("watch.failure")
+        failure = w.event("watch.failure", within=DETECT_S)
         served = w.event("watch.serving")
         after = w.wait_for(lambda e: e["event"] == "watch.probe", "a probe after the restart")
         w.signal(signal.SIGTERM)
