@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from sparkfleet.engines.registry import NAMES
@@ -347,3 +349,12 @@ def test_the_map_readers_see_a_missing_room_a_gone_one_and_an_upward_import(tmp_
         "docs/: README.md's Layout has a line for it, and it is gone"]
     graph = {"pkg.high": {"pkg.low"}, "pkg.low.x": {"pkg.high", "pkg.low"}, "pkg": {"pkg.low"}}
     assert upward_imports(readme, graph) == ["pkg.low.x -> pkg.high: high is listed below low"]
+
+
+def test_modules_that_start_a_process_import_first() -> None:
+    """A module imported first in a fresh interpreter loads (fleet/ship.py imports fleet/ops, whose package imports
+    ops/allreduce.py, which uses ship: bound by name at import, `import sparkfleet.fleet.ship` failed while the
+    suite, importing in another order, passed; test_gather.py alone failed to collect)."""
+    for module in ("sparkfleet.fleet.ship", "sparkfleet.fleet.gather", "sparkfleet.fleet.ops", "sparkfleet.cli.main"):
+        r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=PKG.parent)
+        assert r.returncode == 0, (module, r.stderr[-600:])

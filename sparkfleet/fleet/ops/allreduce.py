@@ -34,9 +34,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sparkfleet.engines.base import Launch, groups
+from sparkfleet.fleet import ship  # the module, not its names: ship imports fleet/ops first (see helper_ops below)
 from sparkfleet.fleet.op import OpGen
 from sparkfleet.fleet.ops.base import Op, on
-from sparkfleet.fleet.ship import helper_ops, remote_path
 from sparkfleet.fleet.transport import Result
 from sparkfleet.placement import Rank
 from sparkfleet.schema.profile import Profile
@@ -206,7 +206,7 @@ def commands(profile: Profile, ranks: list[Rank], launches: list[Launch], gid_in
                  str(len(ranks)), "--master-addr", str(master), "--master-port", str(PORT),
                  "--sizes", ",".join(map(str, SIZES))]
         # the helper's path under the node's home: "$HOME" expands there, the rest is quoted
-        mount = '-v "$HOME"/' + shlex.quote(remote_path(HELPER).removeprefix("~/") + f":{IN_CONTAINER}:ro")
+        mount = '-v "$HOME"/' + shlex.quote(ship.remote_path(HELPER).removeprefix("~/") + f":{IN_CONTAINER}:ro")
         at = argv.index(profile.image.pinned)
         cmd = " ".join(shlex.quote(a) for a in argv[:at]) + " " + mount + " " + \
             " ".join(shlex.quote(a) for a in argv[at:])
@@ -218,7 +218,9 @@ def allreduce_ops(ranks: list[Rank], runs: list[RankRun], timeout_s: float = 300
     """Verify (or ship) the script, then start every rank at once (they meet at rank 0) and wait for all, as
     the node commands it yields; each RankRun's result (None where it was not run: --dry-run)."""
     nodes = [r.node for r in ranks]
-    shipped = yield from helper_ops(HELPER, nodes, run=False)
+    # ship.helper_ops read here, not bound at import: ship -> fleet.ops -> allreduce -> ship, so a process that
+    # imports ship first finds its names unbound while this module loads
+    shipped = yield from ship.helper_ops(HELPER, nodes, run=False)
     by_node = {x.node: x for x in runs}
     for name, res in shipped.items():
         if not res.ok:
