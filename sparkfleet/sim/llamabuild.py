@@ -56,12 +56,14 @@ def bin_dir() -> Path | None:
     return b if all((b / n).is_file() for n in (SERVER_BIN, RPC_BIN)) else None
 
 
-def _step(name: str, argv: list[str], cwd: Path, log: Path) -> None:
+def _step(name: str, argv: list[str], cwd: Path, log: Path, env: dict | None = None) -> None:
+    """Run one build step, its output appended to `log`; BuildFailed names the step and shows the log's tail.
+    The lab's vLLM build (sim/vllmbuild.py) runs its steps through this one too."""
     with open(log, "ab") as out:
         out.write(f"\n== {name}: {' '.join(argv)}\n".encode())
         out.flush()
         try:
-            code = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
         except OSError as exc:
             raise BuildFailed(f"step {name}: cannot run {argv[0]}: {exc}") from None
     if code != 0:

