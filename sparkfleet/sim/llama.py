@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 
 from sparkfleet.sim import llamabuild
+from sparkfleet.sim.paths import place_file
 from sparkfleet.sim.shim import STATE, node_path  # the node's sim state dir; container path -> node path
 
 SERVER, RPC = "llama-server", "rpc-server"
@@ -225,15 +225,12 @@ def place_binaries(root: Path, node, profiles) -> bool:
     target.mkdir(parents=True, exist_ok=True)
     for f in sorted(built.iterdir()):
         dest = target / f.name
-        if dest.is_symlink() or dest.exists():
-            dest.unlink()
-        if f.is_symlink():
+        if f.is_symlink():  # the .so version links, kept as links
+            if dest.is_symlink() or dest.exists():
+                dest.unlink()
             dest.symlink_to(os.readlink(f))
             continue
-        try:
-            os.link(f, dest)
-        except OSError:
-            shutil.copy2(f, dest)
+        place_file(f, dest)
     return True
 
 
@@ -274,12 +271,7 @@ def place_weights(root: Path, node, profiles) -> list[str]:
     for f in wanted:
         target = root / f.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            target.unlink()
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copyfile(source, target)
+        place_file(source, target)
         placed.append(f)
     return placed
 

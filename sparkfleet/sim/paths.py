@@ -5,6 +5,8 @@ loader reads that inventory for `--inventory sim` without importing the simulate
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from sparkfleet.root import sim_dir, state_dir
@@ -44,3 +46,14 @@ def inside(root: Path, node_path: str) -> Path:
     if not node_path.startswith("/"):
         raise ValueError(f"{node_path!r}: expected an absolute path")
     return root / node_path.lstrip("/")
+
+
+def place_file(source: Path, dest: Path) -> None:
+    """Put `source` at `dest` in a node's tree, replacing what is there: a hard link (one copy of a big file
+    for the whole lab), else a copy where the two sit on different filesystems."""
+    if dest.is_symlink() or dest.exists():
+        dest.unlink()
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)

@@ -13,14 +13,12 @@ node holds only what it was given.
 
 from __future__ import annotations
 
-import os
 import posixpath
-import shutil
 from pathlib import Path
 
 from sparkfleet.schema.profile import Profile
 from sparkfleet.sim import vllmbuild
-from sparkfleet.sim.paths import inside
+from sparkfleet.sim.paths import inside, place_file
 
 
 def engine_state() -> dict:
@@ -75,11 +73,5 @@ def place_model(root: Path, node, profiles: list[Profile]) -> list[str]:
         target = inside(root, d)
         target.mkdir(parents=True, exist_ok=True)
         for f in sorted(source.iterdir()):
-            dest = target / f.name
-            if dest.exists():
-                dest.unlink()
-            try:
-                os.link(f, dest)
-            except OSError:
-                shutil.copy2(f, dest)
+            place_file(f, target / f.name)
     return wanted
