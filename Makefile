@@ -30,9 +30,16 @@ demo: $(STAMP)
 	@echo "The simulated dcp2 lane serves at http://127.0.0.1:8410/v1 (try: curl -s http://127.0.0.1:8410/v1/models)."
 	@echo "Stop it with: $(BIN)/sparkfleet down --profile dcp2 --inventory sim && $(BIN)/sparkfleet sim down"
 
+# The tests marked `unit` (no lab) run in a pytest of their own beside the lab's tests, which keep to one process
+# (the lab is one per machine); the unit run's whole log is printed when it failed, else its last lines.
 test: $(STAMP)
 	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
-	$(BIN)/pytest
+	@$(BIN)/pytest -m unit > .pytest-unit.log 2>&1 & unit_pid=$$!; \
+	$(BIN)/pytest -m "not unit"; lab=$$?; \
+	wait $$unit_pid; unit=$$?; \
+	echo "== the unit tests, run beside the lab's (pytest -m unit; exit $$unit; log .pytest-unit.log) =="; \
+	if [ $$unit -eq 0 ]; then tail -n 32 .pytest-unit.log; else cat .pytest-unit.log; fi; \
+	[ $$lab -eq 0 ] && [ $$unit -eq 0 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
@@ -50,4 +57,4 @@ vllm-cpu: $(STAMP)
 	nice -n 19 $(BIN)/python -m sparkfleet.sim.vllmbuild
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info .pytest-unit.log

@@ -13,6 +13,51 @@ from tests import realhome
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The lab is one per machine (fixed ports, namespace names, the sim's state). `make test` runs the tests marked
+# `unit` (no lab, namespace, sshd, dockerd or fixed port) in a pytest of their own beside the others, which keep
+# to one process so their modules' labs come up one at a time. A `unit` test that brings up a lab fails at once
+# (_unit_tests_start_no_lab), so a wrong mark cannot race the other process's lab.
+_running: list[pytest.Item] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item]  # read by the lab guard while this test's fixtures (a module's lab among them) set up
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _unit_tests_start_no_lab():
+    from sparkfleet.sim import lab
+
+    real_up = lab.up
+
+    def guarded(*args, **kwargs):
+        if _running and _running[0].get_closest_marker("unit") is not None:
+            raise AssertionError(f"{_running[0].nodeid} is marked unit but brings up the lab: unit tests run beside "
+                                 "the lab's, which is one per machine; take the module's `unit` mark off")
+        return real_up(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lab, "up", guarded)
+        yield
+
+
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _module_seconds[path] = _module_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the suite's time goes, a line per module (setup, call and teardown summed), slowest first."""
+    if not _module_seconds:
+        return
+    total = sum(_module_seconds.values())
+    terminalreporter.write_sep("=", f"seconds by module (of {total:.0f} s of test time)")
+    for path, secs in sorted(_module_seconds.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line(f"{secs:8.1f} s  {path}")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _own_home(tmp_path_factory: pytest.TempPathFactory):

@@ -7,8 +7,12 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.runner import autotune
 from tests.noderoot import run_in_root
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 
 def test_new_hash_dirs_are_seeded_with_the_newest_configs(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from sparkfleet.engines.vllm import METRICS as VLLM
 from sparkfleet.simengine import tokens
 from tests.test_simengine_util import Lane
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 MODEL = "deepseek-v4.1-flash"  # dcp2's served name, so `--profile dcp2 --endpoint URL` sends the right model
 RATE = 80.0  # tok/s per stream, configured on the sim engine
 FORCED = 241  # tokens per stream (ignore_eos): 240 after the first, 3.0 s at RATE

@@ -17,6 +17,8 @@ from sparkfleet.sim import zig as zigsim
 from tests.test_dry_run import recording_inventory
 from tests.test_seed_fidelity import seeds_dir
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 STAGE = "/opt/deepseek-v4.1-tensorfold-tp4-4xgb10/TensorFold.sparkfleet-new"
 # seed 002, Quick start 2, as printed (the clone's destination is the staging dir instead of ./TensorFold)
 SEED = ["git clone -b deepseek-v41-zig-tp4 https://github.com/bertholomus/TensorFold",

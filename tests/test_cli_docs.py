@@ -20,6 +20,8 @@ import pytest
 from sparkfleet.cli import main as cli_main
 from sparkfleet.cli.main import build_parser, main
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 START = re.compile(r"^(?:\$ |source <\(|(?:[A-Z_]+=\S+ )*)(sparkfleet (?:--color \w+ )?[a-z-]+\b.*)$")

@@ -21,8 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cli_run import default_sigint
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 ENTRY = """
 import sys

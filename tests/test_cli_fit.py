@@ -16,6 +16,8 @@ from sparkfleet.cli.tables import Column, lines
 from sparkfleet.fleet.nodefacts import EarlyOom
 from tests.test_checks import fake_fleet, healthy, lane  # noqa: F401 - fake_fleet is a fixture
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 BOX = re.compile("[\u2500-\u257f]")  # box-drawing characters
 

@@ -10,6 +10,8 @@ import pytest
 
 from sparkfleet.cli.main import main
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 def _plan(capsys, *argv: str) -> tuple[int, list[dict], str]:
     code = main(["plan", *argv, "--json"])

@@ -15,6 +15,8 @@ import pytest
 from sparkfleet.checks import probe
 from sparkfleet.fleet.nodeside import clock_probe
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 GB10 = {"latch_band": (630, 950), "latch_fraction": 0.5, "slow_ratio": 1.25}  # the gb10 class defaults
 

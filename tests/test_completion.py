@@ -14,6 +14,8 @@ import pytest
 from sparkfleet.cli.main import COMMANDS, main
 from tests.sshlab import in_ci
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = str(Path(sys.executable).parent)
 

@@ -18,6 +18,8 @@ from sparkfleet.plan import make_plan
 from sparkfleet.runner.record import Record
 from tests.conftest import REPO, copy_ops
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 @pytest.fixture
 def state(tmp_path, monkeypatch) -> Path:

@@ -15,6 +15,8 @@ import yaml
 
 from sparkfleet.cli.main import main
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 def recording_inventory(ops: Path, log: Path, *, answer: bool) -> None:
     """inventories/rec.yaml: the lab's nodes, each entered through a shell that appends every command it

@@ -21,6 +21,8 @@ from sparkfleet.schema.errors import SpecError
 from sparkfleet.schema.playbook import Playbook, Step
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 ONE = Playbook(name="t", steps=[Step(step="launch", role="all")])
 
 

@@ -18,6 +18,8 @@ from sparkfleet.engram.measure import run_measured
 from sparkfleet.engram.safetensors import TensorSpec, allocated_bytes, make_checkpoint, read_shard, write_shard
 from sparkfleet.fleet.nodeside import engram_copy as ec
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 HELPER = Path(ec.__file__)
 PATTERN = "model.layers.{layer}.engram.*"
 ROWS = 4096

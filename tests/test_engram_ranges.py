@@ -12,6 +12,8 @@ from sparkfleet.engram import ranges as rng
 from sparkfleet.engram.manifest import check_rank, falls_back
 from sparkfleet.schema.errors import UserError
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 Q = 96_000_000  # a quarter of a 384M-row table (ENG-01/03)
 
 

@@ -17,6 +17,8 @@ from sparkfleet.engram.safetensors import (
     write_shard,
 )
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 def test_header_offsets_are_relative_to_the_data_start_with_odd_alignment(tmp_path: Path) -> None:
     path = tmp_path / "model-00003-of-00009.safetensors"

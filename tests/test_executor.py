@@ -12,6 +12,8 @@ from sparkfleet.fleet.op import NoConnection, OpGen, executor_for, open_transpor
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.schema.inventory import Node, Ssh, Storage
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 def node(name: str) -> Node:
     return Node(name=name, ssh=Ssh(host="127.0.0.1"), hardware="gb10",

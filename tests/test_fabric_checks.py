@@ -8,6 +8,8 @@ from sparkfleet.checks import drift
 from sparkfleet.opsdir import Spec
 from tests.test_checks import check, healthy, lane, of
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 @pytest.fixture
 def dcp2(repo_spec: Spec):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkfleet.fleet.nodefacts import NetLink, RdmaPort
 from sparkfleet.metrics import names as n
 from sparkfleet.runner.summaries import RunIndex
 from tests.test_metrics import T0, facts, inv, scrape, spec, up_view, value, write_record  # noqa: F401
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 
 def test_link_facts_and_clock_offset_per_node(inv) -> None:  # noqa: F811

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 MODE = re.compile(r"\bFM-(\d{2})\b")
 # the ids the ledger keeps (the design docs' failure modes): the Sparks' FM-01..33, the Station's FM-40..70
 IDS = [f"FM-{n:02d}" for n in (*range(1, 34), *range(40, 71))]

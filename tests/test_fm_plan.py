@@ -13,6 +13,8 @@ from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 def plan(capsys, profile: str) -> tuple[int, dict | None]:
     code = main(["plan", "--profile", profile, "--inventory", "lab", "--json"])

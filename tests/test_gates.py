@@ -21,6 +21,8 @@ from sparkfleet.gates.run import GateSetupError, default_gates, left_out, option
 from sparkfleet.gates.text import degenerate, judge_count, judge_number, number_runs
 from sparkfleet.schema.profile import Profile
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 KEY = "sk-test-0123456789abcdef"
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.fleet.local import LocalTransport
 from sparkfleet.fleet.ops.helper import guard_command, helper_bytes, remote_path
 from sparkfleet.sim import llamabuild
 from sparkfleet.userconfig import config_path, setting
 from tests import realhome
 from tests.test_transport_local import make_node
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 
 def test_the_suite_has_a_home_of_its_own(tmp_path_factory) -> None:

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.engines.registry import NAMES
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 PKG = Path(__file__).resolve().parent.parent / "sparkfleet"
 

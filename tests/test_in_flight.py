@@ -7,7 +7,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from sparkfleet.runner import run
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 
 class StartingWorker:

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
 from sparkfleet.placement import place
 from sparkfleet.rules import lint
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 LABELS = ["--label", "sparkfleet.profile={p}", "--label", "sparkfleet.rank={r}", "--label", "sparkfleet.run=plan"]
 

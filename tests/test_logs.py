@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkfleet.engines.logs import LogFacts, feed, parse, split_lines, text
 from sparkfleet.engines.registry import engine_for
 from sparkfleet.opsdir import Spec
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 VLLM = engine_for("vllm").log  # the reader has no engine of its own: these are vLLM's lines
 

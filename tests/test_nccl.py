@@ -11,6 +11,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.checks import nccl
 from sparkfleet.cli.main import main
 from sparkfleet.fleet.gather import resolve_gid_indexes
@@ -19,6 +21,8 @@ from sparkfleet.fleet.ship import guard_command
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.opsdir import Spec
 from tests.test_checks import healthy, lane
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 RECEIPT = Path(__file__).resolve().parent.parent / "docs" / "receipts" / "nccl-allreduce-h200-world1.txt"
 

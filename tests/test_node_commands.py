@@ -21,6 +21,8 @@ from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.naming import ENGRAM_MANIFEST
 from sparkfleet.runner.ops import NodeCommands
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 ID1 = "4f66ad9a0b2e1b6d8a8c3c7f1f0b8a1e5d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a"
 ID2 = "9c1b7e4d2a3f5e6d7c8b9a0f1e2d3c4b5a69788796a5b4c3d2e1f0a9b8c7d6e5"
 DAEMON_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"

@@ -13,9 +13,12 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sparkfleet.cli.main import main
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 TARGET = "/sgl-workspace/sglang/python/sglang/srt/models/deepseek_v4.py"
 SEED_V = f"-v /path/to/patched/deepseek_v4.py:{TARGET}:ro"  # seed 000, verbatim

@@ -13,6 +13,8 @@ from sparkfleet.patches import manifest as pm
 from sparkfleet.schema.errors import SpecError
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 def test_shipped_probe_set_is_real() -> None:
     m = pm.load(REPO, "probe")

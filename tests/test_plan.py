@@ -15,6 +15,8 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.plan import make_plan
 from tests.test_spec import SERVABLE
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 GOLDEN = Path(__file__).parent / "golden" / "plan"
 
 

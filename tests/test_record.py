@@ -11,6 +11,8 @@ from pydantic import ValidationError
 
 from sparkfleet.runner.record import SCHEMA_VERSION, Record, read_record
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 V2 = Path(__file__).parent / "fixtures/records/v2-stop-failed.json"  # written by sparkfleet 733d167 (schema 2)
 V3 = Path(__file__).parent / "fixtures/records/v3-down-ok.json"  # written by sparkfleet 395af8e (schema 3): a lab `down`
 

@@ -12,6 +12,8 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.placement import place
 from sparkfleet.rules import lint
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 def findings(root: Path, profile: str) -> list:
     sp = Spec(root)

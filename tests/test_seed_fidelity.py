@@ -40,6 +40,8 @@ from sparkfleet.plan import Plan, make_plan
 from sparkfleet.sim.shim import gid_entries
 from tests.conftest import REPO, copy_ops
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 FIXTURES = Path(__file__).parent / "fixtures" / "seeds"
 KINDS = ("printed", "derived", "tensorfold", "levers")
 DOCKER_BOOL = {"-d", "--detach", "--rm", "--init", "--privileged", "-i", "-t"}

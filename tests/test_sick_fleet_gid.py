@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkfleet.checks import run_checks
 from sparkfleet.plan import make_plan
 from tests.test_checks import _gids, healthy, lane, of
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 
 def test_tensorfold_gid_index_is_judged_when_the_inventory_fixes_it(repo_spec) -> None:

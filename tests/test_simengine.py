@@ -35,6 +35,8 @@ from tests.test_simengine_util import (
     stripes_png,
 )
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 KEY = "sk-sim-" + uuid.uuid4().hex
 ROWS = 96_000_000
 WEATHER = {"type": "function", "function": {

@@ -15,6 +15,8 @@ from sparkfleet.simengine.engine import BLOCK, Engine, Job, Piece, block_hashes
 from sparkfleet.simengine.metrics import TTFT_BUCKETS, Metrics, build_1_2_5_buckets, go_float
 from tests.test_simengine_util import BLUE, GREEN, RED, WHITE, YELLOW, data_url, grid_png, png_bytes, stripes_png
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},

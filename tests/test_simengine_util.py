@@ -15,6 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.engines.vllm import METRICS
 from sparkfleet.simengine.metrics import Metrics
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 REAL = Path(__file__).parent / "fixtures" / "vllm" / "metrics-0.32.0-cpu.prom"
 NOT_ON_EVERY_LANE = {"drafts", "draft_tokens", "accepted"}  # speculative decoding's counters

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.opsdir import Spec
 from sparkfleet.schema.inventory import Slurm
 from sparkfleet.slurm import cluster, ops
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 LANE = ["reddie", "asusi", "bluey", "spark4"]

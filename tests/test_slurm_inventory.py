@@ -9,6 +9,8 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 HEAD = "name: lab\nexample: true\n"
 
 

@@ -18,6 +18,8 @@ from sparkfleet.plan import make_plan
 from sparkfleet.schema.inventory import Inventory, Slurm
 from sparkfleet.slurm.job import TASK_END, render_job, task_script
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 
 

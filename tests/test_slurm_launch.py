@@ -17,6 +17,8 @@ from sparkfleet.runner.slurm_launch import _culprit
 from sparkfleet.slurm.job import render_job
 from tests.test_dry_run import recording_inventory
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 @pytest.fixture
 def rec(ops_root: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:

@@ -17,6 +17,8 @@ from sparkfleet.slurm import output as jo
 from sparkfleet.slurm.ops import JOB_FORMAT
 from tests.test_dry_run import recording_inventory
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 JOB = "987650"  # a job id no real job here has: its output is /tmp/sparkfleet-dcp2-987650.out
 
 

@@ -10,6 +10,8 @@ from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
 from sparkfleet.schema.errors import SpecError
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 SERVABLE = ["1017g", "boot10", "dcp1", "dcp2", "dcp4", "exl3-1017-full", "exl3tp3", "exl3tp3a10", "exl3tp4b",
             "exl3tp4b-ablit-best", "gb300-1017-v21cfg", "gb300-configc", "gb300-v11", "gb300-v12", "gb300-v18",
             "gb300-v22", "gb300-v23", "llamacpp-lab", "llamacpp-lab-station", "llamacpp-spark", "llamacpp-sparks", "local-gemma", "production-1.0-dcp2set", "production-1.0-tonyd2wild", "production-1.1",

@@ -19,6 +19,8 @@ from sparkfleet.opsdir import Spec
 from sparkfleet.schema.base import SpecError
 from sparkfleet.schema.inventory import Node, Slurm, Ssh, Storage
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 REFUSED = "srun: error: Unable to allocate resources: Requested nodes are busy"
 
 

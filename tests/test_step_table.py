@@ -16,6 +16,8 @@ from sparkfleet.runner.steps import IMPLEMENTATIONS, STEPS, StepTableError, bind
 from sparkfleet.schema import playbook
 from sparkfleet.schema.playbook import Step
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

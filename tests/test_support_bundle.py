@@ -15,6 +15,8 @@ from sparkfleet.fleet.nodefacts import Container
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from tests.test_checks import fake_fleet, healthy, lane  # noqa: F401 - fake_fleet is a fixture
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 HF = "hf_PlantedSecretToken0123456789"
 API = "sk-planted-api-key-0123456789abcdef"

@@ -14,6 +14,8 @@ from sparkfleet.fleet.local import LocalTransport
 from sparkfleet.fleet.ssh import SshTransport
 from sparkfleet.schema.inventory import Node
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 NAMES = ["reddie", "asusi", "bluey", "spark4", "station"]
 
 

@@ -26,6 +26,8 @@ from sparkfleet.runner.steps import STEPS
 from sparkfleet.schema.playbook import Step
 from tests.test_checks import check, healthy, lane
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 BECAUSE = "could not judge, because "
 TCP = "listening: cannot read /proc/net/tcp: Permission denied"
 MOUNTS = "mounts: Permission denied"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sparkfleet.fleet.nodeside.engram_copy import MANIFEST_SCHEMA
 from sparkfleet.fleet.transport import Result, RunEachByRun
 from sparkfleet.opsdir import Spec
@@ -16,6 +18,8 @@ from sparkfleet.runner.ops import drive
 from sparkfleet.runner.record import Record
 from sparkfleet.runner.steps import STEPS
 from sparkfleet.schema.playbook import Step
+
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
 
 REV = "df42c109f1defefcbfcedbe7d905718a12266e40"  # dcp2's model.revision
 

@@ -29,6 +29,8 @@ from sparkfleet.fleet.transport import Result
 from sparkfleet.opsdir import Spec
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 VERSIONS = ["0.11.0", "0.11.1", "0.12.0", "0.13.0", "0.20.0"]
 CID = "f" * 64

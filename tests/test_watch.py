@@ -23,6 +23,8 @@ from sparkfleet.watch import unit
 from sparkfleet.watch.policy import Budget, Settings, Tracker, foreign_ranks, memory_unread, operator_run
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 GiB = 2**30
 
 

@@ -20,6 +20,8 @@ from sparkfleet.watch.slurmjob import JobEnd, SlurmUnanswered, classify, read_en
 from sparkfleet.watch.supervisor import StandDown, Watcher
 from tests.test_slurm_launch import rec  # noqa: F401 - the recording inventory with launcher: slurm
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 
 @pytest.fixture
 def inv(rec):  # noqa: F811 - the fixture imported above

@@ -10,6 +10,8 @@ import pytest
 
 from tests.watchproc import WatchProc
 
+pytestmark = pytest.mark.unit  # no lab: runs beside the lab's tests (tests/conftest.py)
+
 PROBING = ("import json, sys, time\n"
            "while True:\n"
            "    print(json.dumps({'event': 'watch.probe', 'ok': True}), flush=True)\n"
