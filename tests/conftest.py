@@ -165,15 +165,31 @@ def engram_copies(sim, profile: str = "dcp2", root: Path = REPO) -> None:
                 root=str(node_root))
 
 
-def sim_lab(tmp_path_factory, transport: str = "local"):
+SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
+
+
+def ssh_lab_needed(*, root: bool = False) -> None:
+    """The SSH lab's parts are here (OpenSSH's sshd; root for its network namespaces, where a test needs them),
+    or the test ends: a failure under CI, which installs them and runs as root (.ci/run), else a skip."""
+    missing = "sshd is not installed" if SSHD is None else \
+        "ssh mode's network namespaces need root" if root and os.geteuid() != 0 else None
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the SSH lab as root with openssh-server (.ci/run): {missing}")
+        pytest.skip(missing)
+
+
+def sim_lab(tmp_path_factory, transport: str = "local", ops_root: str | Path | None = None):
     """A simulated lab of the repo's `lab` inventory in a state dir of its own, for a module's tests; down after.
     dcp2's ranks hold their node-local Engram copies (engram_copies): dcp2 and its relatives expect them."""
     from sparkfleet.sim import lab
 
+    if transport == "ssh":
+        ssh_lab_needed()
     state = tmp_path_factory.mktemp("state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab", transport=transport)
+        s = lab.up("lab", transport=transport, ops_root=ops_root)
         try:
             engram_copies(s)
             yield s
@@ -185,6 +201,13 @@ def sim_lab(tmp_path_factory, transport: str = "local"):
 def sim(tmp_path_factory):
     """The repo's `lab` inventory as a simulated lab, one per test module (a module may define its own)."""
     yield from sim_lab(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ssh_sim(tmp_path_factory):
+    """The same lab with its nodes behind OpenSSH sshd, host keys checked strictly (as root each node is a
+    network namespace of its own), one per test module."""
+    yield from sim_lab(tmp_path_factory, transport="ssh")
 
 
 @pytest.fixture

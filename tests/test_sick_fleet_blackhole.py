@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -18,9 +17,8 @@ import pytest
 
 from sparkfleet.sim import netlab
 from tests.cli_run import LAB_NODES, findings, lane_states, result, step
-from tests.conftest import REPO, sim_lab
+from tests.conftest import REPO, sim_lab, ssh_lab_needed
 
-SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 LANE = ["--profile", "dcp2", "--inventory", "sim"]
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
 CONNECT_TIMEOUT_S = 10  # fleet/connect.py transport_for: the SSH connect timeout every command uses
@@ -28,10 +26,7 @@ CONNECT_TIMEOUT_S = 10  # fleet/connect.py transport_for: the SSH connect timeou
 
 @pytest.fixture(scope="module")
 def ssh_sim(tmp_path_factory):
-    if SSHD is None or os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("CI runs as root with openssh-server: the blackhole needs the lab's network namespaces")
-        pytest.skip("the blackhole fault needs sshd and root (ssh mode's network namespaces)")
+    ssh_lab_needed(root=True)  # the blackhole is a rule in a node's own network namespace
     yield from sim_lab(tmp_path_factory, transport="ssh")
 
 

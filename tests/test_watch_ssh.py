@@ -12,35 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 
-import pytest
-
 from sparkfleet.cli.main import main
-from sparkfleet.sim import lab
 from tests import cli_run
-from tests.conftest import REPO, engram_copies, tensorfold_built
+from tests.conftest import REPO, tensorfold_built
 from tests.watchproc import DETECT_S, FAST, WatchProc
-
-SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
-
-
-@pytest.fixture(scope="module")
-def ssh_sim(tmp_path_factory):
-    if SSHD is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs openssh-server (sshd) for the real-SSH watch test; .ci/run installs it")
-        pytest.skip("sshd is not installed")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SPARKFLEET_STATE", str(tmp_path_factory.mktemp("watch-ssh") / "state"))
-    s = lab.up("lab", transport="ssh")
-    try:
-        engram_copies(s)
-        yield s
-    finally:
-        lab.down()
-        mp.undo()
 
 
 def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over_ssh(ssh_sim, capsys) -> None:
