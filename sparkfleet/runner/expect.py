@@ -33,7 +33,7 @@ def assert_expectations(ctx: RunContext, after: dict) -> list[Finding]:
         if got is None:
             out.append(Finding("kv-tokens", "fail", "no 'GPU KV cache size' line in the logs", expected=want))
         elif not lo <= got <= hi:
-            out.append(Finding("kv-tokens", "fail", f"KV cache {got:,} tokens is outside the expected range",
+            out.append(Finding("kv-tokens", "fail", f"KV cache {got:,} tokens is outside the expected range {want}",
                                "a changed budget or graph-capture size moved it; look before serving (HLT-20)",
                                observed=f"{got:,}", expected=want))
         else:

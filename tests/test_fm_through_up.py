@@ -1,0 +1,57 @@
+"""Guards that only a unit test or no test moved, caused through `sparkfleet up` on the simulated lab (issue 39 §3).
+
+THE LAB IS A SIMULATION (sparkfleet/sim): the sim engine derives its KV from what each rank was launched with
+(dcp2's 6 GiB at DCP2 gives 1,888,800 tokens, HLT-20), and each node reports its own /proc/meminfo and earlyoom
+line; `up` and its checks are the real code. One lab for the module (the shared `sim` fixture); each test leaves
+the lab healed and dcp2 down (`lane_cleaned`). Run under the lab lock.
+
+- FM-26: `expect.kv_tokens` as a range (`{min, max}`, as boot10 writes the seeds' two boots), through `up`:
+  a KV inside the range serves, one outside fails `expect` naming the range and the figure.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli_run import LAB_NODES, findings, lane_states, result, run
+
+FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
+BOOT10 = "{min: 1070168, max: 1250201}"  # the seeds' two boots of one config (profiles/boot10.yaml, FM-26)
+
+
+@pytest.fixture(autouse=True)
+def clean(lane_cleaned):
+    """The lab healed and dcp2 down afterwards (tests/conftest.py lane_cleaned)."""
+
+
+def up(capsys, *extra: str) -> tuple[int, list[dict]]:
+    return run(capsys, "up", "--profile", "dcp2", "--inventory", "sim", *FAST, *extra)
+
+
+def kv_finding(events: list[dict]) -> dict:
+    [kv] = [f for f in findings(events, "expect") if f["check"] == "kv-tokens"]
+    return kv
+
+
+def test_a_kv_inside_the_expected_range_serves(sim, capsys) -> None:
+    """1,888,800 lies strictly inside 1,800,000..1,900,000 and equals neither end: only a range test passes it."""
+    code, events = up(capsys, "-o", "expect.kv_tokens={min: 1800000, max: 1900000}")
+    assert code == 0, result(events)
+    kv = kv_finding(events)
+    assert (kv["status"], kv["message"], kv["observed"], kv["expected"]) == (
+        "ok", "KV cache 1,888,800 tokens", "1,888,800", "1,800,000..1,900,000")
+    assert lane_states(sim) == {n: ["running"] for n in LAB_NODES}
+
+
+def test_a_kv_outside_the_expected_range_fails_expect_naming_the_range(sim, capsys) -> None:
+    """dcp2's 1,888,800 tokens against the seeds' boot10 range (1,070,168..1,250,201): expect fails, the finding
+    names the figure and the range, and every rank the launch started is stopped."""
+    code, events = up(capsys, "-o", f"expect.kv_tokens={BOOT10}")
+    assert code == 1
+    assert result(events)["reason"] == "expect: expectations not met; every rank of this launch was stopped"
+    kv = kv_finding(events)
+    assert (kv["status"], kv["message"], kv["observed"], kv["expected"]) == (
+        "fail", "KV cache 1,888,800 tokens is outside the expected range 1,070,168..1,250,201",
+        "1,888,800", "1,070,168..1,250,201")
+    assert lane_states(sim) == {n: ["exited"] for n in LAB_NODES}
+
