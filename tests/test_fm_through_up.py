@@ -7,16 +7,19 @@ the lab healed and dcp2 down (`lane_cleaned`). Run under the lab lock.
 
 - FM-26: `expect.kv_tokens` as a range (`{min, max}`, as boot10 writes the seeds' two boots), through `up`:
   a KV inside the range serves, one outside fails `expect` naming the range and the figure.
+- FM-15: the `earlyoom` check's prediction of MemAvailable after load from the node's own MemTotal and earlyoom
+  line, through `up`: a KV budget the node's memory cannot hold is refused before anything is launched.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.cli_run import LAB_NODES, findings, lane_states, result, run
+from tests.cli_run import LAB_NODES, findings, lane_containers, lane_states, result, run, steps
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
 BOOT10 = "{min: 1070168, max: 1250201}"  # the seeds' two boots of one config (profiles/boot10.yaml, FM-26)
+GiB = 1024**3
 
 
 @pytest.fixture(autouse=True)
@@ -55,3 +58,27 @@ def test_a_kv_outside_the_expected_range_fails_expect_naming_the_range(sim, caps
         "1,888,800", "1,070,168..1,250,201")
     assert lane_states(sim) == {n: ["exited"] for n in LAB_NODES}
 
+
+def test_a_kv_budget_the_nodes_memory_cannot_hold_is_refused_before_launch(sim, capsys) -> None:
+    """FM-15 through `up`: dcp2 has no measured headroom, so MemAvailable after load is predicted from what each
+    node reports: its MemTotal (GB10: 121 GiB of unified memory) less the model's 81.6 GiB a rank less the KV
+    budget. 37 GiB of KV leaves 2.4 GiB (2.6 GB), under the node's earlyoom line (-m 2 % of MemTotal, 2.6 GB)
+    plus the seeds' 2.6 GB margin: every rank is refused at `check` naming its node and the figures, exit 1,
+    and nothing is launched."""
+    kv = 37 * GiB
+    code, events = up(capsys, "-o", f"flags.--kv-cache-memory-bytes={kv}")
+    assert code == 1, result(events)
+    assert result(events)["reason"].startswith("check: ")
+    assert steps(events)["check"] == "fail"
+    assert not [s for s in steps(events) if s.startswith("launch")]
+    fails = [f for f in findings(events, "check") if f["status"] == "fail"]
+    assert [(f["node"], f["check"]) for f in fails] == [(n, "earlyoom") for n in LAB_NODES]
+    for f in fails:
+        assert f["message"] == ("refused: predicted MemAvailable after load 2.6 GB is below 5.2 GB; earlyoom "
+                                "would kill the engine under load"), f
+        assert f["observed"] == ("predicted 2.6 GB after load (MemTotal 121.0 GiB - model 81.6 GiB - KV 37.0 GiB; "
+                                 "an upper bound: CUDA graphs, activations and the OS come on top); earlyoom "
+                                 "SIGTERM at MemAvailable <= 2.6 GB (-m 2%)"), f
+        assert f["expected"] == "predicted MemAvailable after load >= 5.2 GB (2.6 GB SIGTERM line + 2.6 GB margin)"
+        assert "FM-15" in f["remedy"] and "--kv-cache-memory-bytes" in f["remedy"]
+    assert lane_containers(sim, "dcp2") == {n: [] for n in LAB_NODES}
