@@ -6,7 +6,7 @@ On the simulated lab (its own state dir, `dcp2` on its own ports), per fault, `r
 `up --json` as its own process and inject the fault into rank 2 (bluey) while the lane boots (the
 head boots slowly, so the lane is never ready first):
 - worker-crash / engine-fatal: the sim engine's own faults (the rank logs its fatal lines and exits);
-  the fault's moment is when the rank's engine process exited (the sim's exit file, as the sim wrote it);
+  the fault's moment is when the rank's engine process exited (its container's FinishedAt, by docker);
 - rank-vanish: the rank's container disappears (the sim's fault when the lab has it, else `docker rm -f`
   on the node, as an operator would); the moment is when that returned.
 Detection = the `up` event announcing the failed rank minus the fault's moment; all-stopped = the
@@ -21,20 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sparkfleet.fleet.connect import transport_for  # noqa: E402
+from sparkfleet.fleet.ops.docker import Stopped  # noqa: E402
 from sparkfleet.sim import faults as sim_faults  # noqa: E402
 from sparkfleet.sim import lab  # noqa: E402
+from tests.cli_run import rank_has_lines, up_acting_once  # noqa: E402
+from tests.conftest import copy_ops  # noqa: E402
 
 SF = [sys.executable, "-c", "from sparkfleet.cli.main import main; raise SystemExit(main())"]
 NODE, RANK, HEAD = "bluey", 2, "reddie"
@@ -42,9 +43,7 @@ FAULTS = ("worker-crash", "rank-vanish", "engine-fatal")
 
 
 def ops_root(tmp: Path) -> Path:
-    ops = tmp / "ops"
-    for d in ("inventories", "profiles", "templates", "playbooks", "patches"):
-        shutil.copytree(REPO / d, ops / d)
+    ops = copy_ops(tmp / "ops")
     # own ports, so the bench never meets another lane (or a test run) on dcp2's 8410/29551
     (ops / "profiles/bench-detect.yaml").write_text("extends: dcp2\ndescription: \"bench input: dcp2, own ports\"\n"
                                                     "port: 18411\nmaster_port: 39552\n"
@@ -59,35 +58,26 @@ def one(sim: lab.Sim, ops: Path, env: dict, fault: str, poll: float) -> dict:
         sim.fault(NODE, fault)
     node = sim.inventory().nodes[NODE]
     transport = transport_for([node])
-    proc = subprocess.Popen([*SF, "up", "--profile", "bench-detect", "--inventory", "sim", "--root", str(ops),
-                             "--gates", "models", "--poll", str(poll), "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
-    events, injected = [], None
+
+    def vanish() -> None:
+        if "rank-vanish" in sim_faults.KINDS:
+            sim.fault(NODE, "rank-vanish")
+        else:
+            transport.run([node], f"docker rm -f sf-bench-detect-r{RANK}")
+
     try:
-        for line in proc.stdout:
-            if not line.startswith("{"):
-                continue
-            e = json.loads(line)
-            events.append(e)
-            if fault == "rank-vanish" and injected is None and e["event"] == "ranks" and any(
-                    r["rank"] == RANK and r["state"] == "running" and r["lines"] > 0 for r in e["ranks"]):
-                if "rank-vanish" in sim_faults.KINDS:
-                    sim.fault(NODE, "rank-vanish")
-                else:
-                    transport.run([node], f"docker rm -f sf-bench-detect-r{RANK}")
-                injected = time.time()
-        proc.wait(timeout=120)
+        _, events, injected = up_acting_once(
+            ["--profile", "bench-detect", "--inventory", "sim", "--root", str(ops), "--gates", "models", "--poll",
+             str(poll)], env=env, timeout_s=120,
+            when=rank_has_lines(RANK) if fault == "rank-vanish" else (lambda e: False), act=vanish)
+        if fault != "rank-vanish":  # the moment the rank's engine exited: its container's FinishedAt, by docker
+            op = Stopped("bench-detect")
+            stopped = op.parse(transport.run([node], op.command())[NODE])
+            injected = next(x["finished_s"] for x in stopped if x["rank"] == str(RANK))
     finally:
         transport.close()
-        if proc.poll() is None:
-            proc.kill()
     result = next(e for e in events if e["event"] == "result")
     record = json.loads((Path(env["SPARKFLEET_STATE"]) / "runs" / f"{result['run_id']}.json").read_text())
-    launch = next(x for x in record["data"]["launches"] if x["rank"] == RANK)
-    if fault != "rank-vanish":  # the rank's engine exit, as the sim's supervisor recorded it
-        docker = json.loads((sim.state_dir(NODE) / "docker.json").read_text())
-        c = next(c for c in docker["containers"] if c["Name"].lstrip("/") == launch["container"])
-        injected = os.stat(sim.root(NODE) / c["SimProcess"]["exit_file"].lstrip("/")).st_mtime  # a node path
     said = next(e["t"] for e in events if e["event"] == "message" and "stopping every rank" in e.get("text", ""))
     stopped = next(e["t"] for e in events if e["event"] == "step" and e["step"] == "wait_ready"
                    and e["status"] == "fail")

@@ -31,6 +31,42 @@ def run(capsys, *argv: str) -> tuple[int, list[dict]]:
     return code, events
 
 
+def rank_has_lines(rank: int):
+    """A predicate on `up --json` events: rank `rank`'s container runs and has logged (the lane is booting)."""
+    return lambda e: e["event"] == "ranks" and any(r["rank"] == rank and r["state"] == "running" and r["lines"] > 0
+                                                   for r in e["ranks"])
+
+
+def up_acting_once(argv: list[str], *, when, act, env: dict | None = None,
+                   timeout_s: float) -> tuple[int | None, list[dict], float | None]:
+    """`sparkfleet up ARGV --json` as its own process, its events read as they come; `act()` runs once, at the
+    first event `when(event)` holds for. Returns up's exit code (None if it ran past `timeout_s` after its
+    output ended: then it is killed), every event, and the time `act()` returned (None if it never ran)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "from sparkfleet.cli.main import main; raise SystemExit(main())",
+                             "up", *argv, "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=Path(__file__).resolve().parent.parent, env=env)
+    events, acted = [], None
+    try:
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            events.append(e := json.loads(line))
+            if acted is None and when(e):
+                act()
+                acted = time.time()
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return code, events, acted
+
+
 def result(events: list[dict]) -> dict:
     return next(e for e in events if e["event"] == "result")
 

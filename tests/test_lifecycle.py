@@ -18,7 +18,17 @@ import pytest
 from sparkfleet.cli.main import main
 from sparkfleet.runner.record import REDACTED, Record
 from sparkfleet.sim import lab
-from tests.cli_run import container_log, container_write, lane_containers, node_containers, record_of, result, run
+from tests.cli_run import (
+    container_log,
+    container_write,
+    lane_containers,
+    node_containers,
+    rank_has_lines,
+    record_of,
+    result,
+    run,
+    up_acting_once,
+)
 from tests.conftest import REPO, engram_copies, tensorfold_built
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tests of its own
@@ -313,44 +323,25 @@ def test_an_api_key_reaches_the_engine_and_never_a_record(sim, capsys, tmp_path,
         own.down()
 
 
-def up_streaming(*argv: str):
-    """`sparkfleet up ... --json` as its own process, its events read as they come."""
-    import subprocess
-    import sys
-
-    return subprocess.Popen([sys.executable, "-c", "from sparkfleet.cli.main import main; raise SystemExit(main())",
-                             "up", *argv, "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            cwd=REPO)
-
-
 def test_a_rank_that_vanishes_during_boot_fails_up_within_one_poll(sim, capsys) -> None:
     """Its container is removed behind sparkfleet's back while the lane boots: `up` names that rank (not the
     head that would notice a missing peer later), stops every other rank and keeps the rank's last lines."""
-    import time
-
     from sparkfleet.fleet.connect import transport_for
 
     sim.fault("reddie", "slow-boot", factor=100)  # the head boots long enough that nothing is ready before the vanish
     bluey = sim.inventory().nodes["bluey"]
     transport = transport_for([bluey])
-    proc = up_streaming("--profile", "dcp2", "--inventory", "sim", *FAST)
-    events, removed_at = [], None
+
+    def remove() -> None:
+        res = transport.run([bluey], "docker rm -f sf-dcp2-r2")["bluey"]
+        assert res.ok, res
+
     try:
-        for line in proc.stdout:
-            if not line.startswith("{"):
-                continue
-            e = json.loads(line)
-            events.append(e)
-            if removed_at is None and e["event"] == "ranks" and any(
-                    r["rank"] == 2 and r["state"] == "running" and r["lines"] > 0 for r in e["ranks"]):
-                res = transport.run([bluey], "docker rm -f sf-dcp2-r2")["bluey"]
-                assert res.ok, res
-                removed_at = time.time()
-        assert proc.wait(timeout=60) == 1
+        code, events, removed_at = up_acting_once(["--profile", "dcp2", "--inventory", "sim", *FAST],
+                                                  when=rank_has_lines(2), act=remove, timeout_s=60)
     finally:
         transport.close()
-        if proc.poll() is None:
-            proc.kill()
+    assert code == 1
     assert removed_at is not None
     res = result(events)
     assert res["reason"] == ("wait_ready: rank 2 on bluey vanished (docker no longer knows its container); "
