@@ -9,17 +9,27 @@ the lab healed and dcp2 down (`lane_cleaned`). Run under the lab lock.
   a KV inside the range serves, one outside fails `expect` naming the range and the figure.
 - FM-15: the `earlyoom` check's prediction of MemAvailable after load from the node's own MemTotal and earlyoom
   line, through `up`: a KV budget the node's memory cannot hold is refused before anything is launched.
+- FM-03 with the fault in the node: one rank's engine reads rank 0's Engram rows (`engram-rank-offset`, the disk
+  reader ignoring the rank's row offset), so its boot log shows another rank's rows: `engram-local harvest`
+  refuses to store them naming both ranks, and `up` expecting node-local Engram fails naming the rank.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
+from sparkfleet.cli.main import main
+from sparkfleet.sim import values
 from tests.cli_run import LAB_NODES, findings, lane_containers, lane_states, result, run, steps
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
 BOOT10 = "{min: 1070168, max: 1250201}"  # the seeds' two boots of one config (profiles/boot10.yaml, FM-26)
 GiB = 1024**3
+Q = values.ENGRAM_STANDIN_ROWS // 4  # the lab checkpoint's tables: rank r of TP4 reads rows [r Q, (r + 1) Q)
 
 
 @pytest.fixture(autouse=True)
@@ -82,3 +92,30 @@ def test_a_kv_budget_the_nodes_memory_cannot_hold_is_refused_before_launch(sim, 
         assert f["expected"] == "predicted MemAvailable after load >= 5.2 GB (2.6 GB SIGTERM line + 2.6 GB margin)"
         assert "FM-15" in f["remedy"] and "--kv-cache-memory-bytes" in f["remedy"]
     assert lane_containers(sim, "dcp2") == {n: [] for n in LAB_NODES}
+
+
+def test_a_rank_whose_boot_log_shows_rank_0s_rows_is_refused_by_harvest_and_fails_up(sim, capsys) -> None:
+    """FM-03 with the fault in the node: bluey's engine (rank 2) reads rank 0's Engram rows. Booted without the
+    node-local expectation, the lane serves (bluey's copy of its own rows does not cover what it reads, so it reads
+    them over NFS); `engram-local harvest` reads every rank's rows from its container's log and refuses them,
+    naming ranks 0 and 2 and the rows they share, and stores nothing. With dcp2's expectation, `up` fails at
+    expect on bluey alone and stops every rank."""
+    sim.fault("bluey", "engram-rank-offset")
+    code, events = up(capsys, "-o", "expect.engram_node_local=false")
+    assert code == 0, result(events)
+    assert main(["engram-local", "harvest", "--profile", "dcp2", "--inventory", "sim", "--json"]) == 1
+    [harvest] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert {int(r): v["layers"] for r, v in harvest["ranks"].items()} == {
+        r: {"1": [s * Q, (s + 1) * Q], "14": [s * Q, (s + 1) * Q]} for r, s in ((0, 0), (1, 1), (2, 0), (3, 3))}
+    fails = [(f["check"], f["message"]) for f in harvest["findings"] if f["status"] == "fail"]
+    assert fails == [("engram-rank-offset", f"layer {layer}: ranks 0 and 2 have the same rows [0, {Q:,})")
+                     for layer in (1, 14)]
+    assert harvest["stored"] is None
+    assert not (Path(os.environ["SPARKFLEET_STATE"]) / "engram-ranges").exists()
+    code, events = up(capsys)
+    assert code == 1
+    assert result(events)["reason"] == "expect: expectations not met; every rank of this launch was stopped"
+    fails = [(f["node"], f["check"], f["message"]) for f in findings(events, "expect") if f["status"] == "fail"]
+    assert fails == [("bluey", "engram-local", "rank 2 (bluey) read Engram layer(s) 1, 14 over NFS, not from its "
+                      "node-local copy (expect.engram_node_local; 6-8 ms a step against 3, ENG-16)")]
+    assert lane_states(sim) == {n: ["exited"] for n in LAB_NODES}

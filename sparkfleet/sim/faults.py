@@ -92,6 +92,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     )),
     Kind("engram-layer-nfs", "sim engine fault for the next launch on this node: its last Engram layer is read from "
          "the model directory (NFS), the other layers from the node-local copy (ENG-16: 6-8 ms a step, not 3)"),
+    Kind("engram-rank-offset", "sim engine fault for the next launch on this node: its rank reads rank 0's Engram "
+         "rows, not its own (the disk reader ignores the rank's row offset, FM-03/ENG-12): its boot log shows "
+         "rank 0's rows"),
 )}
 ENGINE_FAULTS = frozenset(k for k, v in KINDS.items() if v.summary.startswith("sim engine fault"))
 

@@ -187,6 +187,8 @@ def vllm_standin(root: Path, container: dict, cfg: dict, faults: dict) -> list[s
         model_dir = node_path(binds, model) if model else None
         table = engram_table(root, model_dir, cfg)
         share = rank % tp  # a rank reads its 1/TP share of each table (ENG-03)
+        if "engram-rank-offset" in faults:
+            share = 0  # the rank-offset bug: the reader ignores the rank's offset and reads rank 0's rows (FM-03)
         ranges = [(layer, rows * share // tp, rows * (share + 1) // tp) for layer, (rows, _fmt) in table.items()]
         argv += ["--engram-ranges", ",".join(f"{layer}:{start}:{end}" for layer, start, end in ranges)]
         local = env.get("DSV41_ENGRAM_DIR")
