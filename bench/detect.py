@@ -59,7 +59,7 @@ def one(sim: lab.Sim, ops: Path, env: dict, fault: str, poll: float) -> dict:
     node = sim.inventory().nodes[NODE]
     transport = transport_for([node])
 
-    def vanish() -> None:
+    def vanish(_) -> None:
         if "rank-vanish" in sim_faults.KINDS:
             sim.fault(NODE, "rank-vanish")
         else:
@@ -69,7 +69,7 @@ def one(sim: lab.Sim, ops: Path, env: dict, fault: str, poll: float) -> dict:
         _, events, injected = up_acting_once(
             ["--profile", "bench-detect", "--inventory", "sim", "--root", str(ops), "--gates", "models", "--poll",
              str(poll)], env=env, timeout_s=120,
-            when=rank_has_lines(RANK) if fault == "rank-vanish" else (lambda e: False), act=vanish)
+            when=rank_has_lines(RANK) if fault == "rank-vanish" else (lambda _: False), act=vanish)
         if fault != "rank-vanish":  # the moment the rank's engine exited: its container's FinishedAt, by docker
             op = Stopped("bench-detect")
             stopped = op.parse(transport.run([node], op.command())[NODE])

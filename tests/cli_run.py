@@ -39,9 +39,9 @@ def rank_has_lines(rank: int):
 
 def up_acting_once(argv: list[str], *, when, act, env: dict | None = None,
                    timeout_s: float) -> tuple[int | None, list[dict], float | None]:
-    """`sparkfleet up ARGV --json` as its own process, its events read as they come; `act()` runs once, at the
-    first event `when(event)` holds for. Returns up's exit code (None if it ran past `timeout_s` after its
-    output ended: then it is killed), every event, and the time `act()` returned (None if it never ran)."""
+    """`sparkfleet up ARGV --json` as its own process, its events read as they come; `act(process)` runs once,
+    at the first event `when(event)` holds for. Returns up's exit code (None if it ran past `timeout_s` after its
+    output ended: then it is killed), every event, and the time `act` returned (None if it never ran)."""
     import subprocess
     import sys
 
@@ -55,7 +55,7 @@ def up_acting_once(argv: list[str], *, when, act, env: dict | None = None,
                 continue
             events.append(e := json.loads(line))
             if acted is None and when(e):
-                act()
+                act(proc)
                 acted = time.time()
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

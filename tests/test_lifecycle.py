@@ -332,7 +332,7 @@ def test_a_rank_that_vanishes_during_boot_fails_up_within_one_poll(sim, capsys) 
     bluey = sim.inventory().nodes["bluey"]
     transport = transport_for([bluey])
 
-    def remove() -> None:
+    def remove(_) -> None:
         res = transport.run([bluey], "docker rm -f sf-dcp2-r2")["bluey"]
         assert res.ok, res
 

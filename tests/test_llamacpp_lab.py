@@ -17,7 +17,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 from pathlib import Path
 
 import httpx
@@ -237,15 +236,11 @@ class TestRpcLane:
                        "--max-restarts", "2", "--gates", "models", "--no-fabric-probe"],
                       {**os.environ, "PYTHONPATH": str(REPO)})
         try:
-            w.event("watch.probe")  # watching: the lane's ranks are known
             # bluey's ggml-rpc-server dies by a signal (the sim's serve-crash sends SIGUSR2 to the rank's
             # processes; the real binary does not handle it, so the kernel ends it): the head's next
             # graph compute cannot reach it and llama.cpp aborts (ggml-rpc.cpp RPC_STATUS_ASSERT)
-            sim.fault("bluey", "serve-crash")
-            failure = w.event("watch.failure")
-            served = w.event("watch.serving")
-            w.signal(signal.SIGTERM)
-            assert w.wait() == 0
+            failure, served = w.restart_for(lambda: sim.fault("bluey", "serve-crash"), after_ok_probe=False)
+            w.end()
         finally:
             w.stop()
         assert failure["reason"] == "rank-exited"

@@ -14,18 +14,41 @@ launch of their own fail before any rank loads a model.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from sparkfleet.cli.main import main
+from sparkfleet.engines.logs import LogFacts, feed, split_lines
 from sparkfleet.engines.vllm import KV_TOKENS, METRICS
+from sparkfleet.engines.vllm import LOG as VLLM_LOG
 from sparkfleet.fleet.connect import api_base
-from sparkfleet.sim import lab, vllmbuild
-from tests.cli_run import LAB_NODES, lane_containers, record_of, result, run, step, steps
+from sparkfleet.opsdir import Spec
+from sparkfleet.sim import lab, netlab, vllmbuild, vllmlab
+from tests.cli_run import (
+    LAB_NODES,
+    findings,
+    lane_containers,
+    rank_has_lines,
+    record_of,
+    result,
+    run,
+    step,
+    steps,
+    up_acting_once,
+)
 from tests.cli_run import container_log as log_of
+from tests.conftest import REPO
+from tests.watchproc import FAST as WATCH_FAST
+from tests.watchproc import WatchProc
 
 LANE = "vllm-lab"
 WORKERS = ("asusi", "bluey", "spark4")
@@ -33,6 +56,8 @@ FAST = ["--poll", "1", "--probe-seconds", "1", "--no-fabric-probe"]
 # the lane's gates are models, streaming and determinism; at about 2 tokens/s streaming's 200 tokens took 237 s
 # and determinism 103 s (docs/vllm-lab.md): the suite judges a real answer with the two that cost least
 GATES = ["--gates", "models,determinism"]
+# a restart is bounded by its boot's budget (the lane's expect.boot_budget_s), plus its stop and its models gate
+RESTART_BOUND_S = Spec(REPO).profile(LANE).profile.expect.boot_budget_s + 120
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +88,37 @@ def served(vlab, capsys) -> tuple[int, list[dict]]:
     """The lane brought up once for the module: (exit code, events) of its one `up`."""
     if LANE not in _SERVED:
         _SERVED[LANE] = run(capsys, "up", "--profile", LANE, "--inventory", "sim", *FAST, *GATES)
+        _BOOT_LOGS.update(lane_logs(vlab))
     return _SERVED[LANE]
+
+
+_BOOT_LOGS: dict[str, str] = {}  # node -> its rank's log, of that one boot
+
+
+def lane_logs(sim) -> dict[str, str]:
+    return {node: log_of(sim, node, c["Id"]) for node, cs in lane_containers(sim, LANE).items() for c in cs}
+
+
+def worker_pid(node_rank: int) -> int:
+    """This machine's pid of the VLLM::Worker process under rank `node_rank`'s `vllm serve`: the
+    lab's nodes and containers are this machine's processes, so /proc shows them (one lab runs at a time)."""
+    def cmdline(pid: str) -> list[str]:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return []
+
+    launchers = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and "serve" in (c := cmdline(p.name))
+                 and "--node-rank" in c and c[c.index("--node-rank") + 1] == str(node_rank)]
+    below, todo = [], list(launchers)
+    while todo:  # every descendant: a head's worker is its EngineCore's child, a headless rank's the launcher's
+        pid = todo.pop()
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if Path(f"/proc/{pid}").exists() else []
+        below += kids
+        todo += kids
+    workers = sorted({k for k in below if cmdline(k)[:1] and cmdline(k)[0].startswith("VLLM::Worker")})
+    assert len(workers) == 1, (launchers, {k: cmdline(k)[:3] for k in below})
+    return int(workers[0])
 
 
 def head_log(vlab) -> str:
@@ -131,10 +186,118 @@ def test_gates_and_runs_show(vlab, served, capsys) -> None:
                      r"ready [\d.]+ s, first token [\d.]+ s", out.replace("\n", " ")), out
 
 
+def test_a_worker_killed_while_serving_is_caught_by_watch_and_the_group_comes_back(vlab, served, capsys) -> None:
+    """asusi's VLLM::Worker process (the child of rank 1's headless `vllm serve`) is SIGKILLed while the lane
+    serves, as the kernel's OOM killer would: vLLM's head keeps /health 200 until a request comes, which gets
+    a 500, and then its API server exits (issue 38). watch's probe is that request: watch names the rank that
+    exited, stops every rank, brings the group back workers first, and the lane answers again with vLLM's own
+    words. The seconds from the kill to serving again, and the cold up's, are printed (docs/vllm-lab.md keeps
+    a run's figures; no timing is asserted)."""
+    code, events = served
+    assert code == 0, result(events)
+    cold = record_of(events)
+    state = Path(os.environ["SPARKFLEET_STATE"])
+    # Gemma 3 270M does not count 1..5 the way watch's chat probe wants, so failed probes alone must not restart
+    # the lane (--failures): here a rank's exit decides
+    w = WatchProc(["--profile", LANE, "--inventory", "sim", *WATCH_FAST, "--failures", "1000", "--max-restarts", "1",
+                   "--gates", "models", "--no-fabric-probe"], {**os.environ, "PYTHONPATH": str(REPO)})
+    killed = []
+
+    def kill() -> None:
+        os.kill(worker_pid(1), signal.SIGKILL)
+        killed.append(time.time())
+
+    try:
+        failure, back = w.restart_for(kill, after_ok_probe=False, restart_within=RESTART_BOUND_S)
+        w.end()
+    finally:
+        w.stop()
+    assert failure["reason"] == "rank-exited"
+    assert failure["why"] in ("rank 1 on asusi exited", "rank 0 on reddie exited"), failure  # whichever was seen first
+    rec = json.loads((state / "runs" / f"{back['run_id']}.json").read_text())
+    assert rec["command"] == f"sparkfleet watch {LANE}: restart (rank-exited)" and rec["outcome"] == "ok"
+    assert [(x["rank"], x["node"]) for x in rec["data"]["launches"]] == [
+        (1, "asusi"), (2, "bluey"), (3, "spark4"), (0, "reddie")]
+    now = lane_containers(vlab, LANE)
+    assert {n: [c["Config"]["Labels"]["sparkfleet.run"] for c in cs] for n, cs in now.items()} == {
+        n: [back["run_id"]] for n in LAB_NODES}
+    with api_base(vlab.inventory().nodes["reddie"], 8410, "127.0.0.1") as base, httpx.Client(timeout=120) as http:
+        r = http.post(f"{base}/v1/completions", json={"model": "gemma-3-270m", "prompt": "Water boils at a "
+                                                      "temperature of", "max_tokens": 6, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(" 100 degrees Celsius"), r.text
+    print(f"vllm-lab: killed to serving again {back['t'] - killed[0]:.0f} s (watch's restart: stop, up, gates models); "
+          f"cold up: ready {cold['data']['startup']['ready_s']:.0f} s from the head's container start")
+
+
 def test_down_leaves_no_rank(vlab, served, capsys) -> None:
     code, events = run(capsys, "down", "--profile", LANE, "--inventory", "sim")
     assert code == 0, result(events)
     assert lane_containers(vlab, LANE) == {n: [] for n in LAB_NODES}
+
+
+def vllm_processes() -> list[str]:
+    """Every vLLM process on this machine (the lab's nodes and containers are its processes): its launcher
+    (`vllm_entry.py serve`) and what that starts (VLLM::EngineCore, VLLM::Worker...)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            argv = (p / "cmdline").read_bytes().decode(errors="replace").split("\0") if p.name.isdigit() else []
+        except OSError:
+            continue
+        if argv and (argv[0].startswith("VLLM::") or any(a.endswith("vllm_entry.py") for a in argv[:2])):
+            out.append(f"{p.name} {' '.join(argv)[:120]}")
+    return out
+
+
+def test_ctrl_c_while_vllm_boots_leaves_no_rank_and_no_vllm_process(vlab) -> None:
+    """Ctrl-C once every rank is up and the head is booting: up stops every rank it started (exit 130), and no
+    vLLM process is left on any node: not a launcher, not an orphaned VLLM::Worker."""
+    code, events, pressed = up_acting_once(["--profile", LANE, "--inventory", "sim", *FAST, *GATES],
+                                           when=rank_has_lines(0), act=lambda p: p.send_signal(signal.SIGINT),
+                                           timeout_s=300)
+    assert pressed is not None and code == 130, result(events)
+    left = lane_containers(vlab, LANE)
+    assert all(c["State"]["Status"] != "running" for cs in left.values() for c in cs), left
+    assert vllm_processes() == []
+
+
+def test_the_master_port_held_on_the_head_stops_up_before_any_rank_starts(vlab, capsys) -> None:
+    """Something holds 29551 in the head's node: vLLM's TCPStore would die at bind (EADDRINUSE, as the sim's
+    engine says too); the conflicts check names the port and the node first, and nothing is launched."""
+    # SO_REUSEADDR: the lane's earlier boots leave the port's connections in TIME_WAIT, which a plain bind refuses
+    holder = subprocess.Popen([*netlab.exec_argv("reddie"), sys.executable, "-c",
+                               "import socket, time\ns = socket.socket()\n"
+                               "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('0.0.0.0', 29551))\n"
+                               "s.listen()\nprint('held', flush=True)\ntime.sleep(600)"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held", holder.stderr.read() if holder.poll() is not None else ""
+        code, events = run(capsys, "up", "--profile", LANE, "--inventory", "sim", *FAST, *GATES)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 1 and result(events)["reason"].startswith("check: "), result(events)
+    held = [f for f in findings(events, "check") if f["check"] == "conflicts" and f["status"] == "fail"]
+    assert [f["node"] for f in held] == ["reddie"] and ":29551 (master port) is held" in held[0]["message"], held
+    assert "launch:workers" not in steps(events) and lane_containers(vlab, LANE) == {n: [] for n in LAB_NODES}
+
+
+def test_the_model_dir_missing_on_one_rank_stops_up_naming_it(vlab, capsys) -> None:
+    """bluey's copy of the checkpoint is gone (a model root not mounted, a copy never made): up names bluey
+    and the dir before any rank starts, instead of a worker dying at load while three others wait for it."""
+    (snapshot,) = vllmlab.checkpoint_dirs(vlab.inventory().nodes["bluey"], [Spec(REPO).profile(LANE).profile])
+    repo_dir = snapshot.split("/snapshots/")[0]  # the model's dir: what the rank's container mounts
+    there = vlab.root("bluey") / repo_dir.lstrip("/")
+    there.rename(there.with_name(there.name + ".gone"))
+    try:
+        code, events = run(capsys, "up", "--profile", LANE, "--inventory", "sim", *FAST, *GATES)
+    finally:
+        there.with_name(there.name + ".gone").rename(there)
+    assert code == 1 and result(events)["reason"].startswith("check: "), result(events)
+    failed = [f for f in findings(events, "check") if f["status"] == "fail"]
+    assert failed and {f["node"] for f in failed} == {"bluey"}, failed
+    assert any(repo_dir in f["message"] for f in failed), failed
+    assert "launch:workers" not in steps(events) and lane_containers(vlab, LANE) == {n: [] for n in LAB_NODES}
 
 
 def test_a_flag_vllm_rejects_fails_up_naming_rank_and_flag(vlab, served, capsys) -> None:
@@ -167,3 +330,55 @@ def test_the_station_lane_serves_one_rank(vlab, served, capsys) -> None:
     finally:
         code, events = run(capsys, "down", "--profile", "vllm-lab-station", "--inventory", "sim")
     assert code == 0 and lane_containers(vlab, "vllm-lab-station", ("station",)) == {"station": []}
+
+
+# What CPU vLLM cannot show, and the sim engine shows for the GPUs it stands in for: CUDA graph capture, FlashInfer's
+# autotuner and Engram's reads (issue 38 §5); their phases are left out of the comparison, by name.
+GPU_ONLY_PHASES = {"capturing graphs", "autotune", "engram"}
+
+
+def reads(log: str) -> dict:
+    """What the controller reads from one rank's log (engines/logs.py feed, vLLM's vocabulary), line by line as
+    `up` does: the boot phases it passes through in order, which of vLLM's lines it saw, and any fatal line."""
+    facts, phases = LogFacts(), []
+    for line in split_lines(log if log.endswith("\n") else log + "\n"):
+        feed(facts, [line], [], VLLM_LOG)
+        if facts.phase not in GPU_ONLY_PHASES and (not phases or phases[-1] != facts.phase):
+            phases.append(facts.phase)
+    return {"phases": phases, "started": facts.started, "loaded": facts.loaded, "api_up": facts.api_up,
+            "kv_line": facts.kv_tokens is not None, "max_concurrency_line": facts.max_concurrency is not None,
+            "fatal": facts.fatal}
+
+
+def test_the_sim_engine_on_the_same_lane_reads_as_vllm_does(vlab, served, capsys) -> None:
+    """The same lane, the same launch, on the sim engine (the checkpoint's config.json out of each node's model
+    dir: the lab then runs the sim engine, shim/engine.py real_vllm_standin): what the controller reads from each
+    rank's log is what it read from vLLM 0.32.0's own, and both serve the names the exporter reads."""
+    code, _ = served
+    assert code == 0
+    real = {node: reads(log) for node, log in _BOOT_LOGS.items()}
+    assert real["reddie"]["kv_line"] and real["reddie"]["api_up"], _BOOT_LOGS["reddie"][-2000:]
+    profile = Spec(REPO).profile(LANE).profile
+    hidden = []
+    try:
+        for node in LAB_NODES:
+            for d in vllmlab.checkpoint_dirs(vlab.inventory().nodes[node], [profile]):
+                cfg = vlab.root(node) / d.lstrip("/") / "config.json"
+                cfg.rename(cfg.with_name("config.json.hidden"))
+                hidden.append(cfg)
+        code, events = run(capsys, "up", "--profile", LANE, "--inventory", "sim", *FAST, "--gates", "models",
+                           "-o", "expect.kv_tokens=!unset")
+        assert code == 0, result(events)
+        sim_logs = lane_logs(vlab)
+        assert all("SIMULATION: sparkfleet-sim engine" in log for log in sim_logs.values())  # the sim, every rank
+        simulated = {node: reads(log) for node, log in sim_logs.items()}
+        with api_base(vlab.inventory().nodes["reddie"], 8410, "127.0.0.1") as base, httpx.Client(timeout=60) as h:
+            names = {x.split("{")[0].split(" ")[0] for x in h.get(f"{base}/metrics").text.splitlines()
+                     if x and not x.startswith("#")}
+    finally:
+        run(capsys, "down", "--profile", LANE, "--inventory", "sim")
+        for cfg in hidden:
+            cfg.with_name("config.json.hidden").rename(cfg)
+    assert simulated == real
+    for name in (*METRICS.gauges.values(), METRICS.counters["generation_tokens"], METRICS.counters["prompt_tokens"]):
+        assert name in names, name

@@ -72,13 +72,9 @@ def start_watch(*extra: str, **env_extra: str) -> WatchProc:
 def test_a_worker_vanishing_while_serving_restarts_the_group_workers_before_head(lane) -> None:
     before = {c["Config"]["Labels"]["sparkfleet.run"] for cs in containers(lane).values() for c in cs}
     w = start_watch("--max-restarts", "2")
-    try:
-        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
-        lane.fault("asusi", "rank-vanish")  # the sim removes the serving rank's container
-        failure = w.event("watch.failure", within=DETECT_S)
-        served = w.event("watch.serving")
-        w.signal(signal.SIGTERM)
-        assert w.wait() == 0
+    try:  # the sim removes the serving rank's container
+        failure, served = w.restart_for(lambda: lane.fault("asusi", "rank-vanish"))
+        w.end()
     finally:
         w.stop()
     assert failure["reason"] == "rank-vanished" and failure["why"] == "rank 1's container on asusi is gone"

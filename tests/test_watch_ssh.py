@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 
 from sparkfleet.cli.main import main
 from tests import cli_run
 from tests.conftest import REPO, tensorfold_built
-from tests.watchproc import DETECT_S, FAST, WatchProc
+from tests.watchproc import FAST, WatchProc
 
 
 def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over_ssh(ssh_sim, capsys) -> None:
@@ -31,12 +30,8 @@ def test_a_hung_worker_is_detected_after_k_probes_and_the_lane_serves_again_over
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     w = WatchProc(["--profile", "dcp2", "--inventory", "sim", *FAST, "--failures", "2", "--no-fabric-probe"], env)
     try:
-        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe")
-        ssh_sim.fault("bluey", "rank-hang")
-        failure = w.event("watch.failure", within=DETECT_S)
-        served = w.event("watch.serving")
-        w.signal(signal.SIGTERM)
-        assert w.wait() == 0
+        failure, served = w.restart_for(lambda: ssh_sim.fault("bluey", "rank-hang"))
+        w.end()
     finally:
         w.stop()
     assert failure["reason"] == "probe-failed"
@@ -71,13 +66,9 @@ def test_a_loopback_bound_head_is_probed_through_the_ssh_tunnel_and_restarted(ss
     try:
         tunnel = w.event("watch.tunnel")
         start = w.event("watch.start")
-        w.wait_for(lambda e: e["event"] == "watch.probe" and e["ok"], "an ok probe through the tunnel")
-        ssh_sim.fault("asusi", "rank-vanish")
-        failure = w.event("watch.failure", within=DETECT_S)
-        served = w.event("watch.serving")
+        failure, served = w.restart_for(lambda: ssh_sim.fault("asusi", "rank-vanish"))  # probed through the tunnel
         after = w.wait_for(lambda e: e["event"] == "watch.probe", "a probe after the restart")
-        w.signal(signal.SIGTERM)
-        assert w.wait() == 0
+        w.end()
     finally:
         w.stop()
         ssh_sim.heal()

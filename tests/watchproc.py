@@ -74,6 +74,23 @@ class WatchProc:
         return self.wait_for(lambda e: e["event"] == name and all(e.get(k) == v for k, v in match.items()),
                              f"{name} {match}", within)
 
+    def restart_for(self, inject: Callable[[], object], *, after_ok_probe: bool = True,
+                    restart_within: float = BOUND_S) -> tuple[dict, dict]:
+        """The scenario watch's fault tests share: once watching (a passed probe; any probe where the lane's model
+        never answers watch's question right), `inject()` the fault; the failure watch names must come within
+        DETECT_S, and the restarted lane's serving within `restart_within`. Returns (failure, serving)."""
+        self.wait_for(lambda e: e["event"] == "watch.probe" and (e["ok"] or not after_ok_probe),
+                      "an ok probe" if after_ok_probe else "a probe")
+        inject()
+        failure = self.event("watch.failure", within=DETECT_S)
+        return failure, self.event("watch.serving", within=restart_within)
+
+    def end(self) -> None:
+        """SIGTERM, as an operator stops it: watch ends with exit 0."""
+        self.signal(signal.SIGTERM)
+        code = self.wait()
+        assert code == 0, (code, self.stderr[-2000:])
+
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
 
