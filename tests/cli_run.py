@@ -31,6 +31,13 @@ def run(capsys, *argv: str) -> tuple[int, list[dict]]:
     return code, events
 
 
+def heal_and_down(lab, capsys, profile: str = "dcp2") -> None:
+    """After a test: the lab's faults healed and the lane down (what it printed read away)."""
+    lab.heal()
+    main(["down", "--profile", profile, "--inventory", "sim", "--json"])
+    capsys.readouterr()
+
+
 def rank_has_lines(rank: int):
     """A predicate on `up --json` events: rank `rank`'s container runs and has logged (the lane is booting)."""
     return lambda e: e["event"] == "ranks" and any(r["rank"] == rank and r["state"] == "running" and r["lines"] > 0

@@ -214,11 +214,9 @@ def ssh_sim(tmp_path_factory):
 def lane_cleaned(sim, capsys):
     """After the test: faults healed and the dcp2 lane down on the sim lab."""
     yield
-    sim.heal()
-    from sparkfleet.cli.main import main
+    from tests.cli_run import heal_and_down
 
-    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
-    capsys.readouterr()
+    heal_and_down(sim, capsys)
 
 
 def tensorfold_built(profile: str = "tf1017") -> None:

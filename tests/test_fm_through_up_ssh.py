@@ -18,9 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparkfleet.cli.main import main
 from tests import cli_run
-from tests.cli_run import LAB_NODES, findings, lane_containers, result, run, steps
+from tests.cli_run import LAB_NODES, findings, heal_and_down, lane_containers, result, run, steps
 
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
 DCP2_IMAGE = "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2"  # profiles/production-1.2.yaml
@@ -30,9 +29,7 @@ DCP2_IMAGE = "aidendle94/sparkrun-vllm-dsv41-gb10:production-1.2"  # profiles/pr
 def clean(ssh_sim, capsys):
     """The lab healed and dcp2 down afterwards."""
     yield
-    ssh_sim.heal()
-    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
-    capsys.readouterr()
+    heal_and_down(ssh_sim, capsys)
 
 
 def up(capsys, *extra: str) -> tuple[int, list[dict]]:

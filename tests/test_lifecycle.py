@@ -21,6 +21,7 @@ from sparkfleet.sim import lab
 from tests.cli_run import (
     container_log,
     container_write,
+    heal_and_down,
     lane_containers,
     node_containers,
     rank_has_lines,
@@ -37,9 +38,7 @@ FAST = ["--gates", "models", "--poll", "0.2", "--no-probe"]  # the probe has tes
 @pytest.fixture(autouse=True)
 def clean(sim, capsys):
     yield
-    sim.heal()
-    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])  # tf1017-rail2: its one test downs it
-    capsys.readouterr()
+    heal_and_down(sim, capsys)  # tf1017-rail2: its one test downs it
 
 
 

@@ -27,7 +27,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from sparkfleet.opsdir import Spec
-from tests.cli_run import LAB_NODES, default_sigint, lane_containers, lane_states
+from tests.cli_run import LAB_NODES, default_sigint, heal_and_down, lane_containers, lane_states
 from tests.conftest import REPO
 from tests.test_fleet_lock import holder, lock_file
 
@@ -56,9 +56,7 @@ SLOW = {"launch:workers": ("spark4", "daemon-slow", {"seconds": 1}),  # one dock
 @pytest.fixture(autouse=True)
 def clean(sim, capsys):
     yield
-    sim.heal()
-    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
-    capsys.readouterr()
+    heal_and_down(sim, capsys)
 
 
 def nothing_of(sim, run_id: str) -> dict[str, list[str]]:

@@ -19,6 +19,7 @@ import pytest
 
 from sparkfleet.cli.main import main
 from tests import cli_run
+from tests.cli_run import heal_and_down
 from tests.conftest import REPO
 from tests.watchproc import DETECT_S, FAST, WatchProc
 
@@ -33,9 +34,7 @@ def lane(sim, capsys):
     assert main(UP) == 0, capsys.readouterr().out[-2000:]
     capsys.readouterr()
     yield sim
-    sim.heal()
-    main(["down", "--profile", "dcp2", "--inventory", "sim", "--json"])
-    capsys.readouterr()
+    heal_and_down(sim, capsys)
 
 
 def env(**extra: str) -> dict[str, str]:
