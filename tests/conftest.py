@@ -179,7 +179,7 @@ def ssh_lab_needed(*, root: bool = False) -> None:
         pytest.skip(missing)
 
 
-def sim_lab(tmp_path_factory, transport: str = "local", ops_root: str | Path | None = None):
+def sim_lab(tmp_path_factory, transport: str = "local"):
     """A simulated lab of the repo's `lab` inventory in a state dir of its own, for a module's tests; down after.
     dcp2's ranks hold their node-local Engram copies (engram_copies): dcp2 and its relatives expect them."""
     from sparkfleet.sim import lab
@@ -189,7 +189,7 @@ def sim_lab(tmp_path_factory, transport: str = "local", ops_root: str | Path | N
     state = tmp_path_factory.mktemp("state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARKFLEET_STATE", str(state))
-        s = lab.up("lab", transport=transport, ops_root=ops_root)
+        s = lab.up("lab", transport=transport)
         try:
             engram_copies(s)
             yield s
