@@ -188,9 +188,9 @@ def test_gates_and_runs_show(vlab, served, capsys) -> None:
 
 def test_a_worker_killed_while_serving_is_caught_by_watch_and_the_group_comes_back(vlab, served, capsys) -> None:
     """asusi's VLLM::Worker process (the child of rank 1's headless `vllm serve`) is SIGKILLed while the lane
-    serves, as the kernel's OOM killer would: vLLM's head keeps /health 200 until a request comes, which gets
-    a 500, and then its API server exits (issue 38). watch's probe is that request: watch names the rank that
-    exited, stops every rank, brings the group back workers first, and the lane answers again with vLLM's own
+    serves, as the kernel's OOM killer would (by hand, issue 38 saw the head keep /health 200 until a request
+    came, which got a 500, and then its API server exit). watch's probes are such requests: watch names the rank
+    that exited, stops every rank, brings the group back workers first, and the lane answers again with vLLM's own
     words. The seconds from the kill to serving again, and the cold up's, are printed (docs/vllm-lab.md keeps
     a run's figures; no timing is asserted)."""
     code, events = served
