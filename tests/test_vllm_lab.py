@@ -99,25 +99,32 @@ def lane_logs(sim) -> dict[str, str]:
     return {node: log_of(sim, node, c["Id"]) for node, cs in lane_containers(sim, LANE).items() for c in cs}
 
 
-def worker_pid(node_rank: int) -> int:
-    """This machine's pid of the VLLM::Worker process under rank `node_rank`'s `vllm serve`: the
-    lab's nodes and containers are this machine's processes, so /proc shows them (one lab runs at a time)."""
-    def cmdline(pid: str) -> list[str]:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            return []
+def processes() -> dict[str, list[str]]:
+    """pid -> argv of every process on this machine: the lab's nodes and containers are its processes, so /proc
+    shows them (one lab runs at a time). A process gone while it is read is left out."""
+    out = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                out[p.name] = (p / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+    return out
 
-    launchers = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and "serve" in (c := cmdline(p.name))
-                 and "--node-rank" in c and c[c.index("--node-rank") + 1] == str(node_rank)]
+
+def worker_pid(node_rank: int) -> int:
+    """This machine's pid of the VLLM::Worker process under rank `node_rank`'s `vllm serve`."""
+    argv = processes()
+    launchers = [pid for pid, c in argv.items() if "serve" in c and "--node-rank" in c
+                 and c[c.index("--node-rank") + 1] == str(node_rank)]
     below, todo = [], list(launchers)
     while todo:  # every descendant: a head's worker is its EngineCore's child, a headless rank's the launcher's
         pid = todo.pop()
         kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if Path(f"/proc/{pid}").exists() else []
         below += kids
         todo += kids
-    workers = sorted({k for k in below if cmdline(k)[:1] and cmdline(k)[0].startswith("VLLM::Worker")})
-    assert len(workers) == 1, (launchers, {k: cmdline(k)[:3] for k in below})
+    workers = sorted({k for k in below if argv.get(k, [""])[0].startswith("VLLM::Worker")})
+    assert len(workers) == 1, (launchers, {k: argv.get(k, [])[:3] for k in below})
     return int(workers[0])
 
 
@@ -238,15 +245,8 @@ def test_down_leaves_no_rank(vlab, served, capsys) -> None:
 def vllm_processes() -> list[str]:
     """Every vLLM process on this machine (the lab's nodes and containers are its processes): its launcher
     (`vllm_entry.py serve`) and what that starts (VLLM::EngineCore, VLLM::Worker...)."""
-    out = []
-    for p in Path("/proc").iterdir():
-        try:
-            argv = (p / "cmdline").read_bytes().decode(errors="replace").split("\0") if p.name.isdigit() else []
-        except OSError:
-            continue
-        if argv and (argv[0].startswith("VLLM::") or any(a.endswith("vllm_entry.py") for a in argv[:2])):
-            out.append(f"{p.name} {' '.join(argv)[:120]}")
-    return out
+    return [f"{pid} {' '.join(argv)[:120]}" for pid, argv in processes().items()
+            if argv[0].startswith("VLLM::") or any(a.endswith("vllm_entry.py") for a in argv[:2])]
 
 
 def test_ctrl_c_while_vllm_boots_leaves_no_rank_and_no_vllm_process(vlab) -> None:
