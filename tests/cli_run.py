@@ -129,6 +129,21 @@ def container_log(sim, node: str, cid: str) -> str:
     return (sim.state_dir(node) / "logs" / f"{cid}.log").read_bytes().decode(errors="replace")
 
 
+def why_up_failed(sim, events: list[dict], profile: str, tail: int = 25) -> str:
+    """An assertion message for an `up` that should have served: its reason whole, each failed step's message
+    and findings, and every rank's state and log tail (a failed run stops its ranks but keeps them), so a
+    failure in CI, where the lab is gone afterwards, says what the engine itself said."""
+    out = [str(result(events).get("reason"))]
+    out += [f"step {e['step']}: {e.get('summary', '')}" for e in events
+            if e["event"] == "step" and e["status"] == "fail"]
+    out += [f"  {f}" for e in events if e["event"] == "findings" for f in e["findings"] if f.get("status") == "fail"]
+    for node, cs in lane_containers(sim, profile).items():
+        for c in cs:
+            log = container_log(sim, node, c["Id"]).splitlines()[-tail:]
+            out.append(f"--- {node} {c['Name']} {c['State']['Status']} exit {c['State'].get('ExitCode')}")
+            out += log
+    return "\n".join(out)
+
 LOG_WAIT_S = 10.0  # dockerd logs a container's line as soon as it reads it; a loaded 2-core machine is slower
 REPULLED_AT = "2026-12-01T00:00:00Z"  # when the re-pulled build of a tag was made (its config's `created`)
 

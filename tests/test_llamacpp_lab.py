@@ -29,7 +29,7 @@ from sparkfleet.fleet.connect import api_base
 from sparkfleet.metrics import dashboards as dash
 from sparkfleet.sim import lab, llamabuild, netlab, values
 from tests import cli_run
-from tests.cli_run import LAB_NODES, findings, lane_containers, record_of, result, run, steps
+from tests.cli_run import LAB_NODES, findings, lane_containers, record_of, result, run, steps, why_up_failed
 from tests.conftest import REPO, copy_ops
 from tests.prom import Prometheus
 from tests.watchproc import FAST as WATCH_FAST
@@ -129,7 +129,7 @@ class TestRpcLane:
         before = {n: netlab.rx_bytes(n) for n in WORKERS}
         # no fabric probe: its bulk transfers would cross the same links as the tensors
         code, events = run(capsys, "up", "--profile", RPC_LANE, "--inventory", "sim", "--no-fabric-probe", *FAST)
-        assert code == 0, (result(events), [e for e in events if e.get("status") == "fail"])
+        assert code == 0, why_up_failed(sim, events, RPC_LANE)
         st = steps(events)
         assert st["launch:workers"] == "ok" and st["launch:head"] == "ok"
         assert st["wait_ready"] == "ok" and st["gates"] == "ok"
@@ -298,7 +298,7 @@ class TestRpcLane:
         try:
             code, events = run(capsys, "up", "--profile", STATION_LANE, "--inventory", "sim", "--no-fabric-probe",
                                *FAST)
-            assert code == 0, (result(events), [f for f in findings(events, "check") if f["status"] == "fail"])
+            assert code == 0, why_up_failed(sim, events, STATION_LANE)
             rx1, tx1 = {n: netlab.rx_bytes(n) for n in sparks}, netlab.tx_bytes("station")
             rec = record_of(events)
             assert rec["outcome"] == "ok"
