@@ -41,7 +41,8 @@ def test_an_unreadable_part_is_unknown_in_check_and_stops_up_before_anything_sta
     sim.fault(node, "unreadable-part", what=what)
     code = main(["check", *LANE, "--json"])
     doc = json.loads(capsys.readouterr().out)
-    assert code == 0  # an unknown is not a failure of `check`: it is shown, and `up` refuses it
+    # not a failure, not ok: exit 3, the verdict UNKNOWN, so `check && up` stops where `up` would refuse
+    assert code == 3 and doc["ok"] is False and doc["summary"]["fail"] == 0
     assert unknowns(doc["findings"]) == [(node, check, f"could not judge, because {error}")]
     # never the verdict the empty default gave: "nothing holds :PORT", "model dir ... present" (mount unknown)
     said = [f["message"] for f in doc["findings"] if f["check"] == check and f["node"] == node and f["status"] == "ok"]

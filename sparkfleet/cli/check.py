@@ -9,6 +9,7 @@ from sparkfleet.checks import run_checks
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    EXIT_UNKNOWN,
     EXIT_USAGE,
     STYLE,
     add_dry_run,
@@ -27,7 +28,7 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
-from sparkfleet.findings import Finding, failed
+from sparkfleet.findings import Finding, failed, unread
 from sparkfleet.fleet.ops import drop_caches
 from sparkfleet.plan import Plan, make_plan
 from sparkfleet.schema.errors import UserError
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             out.print()
             out.print("[bold]lane[/] (from the profile, see `sparkfleet plan`):")
             print_findings(lane)
-    return EXIT_FAIL if failed(findings) else EXIT_OK
+    return EXIT_FAIL if failed(findings) else EXIT_UNKNOWN if unread(findings) else EXIT_OK
 
 
 def run_probes(ex: Any, nodes: list[Node], facts: dict[str, Any], profile: Profile,
@@ -265,7 +266,8 @@ def report(plan: Plan, inventory: Inventory, findings: list[Finding], facts: dic
 
     counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail", "unknown")}
     doc: dict[str, Any] = {
-        "profile": plan.profile, "inventory": plan.inventory, "ok": not failed(findings), "summary": counts,
+        "profile": plan.profile, "inventory": plan.inventory, "ok": not failed(findings) and not unread(findings),
+        "summary": counts,
         "nodes": [{"node": r.node.name, "rank": r.rank, "role": r.role,
                    "reachable": isinstance(facts.get(r.node.name), NodeFacts),
                    "simulated": simulated.get(r.node.name, False),
@@ -300,6 +302,7 @@ def print_table(plan: Plan, findings: list[Finding], simulated: dict[str, bool],
                      f.observed or "", f.expected or "", f.remedy or ""])
     render(cols, rows, wide=wide)
     counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail", "unknown")}
-    verdict = "[bold red]FAIL[/]" if counts["fail"] else "[green]ok[/]"
+    verdict = ("[bold red]FAIL[/]" if counts["fail"] else "[bold yellow]UNKNOWN[/]" if unread(findings)
+               else "[green]ok[/]")
     out.print(f"{verdict}: {counts['fail']} fail, {counts['warn']} warn, {counts['unknown']} unknown (not judged), "
               f"{counts['ok']} ok")

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 # 75 busy: the fleet lock is in the way (another run holds it, or a stale one this user cannot remove;
 # sysexits.h EX_TEMPFAIL), 130 interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 2, 75, 130
+# check: nothing failed, but a check could not read its part on a node (up refuses that without --accept-unknown);
+# 3 as Nagios-style checks say UNKNOWN, so `sparkfleet check && sparkfleet up` does not go on to a refusal
+EXIT_UNKNOWN = 3
 
 
 from sparkfleet.cli.console import LazyConsole, err, out  # noqa: E402,F401 - every verb's consoles, from here

@@ -20,8 +20,8 @@ COMMANDS: dict[str, str] = {
     "profiles": "profiles", "show": "profiles", "plan": "plan", "diff": "diff",
     "up": "lifecycle", "down": "lifecycle", "play": "lifecycle", "restore": "lifecycle", "watch": "watch",
     "status": "observe", "logs": "observe", "runs": "observe", "facts": "facts", "check": "check",
-    "patches": "patches", "build": "build", "gates": "gates", "engram-local": "engram", "exporter": "exporter",
-    "dashboards": "exporter", "bench": "bench", "bracket": "bench", "support-bundle": "bundle",
+    "patches": "patches", "build": "build", "pin": "pin", "gates": "gates", "engram-local": "engram",
+    "exporter": "exporter", "dashboards": "exporter", "bench": "bench", "bracket": "bench", "support-bundle": "bundle",
     "trust": "trust", "sim": "sim", "config": "config", "completion": "completion",
 }
 # command -> its one-line help as its module registers it (tests/test_cli_fit.py checks): `sparkfleet` and
@@ -43,6 +43,7 @@ HELP: dict[str, str] = {
     "check": "preflight a lane's nodes: a table of findings with remedies",
     "patches": "build, verify and push patch sets",
     "build": "build a lane's engine on every rank from source and pin the result",
+    "pin": "pin a lane's image to the registry digest every rank holds (image.digest)",
     "gates": "answer gates against a lane's endpoint: models, count100, needle, image, tools, soak...",
     "engram-local": "node-local, verified sparse copies of each rank's Engram rows",
     "exporter": "Prometheus metrics for the fleet (nodes, GPUs, earlyoom, lanes, checks)",
@@ -79,10 +80,13 @@ EXIT_CODES: dict[str, str] = {
     "logs": f"0 ok (and Ctrl-C while following); {_BAD}",
     "runs": f"0 ok; {_BAD}; {_INT}",
     "facts": f"0 every node answered; 1 a node failed (its cause is shown); {_BAD}; {_INT}",
-    "check": f"0 nothing failed; 1 a check failed or a node did not answer; {_REFUSED}; {_INT}",
+    "check": f"0 nothing failed; 1 a check failed or a node did not answer; {_REFUSED}; 3 nothing failed, but a "
+             f"check could not read its part on a node (`up` refuses that without --accept-unknown); {_INT}",
     "patches": f"0 ok; 1 a file is missing or its sha256 differs; {_BAD}; {_INT}",
     "build": f"0 built and pinned on every rank; 1 a rank's build failed or the ranks built different bytes "
              f"(nothing installed, nothing pinned); {_BAD}; {_LOCK}; {_INT}",
+    "pin": f"0 pinned (or already pinned; --dry-run: shown); 1 refused: a rank lacks the image or did not answer, "
+           f"the ranks hold different builds or no common registry digest (nothing written); {_BAD}; {_INT}",
     "gates": f"0 every gate passed; 1 a gate failed; {_BAD}; {_INT}",
     "engram-local": f"0 ok; 1 a copy is missing, incomplete or does not verify; {_BAD}; {_INT}",
     "exporter": f"0 ok (--once printed, or the server ended); {_BAD}; {_INT}",
