@@ -572,8 +572,10 @@ def test_image_digest_mismatch_fails_naming_both(ops: Spec) -> None:
     repo = "aidendle94/sparkrun-vllm-dsv41-gb10"
     facts["spark4"].docker.images[0].digests = [f"{repo}@{DIGEST_B}"]
     f = only(check(profile, inv, plan, facts), "image", "spark4")
-    assert f.status == "fail" and DIGEST_A in f.message and DIGEST_B in f.message
+    assert f.status == "fail" and f.message == (f"image {repo}:production-1.2 on rank 3 (spark4) is not the pinned one: "
+                                                f"it has {DIGEST_B}, the profile pins {DIGEST_A}")
     assert f"docker pull {repo}:production-1.2@{DIGEST_A}" in f.remedy
+    assert "sparkfleet pin --profile dcp2-pinned" in f.remedy
     facts["spark4"].docker.images = []
     f = only(check(profile, inv, plan, facts), "image", "spark4")
     assert f.status == "fail" and "is not on spark4" in f.message

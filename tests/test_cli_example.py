@@ -23,7 +23,7 @@ CONTACTS = [
     ["down", "--profile", "dcp2"], ["play", "up", "--profile", "dcp2"], ["restore", "dcp2"],
     ["watch", "--profile", "dcp2"], ["watch", "--profile", "dcp2", "--unit"], ["gates", "--profile", "dcp2"],
     ["bench", "--profile", "dcp2"], ["patches", "verify", "--profile", "exl3tp3"],
-    ["engram-local", "--profile", "dcp2"], ["exporter", "--once"],
+    ["engram-local", "--profile", "dcp2"], ["exporter", "--once"], ["pin", "--profile", "dcp2"],
 ]
 
 

@@ -205,8 +205,8 @@ def test_a_pinned_digest_serves_and_a_wrong_one_is_refused_before_launch(dsim, c
     code, events = run(capsys, *UP, "-o", f"image.digest={wrong}")
     assert code == 1, result(events)
     bad = [(f.get("node"), f["message"]) for f in findings(events, "check") if f["check"] == "image"]
-    assert sorted(bad) == [(n, f"image {IMAGE} on {n} is not the pinned one: it has {digest}, the profile pins "
-                               f"{wrong}") for n in sorted(LAB_NODES)]
+    assert sorted(bad) == [(n, f"image {IMAGE} on rank {LAB_NODES.index(n)} ({n}) is not the pinned one: it has "
+                               f"{digest}, the profile pins {wrong}") for n in sorted(LAB_NODES)]
     assert "launch:workers" not in steps(events) and lane_containers(dsim, "dcp2") == {n: [] for n in LAB_NODES}
 
 

@@ -109,8 +109,8 @@ def test_the_nodes_image_changed_under_a_pinned_digest_is_refused_before_launch(
     image = {f["node"]: f for f in findings(events, "check") if f["check"] == "image"}
     assert {n: f["status"] for n, f in image.items()} == {n: "fail" if n in changed else "ok" for n in LAB_NODES}
     for n in changed:
-        assert image[n]["message"] == (f"image {DCP2_IMAGE} on {n} is not the pinned one: it has no repo digest "
-                                       f"(built or loaded locally), the profile pins {pin}")
+        assert image[n]["message"] == (f"image {DCP2_IMAGE} on rank {LAB_NODES.index(n)} ({n}) is not the pinned "
+                                       f"one: it has no repo digest (built or loaded locally), the profile pins {pin}")
         assert image[n]["observed"] == f"{DCP2_IMAGE} {new_id[:19]} digests none"
         assert image[n]["expected"] == f"{DCP2_IMAGE}@{pin}"
     drift = [(f["node"], f["message"]) for f in findings(events, "check") if f["check"] == "drift"

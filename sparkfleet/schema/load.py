@@ -39,6 +39,17 @@ class Hooks:
     default_inventory: Callable[[], str | None] | None = None  # SPARKFLEET_INVENTORY, the config file
 
 
+def _pin_follows_ref(base: dict, over: dict, merged: dict, marks: Marks) -> None:
+    """A digest pins its own ref: a lane naming another image (image.ref) with no digest of its own does not
+    inherit the base's pin of the base's image (`extends` merges `image` key by key), which would fail every
+    rank of it. `sparkfleet pin` writes a lane's pin into the lane's own file, which other lanes extend."""
+    own, was, now = over.get("image"), base.get("image"), merged.get("image")
+    if isinstance(own, dict) and isinstance(was, dict) and isinstance(now, dict) and "ref" in own \
+            and "digest" not in own and own["ref"] != was.get("ref"):
+        now.pop("digest", None)
+        marks.pop(("image", "digest"), None)
+
+
 class Loader:
     """Reads YAML from one ops directory; every method raises SpecError on bad input."""
 
@@ -136,6 +147,7 @@ class Loader:
             raise
         base = {k: v for k, v in base.items() if k not in ("abstract", "description")}
         merged = deep_merge(base, data, base_marks, marks)
+        _pin_follows_ref(base, data, merged, base_marks)
         return merged, base_marks, files + [display]
 
     def profile(self, name: str, overrides: list[Override] | None = None) -> Loaded:

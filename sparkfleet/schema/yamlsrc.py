@@ -77,6 +77,11 @@ def load_yaml(path: Path, display: str | None = None) -> tuple[Any, Marks]:
         raise SpecError("file not found", file) from None
     except OSError as exc:
         raise SpecError(f"cannot read: {exc.strerror}", file) from None
+    return load_text(text, file)
+
+
+def load_text(text: str, file: str) -> tuple[Any, Marks]:
+    """load_yaml of text already read (a file about to be written, checked before it is)."""
     try:
         return _load(_FastLoader, text, file)
     except yaml.YAMLError:
