@@ -12,11 +12,16 @@ helper, checks, runner and docker calls are the real code. Uses the sim's fixed 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from sparkfleet.cli.main import main
 from tests.cli_run import LAB_NODES, lane_states, record_of, result, run, step
+from tests.conftest import REPO
+from tests.watchproc import FAST as WATCH_FAST
+from tests.watchproc import WatchProc
 
 LANE = ["--profile", "dcp2", "--inventory", "sim"]
 FAST = ["--gates", "models", "--poll", "0.2", "--no-probe", "--no-fabric-probe"]
@@ -68,4 +73,25 @@ def test_up_goes_on_past_an_unreadable_part_with_accept_unknown_and_records_it(s
     rec = record_of(events)
     assert [(f["node"], f["check"], f["unread"], f["message"]) for f in rec["data"]["accepted_unknowns"]] == [
         ("reddie", "conflicts", "listening", f"could not judge, because {TCP}")]
+    assert lane_states(sim) == {n: ["running"] for n in LAB_NODES}
+
+
+def test_watchs_restart_goes_on_past_an_unreadable_part_with_accept_unknown(sim, capsys) -> None:
+    """watch --accept-unknown hands the operator's choice to each restart: a rank vanishes while reddie's
+    /proc/net/tcp cannot be read; the restart's check accepts that unknown (without the flag it stops there,
+    as `up` does), the lane serves again, and the restart's record lists what was accepted."""
+    code, events = run(capsys, "up", *LANE, *FAST)
+    assert code == 0, result(events)
+    sim.fault("reddie", "unreadable-part", what="listening")
+    w = WatchProc([*LANE, *WATCH_FAST, "--gates", "models", "--no-fabric-probe", "--max-restarts", "1",
+                   "--accept-unknown"], {**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        _, back = w.restart_for(lambda: sim.fault("spark4", "rank-vanish"))
+        w.end()
+    finally:
+        w.stop()
+    rec = json.loads((Path(os.environ["SPARKFLEET_STATE"]) / "runs" / f"{back['run_id']}.json").read_text())
+    assert rec["outcome"] == "ok" and rec["command"] == "sparkfleet watch dcp2: restart (rank-vanished)", rec["reason"]
+    assert [(f["node"], f["check"], f["unread"]) for f in rec["data"]["accepted_unknowns"]] == [
+        ("reddie", "conflicts", "listening")]
     assert lane_states(sim) == {n: ["running"] for n in LAB_NODES}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sparkfleet.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    add_accept_unknown,
     add_inventory,
     add_json,
     add_overrides,
@@ -100,6 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", metavar="DIR", help="output directory (default: <state dir>/bench/<run>-bracket)")
     b.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval while a lane boots")
     b.add_argument("--boot-budget", type=float, metavar="SECONDS", help="override the profiles' boot budget")
+    add_accept_unknown(b, "each lane's up")
     b.add_argument("--gates", metavar="LIST", help="gates each `up` runs (default: the profile's set)")
     b.add_argument("--soak-minutes", type=float, metavar="M", help="soak length of each `up`'s gates")
     b.add_argument("--probe-seconds", type=float, metavar="SECONDS",
@@ -311,10 +313,10 @@ class RunnerLanes:
 
     def __init__(self, sp: Spec, inventory: str, events: Events, *, poll_s: float = 1.0,
                  boot_budget_s: float | None = None, gate_args: dict | None = None,
-                 probe_seconds: float | None = None) -> None:
+                 probe_seconds: float | None = None, accept_unknown: bool = False) -> None:
         self.sp, self.inventory_name, self.events = sp, inventory, events
         self.poll_s, self.boot_budget_s, self.gate_args = poll_s, boot_budget_s, gate_args or {}
-        self.probe_seconds = probe_seconds
+        self.probe_seconds, self.accept_unknown = probe_seconds, accept_unknown
 
     def _play(self, profile: str, playbook: str) -> str:
         from sparkfleet.bench.bracket import BracketError
@@ -323,7 +325,8 @@ class RunnerLanes:
 
         loaded = _profile(self.sp, profile)
         options = RunOptions(gate_args=self.gate_args if playbook == "up" else {}, poll_s=self.poll_s,
-                             boot_budget_s=self.boot_budget_s, probe_seconds=self.probe_seconds)
+                             boot_budget_s=self.boot_budget_s, probe_seconds=self.probe_seconds,
+                             accept_unknown=self.accept_unknown and playbook == "up")
         record = execute(self.sp, loaded, self.sp.inventory(self.inventory_name), self.sp.playbook(playbook),
                          options, self.events, f"sparkfleet bracket: {playbook} {profile}")
         if record.outcome != "ok":
@@ -396,7 +399,7 @@ def run_bracket_cmd(args: argparse.Namespace) -> int:
     from sparkfleet.cli.lifecycle import probe_seconds
 
     lanes = RunnerLanes(sp, args.inventory, events, poll_s=args.poll, boot_budget_s=args.boot_budget,
-                        gate_args=gate_args, probe_seconds=probe_seconds(args))
+                        gate_args=gate_args, probe_seconds=probe_seconds(args), accept_unknown=args.accept_unknown)
     profiles = {"control-1": args.control, "candidate": args.candidate, "control-2": args.control}
 
     def bench(endpoint: str, opts: BenchOptions, pset: PromptSet, arm: str) -> BenchResult:

@@ -113,6 +113,15 @@ def add_progress(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quiet", "-q", action="store_true", help="print only findings and the result")
 
 
+def add_accept_unknown(p: argparse.ArgumentParser, who: str = "the run") -> None:
+    """--accept-unknown of whatever runs a launching playbook (up, play, restore, watch's restarts, bracket's
+    lanes): their check step stops on a check left unknown by a facts part a node could not read."""
+    p.add_argument("--accept-unknown", action="store_true",
+                   help=f"{who} goes on when a check could not judge because a node could not read part of its "
+                   "facts (e.g. /proc/net/tcp, /etc/mtab); the record lists the unknowns accepted. Default: stop, "
+                   "as on a failed check")
+
+
 def add_wide(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", "-w", action="store_true",
                    help="the full table on one line per row, whatever the terminal's width")

@@ -10,6 +10,7 @@ from sparkfleet.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    add_accept_unknown,
     add_dry_run,
     add_inventory,
     add_overrides,
@@ -52,12 +53,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_progress(p)
 
 
-def _accept_unknown(p: argparse.ArgumentParser) -> None:
-    """The playbooks that launch stop on a check left unknown by a facts part a node could not read."""
-    p.add_argument("--accept-unknown", action="store_true",
-                   help="go on when a check could not judge because a node could not read part of its facts "
-                   "(e.g. /proc/net/tcp, /etc/mtab); the record lists the unknowns accepted. Default: stop, "
-                   "as on a failed check")
 
 
 def _probe(p: argparse.ArgumentParser) -> None:
@@ -77,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "dcp2 --accept-unknown   # go on past checks a node's unread facts left unknown")
     _common(up)
     _probe(up)
-    _accept_unknown(up)
+    add_accept_unknown(up)
     up.add_argument("--profile", "-p", required=True, help="the lane to bring up")
     add_overrides(up)
     up.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
@@ -113,6 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     play.add_argument("playbook_file", metavar="PLAYBOOK", help="a playbook name under playbooks/ or a YAML file")
     play.add_argument("--profile", "-p", required=True, help="the lane to run it for")
     play.add_argument("--save-as", metavar="NAME", help="record a restore point when the lane serves")
+    add_accept_unknown(play)
     play.set_defaults(func=run_playbook, playbook=None)
 
     rs = sub.add_parser("restore", help="relaunch a recorded known-good lane as it ran, every pin verified",
@@ -126,7 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "  sparkfleet restore --list\n  sparkfleet diff boot10   # what changed since")
     _common(rs)
     _probe(rs)
-    _accept_unknown(rs)
+    add_accept_unknown(rs)
     rs.add_argument("name", nargs="?", help="the restore point (or a profile, restored from its own pins)")
     rs.add_argument("--list", action="store_true", help="list restore points")
     rs.add_argument("--force", action="store_true", help="restore even when pins drifted")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from sparkfleet.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
+    add_accept_unknown,
     add_inventory,
     add_progress,
     add_root,
@@ -83,6 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="poll interval while a restart waits (default 1)")
     p.add_argument("--no-fabric-probe", dest="fabric_probe", action="store_false",
                    help="restarts skip the measured fabric probe between the ranks (as up --no-fabric-probe)")
+    add_accept_unknown(p, "each restart")
     p.add_argument("--endpoint", metavar="URL", help="the head's API base URL if not http://HEAD:PORT")
     p.add_argument("--json", action="store_true", help="JSON events, one per line, for scripts")
     p.add_argument("--dry-run", action="store_true", help="probe, and report what it would do at each failure")
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     watcher = Watcher(sp, loaded, inventory, settings, events, state_dir(), playbook=playbook, restore_point=point,
                       gates=args.gates, dry_run=args.dry_run, api_key=key, endpoint_url=args.endpoint,
                       boot_budget_s=args.boot_budget, probe_seconds=clock_probe_s, poll_s=args.poll,
-                      fabric_probe=args.fabric_probe,
+                      fabric_probe=args.fabric_probe, accept_unknown=args.accept_unknown,
                       command=" ".join(["sparkfleet", "watch", *(sys.argv[2:] if sys.argv[1:2] == ["watch"] else
                                                                   ["--profile", profile])]))
 

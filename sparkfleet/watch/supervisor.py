@@ -101,7 +101,7 @@ class Watcher:
                  gates: str = "models,count100", dry_run: bool = False, api_key: str | None = None,
                  endpoint_url: str | None = None, boot_budget_s: float | None = None,
                  probe_seconds: float | None = None, poll_s: float = 1.0, command: str = "",
-                 fabric_probe: bool = True) -> None:
+                 fabric_probe: bool = True, accept_unknown: bool = False) -> None:
         self.spec, self.loaded, self.inventory, self.settings = spec, loaded, inventory, settings
         self.profile = loaded.profile
         self.events = events
@@ -113,6 +113,7 @@ class Watcher:
         self.boot_budget_s = boot_budget_s
         self.probe_seconds = probe_seconds  # each restart's clock probe load (None: the probe's default)
         self.fabric_probe = fabric_probe  # each restart measures the links between the ranks (as up does)
+        self.accept_unknown = accept_unknown  # --accept-unknown: restarts go on past a node's unread facts part
         self.poll_s = poll_s
         self.command = command or f"sparkfleet watch --profile {self.profile.name}"
         self.ranks: list[Rank] = place(loaded, inventory)
@@ -461,7 +462,7 @@ class Watcher:
         rec = self.run_playbook(self.playbook, f"restart ({verdict.reason})", RunOptions(
             gate_args={"only": self.gates}, stop_on_gate_failure=True, restore_point=self.restore_point,
             boot_budget_s=self.boot_budget_s, probe_seconds=self.probe_seconds, poll_s=self.poll_s,
-            endpoint=self.endpoint_url, fabric_probe=self.fabric_probe))
+            endpoint=self.endpoint_url, fabric_probe=self.fabric_probe, accept_unknown=self.accept_unknown))
         incident.steps.append({"step": f"restart:{self.playbook}", "status": "ok" if rec.outcome == "ok" else "fail",
                                "summary": rec.reason or rec.outcome, "run_id": rec.run_id})
         incident.data["restart"] = {"playbook": self.playbook, "run_id": rec.run_id, "outcome": rec.outcome,
