@@ -3,6 +3,7 @@ and the header's figures the counting script's (bench/ledger.py)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import sys
@@ -74,26 +75,60 @@ def test_every_unguarded_mode_says_why() -> None:
             assert r.guard and r.caused and not r.tests, r.id
 
 
+def test_every_guarded_row_names_its_guard_and_the_guard_exists() -> None:
+    """Each `command` and `unit` row names its guard (file::function, `Class.method` for a method) and the
+    statement that disables it; the file exists, the function is found in it by ast, the mutation applies
+    (issue 40 §5: `bench/ledger.py --mutate` runs the row's tests with it applied)."""
+    checked = 0
+    for r in ledger.rows(TEXT):
+        if r.kind == "none":
+            assert not r.mutations, f"{r.id}: an unguarded row names a guard"
+            continue
+        assert r.guard_error == "" and r.mutations, f"{r.id}: no `guard:` ({r.guard_error or 'none'})"
+        for mut in r.mutations:
+            path = REPO / mut.path
+            assert path.is_file(), f"{r.id}: {mut.path} does not exist"
+            if mut.function:
+                assert ledger.find_function(ast.parse(path.read_text()), mut.function) is not None, \
+                    f"{r.id}: no function {mut.function} in {mut.path}"
+            assert ledger.check_mutations(r) == [], r.id
+            checked += 1
+    assert checked >= sum(1 for r in ledger.rows(TEXT) if r.kind != "none")
+
+
 # -- the script itself: a row that does not hold is named ------------------------------------------------------
 
 HEAD = "| ID | What happens | Where sparkfleet guards it | Caused by | Kind |\n|---|---|---|---|---|\n"
+G = "g guard: `sparkfleet/checks/conflicts.py::check` → `return []`"  # a guard cell naming its guard
 LAB_UP = "tests/test_lifecycle.py::test_a_warning_line_is_not_fatal"  # `up` on the simulated lab
 UNIT = "tests/test_logs.py::test_fatal_lines"  # a parser on hand-made lines
 
 
 @pytest.mark.parametrize("row, problem", [
-    (f"| FM-50 | w | g | {LAB_UP} | command |", None),
-    (f"| FM-45 | w | g | {UNIT} | unit |", None),
+    (f"| FM-50 | w | {G} | {LAB_UP} | command |", None),
+    (f"| FM-45 | w | {G} | {UNIT} | unit |", None),
     ("| FM-64 | w | g | nothing to guard | none |", None),
-    ("| FM-50 | w | g | tests/test_lifecycle.py::test_no_such_test | command |",
+    (f"| FM-50 | w | {G} | tests/test_lifecycle.py::test_no_such_test | command |",
      "names tests/test_lifecycle.py::test_no_such_test, which is not a test function"),
-    ("| FM-50 | w | g | tests/test_nosuch.py::test_x | unit |", "names tests/test_nosuch.py::test_x"),
-    (f"| FM-45 | w | g | {UNIT} | command |", "kind command, but none of its tests runs the CLI"),
-    ("| FM-45 | w | g | the parser is tested | unit |", "kind unit names no test"),
+    (f"| FM-50 | w | {G} | tests/test_nosuch.py::test_x | unit |", "names tests/test_nosuch.py::test_x"),
+    (f"| FM-45 | w | {G} | {UNIT} | command |", "kind command, but none of its tests runs the CLI"),
+    (f"| FM-45 | w | {G} | the parser is tested | unit |", "kind unit names no test"),
     (f"| FM-64 | w | g | {UNIT} | none |", "kind none needs the reason it is not guarded, and names no test"),
     (f"| FM-45 | w | g | {UNIT} | maybe |", "kind 'maybe' is not one of command, unit, none"),
+    (f"| FM-45 | w | g | {UNIT} | unit |", "kind unit names no `guard:`"),
+    (f"| FM-45 | w | g guard: `sparkfleet/checks/nosuch.py::check` → `return []` | {UNIT} | unit |",
+     "guard file sparkfleet/checks/nosuch.py does not exist"),
+    (f"| FM-45 | w | g guard: `sparkfleet/checks/conflicts.py::nosuch` → `return []` | {UNIT} | unit |",
+     "no function nosuch"),
+    (f"| FM-45 | w | g guard: `sparkfleet/checks/conflicts.py::check` line `no such text` → `pass` | {UNIT} | unit |",
+     "0 statements start with 'no such text', not one"),
+    (f"| FM-45 | w | g guard: `sparkfleet/checks/conflicts.py` → `return []` | {UNIT} | unit |",
+     "a .py file needs its ::function"),
+    (f"| FM-45 | w | g guard: `sparkfleet/checks/conflicts.py::check` → `return (` | {UNIT} | unit |",
+     "the mutated source does not parse"),
 ], ids=["command", "unit", "none", "missing-test", "missing-file", "unit-claimed-as-command", "unit-without-test",
-        "none-with-test", "bad-kind"])
+        "none-with-test", "bad-kind", "no-guard", "guard-file-missing", "guard-function-missing", "guard-line-missing",
+        "guard-without-function", "guard-not-python"])
 def test_the_audit_names_a_row_that_does_not_hold(row: str, problem: str | None) -> None:
     figures, problems = ledger.audit(HEAD + row + "\n")
     if problem is None:
@@ -104,12 +139,51 @@ def test_the_audit_names_a_row_that_does_not_hold(row: str, problem: str | None)
 
 
 def test_the_audit_counts_lab_and_command_rows() -> None:
-    text = HEAD + "\n".join([f"| FM-50 | w | g | {LAB_UP} | command |",
-                             "| FM-19 | w | g | tests/test_rules.py::test_plan_refuses_unservable | command |",
-                             f"| FM-45 | w | g | {UNIT} | unit |", "| FM-64 | w | g | why | none |"]) + "\n"
+    text = HEAD + "\n".join([f"| FM-50 | w | {G} | {LAB_UP} | command |",
+                             f"| FM-19 | w | {G} | tests/test_rules.py::test_plan_refuses_unservable | command |",
+                             f"| FM-45 | w | {G} | {UNIT} | unit |", "| FM-64 | w | g | why | none |"]) + "\n"
     figures, problems = ledger.audit(text)
     assert problems == []
     assert figures == {"modes": 4, "command": 2, "unit": 1, "none": 1, "command_in_lab": 1}  # `plan` needs no lab
+
+
+SOURCE = """class Gate:
+    def check(self, x):
+        \"\"\"Refuses odd x.\"\"\"
+        failed = [v for v in x
+                  if v % 2]
+        if failed:
+            raise ValueError(failed)
+        return x
+
+
+def lint(x):
+    if x:
+        yield x
+"""
+
+
+@pytest.mark.parametrize("mutation, changed, gone", [
+    (ledger.Mutation("m.py", "Gate.check", "return x"), "    def check(self, x):\n        return x\n\n\ndef lint",
+     "raise ValueError"),
+    (ledger.Mutation("m.py", "Gate.check", "failed = []", "failed = [v for"), "        failed = []\n        if failed:",
+     "if v % 2"),
+    (ledger.Mutation("m.py", "Gate.check", "if False:", "if failed:"), "        if False:\n            raise",
+     "if failed"),
+    (ledger.Mutation("m.py", "lint", "yield from ()"), "def lint(x):\n    yield from ()\n", "if x:"),
+], ids=["method-body", "statement-over-two-lines", "if-header", "generator"])
+def test_a_mutation_replaces_the_body_or_the_one_statement(mutation, changed: str, gone: str) -> None:
+    out = ledger.mutate_source(SOURCE, mutation)
+    assert changed in out and gone not in out, out
+    ast.parse(out)
+
+
+def test_a_data_files_guard_is_its_one_line() -> None:
+    text = "env:\n  A: 1\n  B: 2\n"
+    assert ledger.mutate_source(text, ledger.Mutation("profiles/x.yaml", "", "# A removed", "A: 1")) == \
+        "env:\n  # A removed\n  B: 2\n"
+    with pytest.raises(ValueError, match="0 lines start with 'C:'"):
+        ledger.mutate_source(text, ledger.Mutation("profiles/x.yaml", "", "x", "C:"))
 
 
 def test_a_second_row_for_a_mode_is_named() -> None:
