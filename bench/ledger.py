@@ -18,7 +18,8 @@ A `command` or `unit` row names its guard at the end of its guard cell, with how
     guard: `sparkfleet/checks/conflicts.py::check` → `return []`
     guard: `sparkfleet/runner/gates_step.py::gates_step` line `failed = [` → `failed = []`
 
-the first replaces the function's (or `Class.method`'s) whole body by the one statement; the second replaces
+the first replaces the function's (or `Class.method`'s) whole body by the one statement (a generator's is
+followed by a `yield` never reached, so that it stays a generator for its callers); the second replaces
 the one statement of the function whose first line starts with the quoted text (for an `if`/`for`/`while`/
 `with`, its header only: `if False:`). Several mutations, applied together, are separated by `;`.
 `--mutate` applies each selected row's mutations in a scratch worktree of HEAD and runs the row's tests
@@ -148,6 +149,18 @@ def find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.Asyn
     return next((n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name), None)
 
 
+def is_generator(node: ast.AST) -> bool:
+    """A yield in the function's own body (not in a function or class nested in it)."""
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Yield | ast.YieldFrom):
+            return True
+        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(n))
+    return False
+
+
 def mutate_source(source: str, mut: Mutation) -> str:
     """The source with the mutation applied; ValueError saying why when it does not apply."""
     if not mut.function:  # a data file: the one line that starts with the text, its indent kept
@@ -163,11 +176,15 @@ def mutate_source(source: str, mut: Mutation) -> str:
     if fn is None:
         raise ValueError(f"{mut.path}: no function {mut.function}")
     lines = source.splitlines(keepends=True)
+    replacement = mut.replacement
     if not mut.line:
         first, last = fn.body[0].lineno, fn.body[-1].end_lineno or fn.body[-1].lineno
         if first == fn.lineno:
             raise ValueError(f"{mut.path}::{mut.function}: its body is on the def's line")
         indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+        if is_generator(fn) and not is_generator(ast.parse(mut.replacement)):
+            # a generator stays one (its callers `yield from` it): the statement, then a yield never reached
+            replacement = f"{mut.replacement}\n{indent}yield  # unreached: keeps it a generator"
     else:
         hits = [s for s in ast.walk(fn) if isinstance(s, ast.stmt) and s is not fn
                 and lines[s.lineno - 1].strip().startswith(mut.line)]
@@ -183,7 +200,7 @@ def mutate_source(source: str, mut: Mutation) -> str:
         else:
             last = st.end_lineno or st.lineno
         indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
-    out = "".join([*lines[: first - 1], indent + mut.replacement + "\n", *lines[last:]])
+    out = "".join([*lines[: first - 1], indent + replacement + "\n", *lines[last:]])
     try:
         ast.parse(out)
     except SyntaxError as exc:
@@ -364,9 +381,10 @@ class MutationResult:
     row: str
     guard: str
     tests: list[str]
-    result: str  # caught | NOT caught | mutation did not apply | no guard
-    seconds: float
-    detail: str = ""
+    result: str  # caught | NOT caught | mutation did not apply | no guard | timed out | error
+    seconds: float  # the scratch copy, the mutation and the tests, waits for the lab's lock included
+    detail: str = ""  # the end of pytest's output
+    failed: str = ""  # the test that failed first (pytest's FAILED line), when caught
 
 
 def pytest_in(copy: Path, refs: list[str], lock: bool, timeout_s: float) -> tuple[int | None, str]:
@@ -406,8 +424,14 @@ def run_row(row: Row, tests: Tests, timeout_s: float = 900.0, keep_output: int =
     start = time.monotonic()
     copy = Path(tempfile.mkdtemp(prefix="ledger-mut-", dir="/tmp"))
     copy.rmdir()
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(copy), "HEAD"],
-                   check=True, capture_output=True)
+    for _attempt in range(3):  # another git command on the repository may hold its lock a moment
+        added = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(copy), "HEAD"],
+                               capture_output=True, text=True)
+        if added.returncode == 0:
+            break
+        time.sleep(2)
+    else:
+        return MutationResult(row.id, guard, order, "no scratch copy", time.monotonic() - start, added.stderr)
     try:
         for mut in row.mutations:
             path = copy / mut.path
@@ -428,7 +452,9 @@ def run_row(row: Row, tests: Tests, timeout_s: float = 900.0, keep_output: int =
             result = f"timed out ({timeout_s:.0f} s)"  # counts as neither
         else:
             result = f"error (pytest exit {code})"  # collection or usage error: counts as neither
-        return MutationResult(row.id, guard, order, result, time.monotonic() - start, out[-keep_output:])
+        first = re.search(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
+        return MutationResult(row.id, guard, order, result, time.monotonic() - start, out[-keep_output:],
+                              first.group(1) if first else "")
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(copy)], capture_output=True)
         subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], capture_output=True)
@@ -443,14 +469,15 @@ def mutate(selected: list[str] | None, out: Path | None, timeout_s: float = 900.
         print(f"no command or unit row {', '.join(missing)}", file=sys.stderr)
         return 2
     results = []
-    print("| row | guard | mutation | tests | result | seconds |\n|---|---|---|---|---|---|", flush=True)
+    print("| row | guard | mutation | tests | result | first failed | seconds |\n|---|---|---|---|---|---|---|",
+          flush=True)
     for r in chosen:
         res = run_row(r, tests, timeout_s)
         results.append(res)
         where = "; ".join(f"`{m.path}" + (f"::{m.function}" if m.function else "") + "`" for m in r.mutations)
         what = "; ".join((f"line `{m.line}` → " if m.line else "body → ") + f"`{m.replacement}`" for m in r.mutations)
         print(f"| {res.row} | {where or '-'} | {what or '-'} | {', '.join(res.tests)} | {res.result} | "
-              f"{res.seconds:.0f} |", flush=True)
+              f"{res.failed or '-'} | {res.seconds:.0f} |", flush=True)
         if res.result not in ("caught", "NOT caught"):
             print(f"    {res.detail.strip().splitlines()[-1] if res.detail.strip() else ''}", file=sys.stderr)
         if out is not None:

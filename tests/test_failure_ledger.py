@@ -171,7 +171,8 @@ def lint(x):
     (ledger.Mutation("m.py", "Gate.check", "if False:", "if failed:"), "        if False:\n            raise",
      "if failed"),
     (ledger.Mutation("m.py", "lint", "yield from ()"), "def lint(x):\n    yield from ()\n", "if x:"),
-], ids=["method-body", "statement-over-two-lines", "if-header", "generator"])
+    (ledger.Mutation("m.py", "lint", "return None"), "def lint(x):\n    return None\n    yield  # unreached", "if x:"),
+], ids=["method-body", "statement-over-two-lines", "if-header", "generator", "generator-stays-one"])
 def test_a_mutation_replaces_the_body_or_the_one_statement(mutation, changed: str, gone: str) -> None:
     out = ledger.mutate_source(SOURCE, mutation)
     assert changed in out and gone not in out, out
