@@ -399,16 +399,16 @@ def pytest_in(copy: Path, refs: list[str], lock: bool, timeout_s: float) -> tupl
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, out
-    except BaseException as exc:  # interrupted: its tests (and any lab they brought up) go with it
-        if not isinstance(exc, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGTERM)
-            raise
-        os.killpg(proc.pid, signal.SIGTERM)
+    except BaseException as exc:  # past its time, or interrupted: its tests (and any lab they brought up) go too
+        # SIGINT first: pytest stops as on Ctrl-C and runs its fixtures' teardown, which takes the lab down
+        os.killpg(proc.pid, signal.SIGINT)
         try:
-            out, _ = proc.communicate(timeout=30)
+            out, _ = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
         return None, out
 
 
@@ -475,7 +475,8 @@ def mutate(selected: list[str] | None, out: Path | None, timeout_s: float = 900.
         res = run_row(r, tests, timeout_s)
         results.append(res)
         where = "; ".join(f"`{m.path}" + (f"::{m.function}" if m.function else "") + "`" for m in r.mutations)
-        what = "; ".join((f"line `{m.line}` → " if m.line else "body → ") + f"`{m.replacement}`" for m in r.mutations)
+        what = "; ".join((f"line `{m.line}` → " if m.line else "body → ") + f"`{m.replacement}`"
+                         for m in r.mutations)
         print(f"| {res.row} | {where or '-'} | {what or '-'} | {', '.join(res.tests)} | {res.result} | "
               f"{res.failed or '-'} | {res.seconds:.0f} |", flush=True)
         if res.result not in ("caught", "NOT caught"):
