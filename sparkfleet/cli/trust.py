@@ -125,7 +125,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"known_hosts": str(path), "nodes": node_rows,
                     "jump_hosts": [r for r in rows if r.get("jump_host")]})
+    else:
+        summary(node_rows)
     return EXIT_OK if rows and all(r["status"] in GOOD for r in rows) else EXIT_FAIL
+
+
+def summary(node_rows: list[dict]) -> None:
+    """One last line: how many nodes' keys are pinned, and each node that is not with why (at 64 nodes the
+    failures would otherwise hide among the fingerprints)."""
+    bad = [r for r in node_rows if r["status"] not in GOOD]
+    line = f"{len(node_rows) - len(bad)} of {len(node_rows)} node(s) pinned or already pinned"
+    if bad:
+        line += "; not pinned: " + ", ".join(f"{r['node']} ({r['status']})" for r in bad)
+    out.print(line, style="bold red" if bad else None, markup=False, highlight=False, soft_wrap=True)
 
 
 def _fetch_all(todo: list[Target], path: Path, args: argparse.Namespace) -> list[dict]:

@@ -12,6 +12,14 @@ from sparkfleet.runner.context import RunContext
 from sparkfleet.runner.ops import StepGen, StepResult
 from sparkfleet.schema.playbook import Step
 
+NAMED_UP_TO = 8  # more nodes than this that answered are counted, not named: the ones that failed are named after
+
+
+def listed(names: list[str], other: str) -> str:
+    """Nodes that answered as their names, or past NAMED_UP_TO as a count (`the 62 other nodes`), so a line about
+    a 64-node lane still shows the nodes that did not answer."""
+    return ", ".join(names) if len(names) <= NAMED_UP_TO else f"the {len(names)} {other} nodes"
+
 
 def lane_containers(ctx: RunContext, running_only: bool, nodes: list[str] | None = None) -> StepGen:
     """This lane's container ids per node, by label (one `docker ps` per node); node failures as NodeErrors."""
@@ -95,7 +103,7 @@ def containers(ctx: RunContext, st: Step) -> StepGen:
     if found:
         done = f"{'stopped (kept)' if keep else 'removed'} {n} container(s) on " + ", ".join(order)
     else:
-        done = "no container of this lane on " + (", ".join(reached) if bad else "its nodes") if reached else \
+        done = "no container of this lane on " + (listed(reached, "other") if bad else "its nodes") if reached else \
             "no node answered"
     data = {"stopped": {k: found[k] for k in order}} if found else {}
     if not bad:
