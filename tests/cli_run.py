@@ -54,7 +54,8 @@ def up_acting_once(argv: list[str], *, when, act, env: dict | None = None,
 
     proc = subprocess.Popen([sys.executable, "-c", "from sparkfleet.cli.main import main; raise SystemExit(main())",
                              "up", *argv, "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            cwd=Path(__file__).resolve().parent.parent, env=env)
+                            cwd=Path(__file__).resolve().parent.parent, env=env,
+                            preexec_fn=default_sigint)  # an `act` may press Ctrl-C
     events, acted = [], None
     try:
         for line in proc.stdout:
