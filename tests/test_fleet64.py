@@ -153,8 +153,8 @@ def test_trust_all_pins_64_keys_and_names_each_node_it_cannot_reach(fleet: Fleet
     for sick in (REFUSED, HUNG):
         at = next(i for i, x in enumerate(lines) if x.split()[:1] == [sick])
         assert lines[at + 1].strip().startswith("cannot fetch the host key: "), lines[at:at + 2]
-    assert lines[-1] == f"{N - 2} of {N} node(s) pinned or already pinned; not pinned: {REFUSED} (unreachable), {HUNG} " \
-        "(unreachable)"
+    assert lines[-1] == (f"{N - 2} of {N} node(s) pinned or already pinned; "
+                         f"not pinned: {REFUSED} (unreachable), {HUNG} (unreachable)")
 
 
 def test_facts_answers_for_64_and_names_each_sick_node(pinned: Fleet) -> None:
@@ -162,6 +162,9 @@ def test_facts_answers_for_64_and_names_each_sick_node(pinned: Fleet) -> None:
     assert code == 0, doc
     assert sorted(doc) == sorted(NAMES)
     assert {n: f["hostname"] for n, f in doc.items()} == {n: n for n in NAMES}  # each answered from its own node
+    code, text, _ = pinned.sf("facts", "--wide")  # every node's block, as at 8 nodes or fewer by default
+    heads = [x.split()[:3] for x in text.splitlines() if " host " in x]
+    assert code == 0 and heads == [[n, "host", f"{n},"] for n in NAMES]
     with pinned.sick():
         code, text, wall = pinned.sf("facts")
     assert code == 1, text
@@ -171,7 +174,9 @@ def test_facts_answers_for_64_and_names_each_sick_node(pinned: Fleet) -> None:
     assert failed[0].startswith(f"{REFUSED}  FAILED {REFUSED}: connection refused by ")
     assert failed[1].startswith(f"{HUNG}  FAILED {HUNG}: no answer from ")
     assert f"within {CONNECT_TIMEOUT_S:g}s" in failed[1]
-    assert text.rstrip().splitlines()[-1] == f"{N - 2} of {N} node(s) answered; failed: {REFUSED}, {HUNG}"
+    # by default at 64 nodes: the failures and the summary, not 62 blocks of facts
+    assert text.splitlines()[2:] == ["(each node's facts: --wide, or --json; 8 nodes or fewer show them by default)",
+                                     f"{N - 2} of {N} node(s) answered; failed: {REFUSED}, {HUNG}"], text
 
 
 def test_check_reaches_and_judges_all_64_ranks(pinned: Fleet) -> None:
