@@ -187,6 +187,13 @@ def test_check_reaches_and_judges_all_64_ranks(pinned: Fleet) -> None:
     judged = {f["node"] for f in doc["findings"] if f["node"]}
     assert judged == set(NAMES)
     assert not [f for f in doc["findings"] if f["check"] == "reach"]
+    # the table past 8 ranks: every finding that is not ok, and the ok ones counted (--wide, below, shows them)
+    code, text, _ = pinned.sf("check", *LANE)
+    assert code == 1
+    ok = sum(1 for f in doc["findings"] if f["status"] == "ok")
+    statuses = {x.split()[2] for x in text.splitlines() if x.split()[:1] and x.split()[0] in NAMES}
+    assert statuses and "OK" not in statuses, statuses
+    assert f"({ok} ok finding(s) of {N} ranks not shown: --wide or --json shows every finding" in text, text[-600:]
     with pinned.sick():
         code, text, wall = pinned.sf("check", *LANE, "--wide")
         sick_code, sick = pinned.sf_json("check", *LANE)
@@ -199,6 +206,7 @@ def test_check_reaches_and_judges_all_64_ranks(pinned: Fleet) -> None:
         assert mine == [("reach", "fail")], mine
         rows = [x for x in text.splitlines() if x.split()[:1] == [name]]
         assert len(rows) == 1 and rows[0].split()[1:3] == ["reach", "FAIL"], rows
+    assert "OK" in {x.split()[2] for x in text.splitlines() if x.split()[:1] and x.split()[0] in NAMES}  # --wide
     assert {f["node"] for f in sick["findings"] if f["node"]} == set(NAMES)
 
 

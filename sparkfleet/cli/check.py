@@ -28,6 +28,7 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
+from sparkfleet.cli.tables import WHOLE_UP_TO
 from sparkfleet.findings import Finding, failed, unread
 from sparkfleet.fleet.ops import drop_caches
 from sparkfleet.plan import Plan, make_plan
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_root(p)
     add_inventory(p)
     add_json(p)
-    add_wide(p)
+    add_wide(p, f", and every finding (past {WHOLE_UP_TO} ranks the ok ones are counted, not shown)")
     add_overrides(p)
     p.add_argument("--profile", "-p", required=True, help="the lane to check")
     p.add_argument("--drop-caches", action="store_true",
@@ -285,18 +286,20 @@ def print_table(plan: Plan, findings: list[Finding], simulated: dict[str, bool],
     """The findings as a table that fits the terminal, else one block per finding (cli/tables.py)."""
     from rich.text import Text
 
-    from sparkfleet.cli.tables import Column, render
+    from sparkfleet.cli.tables import Column, render, say
 
     sim = any(simulated.values())
-    from sparkfleet.cli.tables import say
 
     say(f"check {plan.profile} on inventory {plan.inventory}: "
         + ", ".join(f"rank {r.rank} {r.node.name}" for r in plan.ranks) + (" [sim: a simulated lab]" if sim else ""))
     # node, check and status are kept whole so rows can be grepped by node and check
     cols = [Column("node"), Column("check"), Column("status")]
     cols += [Column(name, wrap=True) for name in ("finding", "observed", "expected", "remedy")]
+    # past a few ranks the ok rows go (a fleet's checks are thousands of rows): what is not ok, and the count
+    whole = wide or len(plan.ranks) <= WHOLE_UP_TO
+    shown = findings if whole else [f for f in findings if f.status != "ok"]
     rows = []
-    for f in findings:
+    for f in shown:
         node = (f.node or "") + (" [sim]" if simulated.get(f.node or "") else "")
         rows.append([node, f.check, Text(f.status.upper(), style=STYLE[f.status]), f.message,
                      f.observed or "", f.expected or "", f.remedy or ""])
@@ -304,5 +307,8 @@ def print_table(plan: Plan, findings: list[Finding], simulated: dict[str, bool],
     counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail", "unknown")}
     verdict = ("[bold red]FAIL[/]" if counts["fail"] else "[bold yellow]UNKNOWN[/]" if unread(findings)
                else "[green]ok[/]")
+    if not whole:
+        out.print(f"({counts['ok']} ok finding(s) of {len(plan.ranks)} ranks not shown: --wide or --json shows every "
+                  f"finding; {WHOLE_UP_TO} ranks or fewer show them by default)", markup=False, highlight=False)
     out.print(f"{verdict}: {counts['fail']} fail, {counts['warn']} warn, {counts['unknown']} unknown (not judged), "
               f"{counts['ok']} ok")

@@ -122,9 +122,9 @@ def add_accept_unknown(p: argparse.ArgumentParser, who: str = "the run") -> None
                    "as on a failed check")
 
 
-def add_wide(p: argparse.ArgumentParser) -> None:
+def add_wide(p: argparse.ArgumentParser, also: str = "") -> None:
     p.add_argument("--wide", "-w", action="store_true",
-                   help="the full table on one line per row, whatever the terminal's width")
+                   help="the full table on one line per row, whatever the terminal's width" + also)
 
 
 def spec(args: argparse.Namespace) -> Spec:

@@ -15,6 +15,7 @@ from sparkfleet.cli.common import (
     print_json,
     spec,
 )
+from sparkfleet.cli.tables import WHOLE_UP_TO
 from sparkfleet.fleet.gather import facts_requests, gather, model_dir, plan_for, resolve_gid_indexes
 from sparkfleet.fleet.nodefacts import NodeFacts, PathInfo
 from sparkfleet.fleet.transport import Result
@@ -22,7 +23,6 @@ from sparkfleet.naming import PROFILE_LABEL, RANK_LABEL
 from sparkfleet.schema.errors import UserError
 
 ORDER = 20
-BLOCKS_UP_TO = 8  # past this many nodes (none named), only the failures and the summary print: --wide for every block
 
 # NVML clock-event reason bits (REFERENCE.md §4), for people reading the mask
 REASONS = {0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 0x8: "HwSlowdown",
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a node to look at (repeatable; also NODE,NODE)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per node (default: 30)")
     p.add_argument("--wide", "-w", action="store_true",
-                   help=f"every node's facts however many nodes are asked (default: past {BLOCKS_UP_TO} nodes not "
+                   help=f"every node's facts however many nodes are asked (default: past {WHOLE_UP_TO} nodes not "
                    "named with --node, only the nodes that failed and the summary)")
     p.set_defaults(func=run)
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAIL if failed else EXIT_OK
     gids = resolve_gid_indexes(nodes, results)
     # a block per node reads well for a few nodes; at a fleet's size the failures would hide among them
-    blocks = args.wide or bool(args.node) or len(nodes) <= BLOCKS_UP_TO
+    blocks = args.wide or bool(args.node) or len(nodes) <= WHOLE_UP_TO
     for node in nodes:
         r = results[node.name]
         if isinstance(r, NodeFacts):
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     answered = len(results) - len(failed)
     summary = f"{answered} of {len(results)} node(s) answered"
     if not blocks:
-        out.print(f"(each node's facts: --wide, or --json; {BLOCKS_UP_TO} nodes or fewer show them by default)",
+        out.print(f"(each node's facts: --wide, or --json; {WHOLE_UP_TO} nodes or fewer show them by default)",
                   markup=False, highlight=False)
     if failed:
         out.print(f"[bold red]{summary}[/]; failed: {escape(', '.join(failed))}")

@@ -186,6 +186,11 @@ def _records(columns: list[Column], rows: list[list[Cell]], width: int) -> list[
     return out
 
 
+# up to this many nodes a command prints every node's part; past it (a fleet) only what failed and a summary,
+# so a failure does not hide among 64 healthy blocks: --wide (or --json) for the whole (issue 42)
+WHOLE_UP_TO = 8
+
+
 def render(columns: list[Column], rows: list[list[Cell]], *, wide: bool = False, console: Console | None = None,
            title: str | None = None) -> None:
     """Print a table on `console` (stdout by default) in the layout that fits its width."""
