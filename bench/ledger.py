@@ -452,7 +452,7 @@ def run_row(row: Row, tests: Tests, timeout_s: float = 900.0, keep_output: int =
             result = f"timed out ({timeout_s:.0f} s)"  # counts as neither
         else:
             result = f"error (pytest exit {code})"  # collection or usage error: counts as neither
-        first = re.search(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
+        first = re.search(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.M)  # a parameter's id may hold spaces
         return MutationResult(row.id, guard, order, result, time.monotonic() - start, out[-keep_output:],
                               first.group(1) if first else "")
     finally:
