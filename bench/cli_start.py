@@ -48,6 +48,20 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, lis
     return statistics.median(runs), runs, statistics.median(cpu)
 
 
+def ansible_setup(venv: Path, lab, state: Path, env: dict[str, str], forks: int) -> tuple[list[str], dict[str, str]]:
+    """Ansible's `setup gather_subset=min` over every node of an SshLab with `forks`, host keys checked as
+    sparkfleet checks them (the lab's known_hosts, strict), no connection reuse: (argv, env)."""
+    ini = state / "hosts.ini"
+    ini.write_text("[all]\n" + "".join(
+        f"{n} ansible_host={node.host} ansible_port={node.port} ansible_user={lab.user} "
+        f"ansible_ssh_private_key_file={lab.client_key}\n" for n, node in lab.nodes.items()))
+    aenv = {**env, "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
+            "-o ControlMaster=no", "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
+            "ANSIBLE_LOCAL_TEMP": str(state / "ansible-tmp"), "ANSIBLE_HOME": str(state / "ansible")}
+    return [str(venv / "bin" / "ansible"), "all", "-i", str(ini), "-m", "setup", "-a", "gather_subset=min",
+            "-f", str(forks)], aenv
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=7)
@@ -80,15 +94,7 @@ def main() -> int:
         for name, argv in cases:
             rows.append((name, *timed(argv, env, args.repeat)))
         if args.ansible:
-            ini = state / "hosts.ini"
-            ini.write_text("[all]\n" + "".join(
-                f"{n} ansible_host={node.host} ansible_port={node.port} ansible_user={lab.user} "
-                f"ansible_ssh_private_key_file={lab.client_key}\n" for n, node in lab.nodes.items()))
-            aenv = {**env, "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
-                    "-o ControlMaster=no", "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
-                    "ANSIBLE_LOCAL_TEMP": str(state / "ansible-tmp"), "ANSIBLE_HOME": str(state / "ansible")}
-            argv = [str(Path(args.ansible) / "bin" / "ansible"), "all", "-i", str(ini), "-m", "setup",
-                    "-a", "gather_subset=min", "-f", "5"]
+            argv, aenv = ansible_setup(Path(args.ansible), lab, state, env, forks=5)
             timed(argv, aenv, 1)
             rows.append(("ansible setup gather_subset=min -f 5", *timed(argv, aenv, args.repeat)))
     shutil.rmtree(state, ignore_errors=True)
