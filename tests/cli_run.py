@@ -138,7 +138,7 @@ def why_up_failed(sim, events: list[dict], profile: str, tail: int = 25) -> str:
     out += [f"step {e['step']}: {e.get('summary', '')}" for e in events
             if e["event"] == "step" and e["status"] == "fail"]
     out += [f"  {f}" for e in events if e["event"] == "findings" for f in e["findings"] if f.get("status") == "fail"]
-    for node, cs in lane_containers(sim, profile).items():
+    for node, cs in lane_containers(sim, profile, tuple(sim.inventory().nodes)).items():  # the Station too
         for c in cs:
             log = container_log(sim, node, c["Id"]).splitlines()[-tail:]
             out.append(f"--- {node} {c['Name']} {c['State']['Status']} exit {c['State'].get('ExitCode')}")

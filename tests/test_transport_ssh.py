@@ -478,3 +478,34 @@ def test_a_forward_opened_before_the_server_listens_keeps_working_once_it_does(l
             assert got == "late server"
         finally:
             ssh.run([node], f"kill {pid}")
+
+
+def test_a_forward_outlives_the_connection_a_timed_out_command_dropped(lab, nodes, ssh, tmp_path):
+    """A command on the node times out while a forward to it is open (a slow read of the head in a busy run):
+    the transport drops that connection and reconnects at the next use. The forward goes on over the new
+    one; bound to the dropped one, every later request failed with "Server disconnected" while the server
+    still listened (a lane's gates failed so, under load, in CI)."""
+    import httpx
+
+    (tmp_path / "index.html").write_text("still here")
+    (node,) = by_name(nodes, "node2")
+    port = 18082
+    started = ssh.run([node], f"cd {tmp_path} && (setsid python3 -m http.server {port} --bind 127.0.0.1 "
+                      f">/dev/null 2>&1 & echo $!)")["node2"]
+    assert started.ok, started
+    pid = started.stdout.strip()
+    try:
+        with ssh.forward(node, port) as local:
+            got = None
+            for _ in range(100):  # the server may still be starting
+                try:
+                    got = httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text
+                    break
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
+                    time.sleep(0.1)
+            assert got == "still here"
+            timed_out = ssh.run([node], "sleep 5", timeout_s=0.5)["node2"]
+            assert timed_out.error == "timeout", timed_out  # and its connection was dropped
+            assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text == "still here"
+    finally:
+        ssh.run([node], f"kill {pid}")

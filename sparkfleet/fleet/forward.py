@@ -12,7 +12,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import paramiko
@@ -40,9 +40,14 @@ def _pump(client: socket.socket, channel: paramiko.Channel, stop: threading.Even
 
 
 @contextmanager
-def local_forward(transport: paramiko.Transport, remote_host: str, remote_port: int) -> Iterator[int]:
+def local_forward(transport: Callable[[], paramiko.Transport], remote_host: str, remote_port: int) -> Iterator[int]:
     """A port on 127.0.0.1 (chosen by the kernel) forwarded to remote_host:remote_port as the far end sees
-    it, for the block's duration; every connection through it is closed when the block ends."""
+    it, for the block's duration; every connection through it is closed when the block ends.
+
+    `transport()` is asked for the SSH transport at each new connection, not once: the node's connection may
+    be replaced while the forward lives (SshTransport drops a connection after a command timed out on it, and
+    reconnects at the next use), and a forward bound to the closed one would refuse every later connection
+    while the head still serves (a lane's gates then failed with "Server disconnected" on a busy machine)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -61,8 +66,8 @@ def local_forward(transport: paramiko.Transport, remote_host: str, remote_port: 
             client.settimeout(None)  # blocking; the pump selects before it reads
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as OpenSSH's forwarded sockets
             try:
-                channel = transport.open_channel("direct-tcpip", (remote_host, remote_port), peer,
-                                                 timeout=CHANNEL_OPEN_TIMEOUT_S)
+                channel = transport().open_channel("direct-tcpip", (remote_host, remote_port), peer,
+                                                   timeout=CHANNEL_OPEN_TIMEOUT_S)
             except (paramiko.SSHException, OSError, EOFError):
                 client.close()  # refused there (nothing listening yet): this client sees a reset
                 continue

@@ -129,8 +129,10 @@ class SshTransport(Transport):
         """A local port on 127.0.0.1 forwarded to remote_host:remote_port as the node sees it, over the
         node's pinned connection (host key checked as for every command); closed when the block ends.
         How a loopback-bound head's API is reached from here (`ssh -L`)."""
-        conn = self._connection(node)
-        with local_forward(conn.transport, remote_host, remote_port) as local_port:
+        self._connection(node)  # connect now: a node that cannot be reached fails here, not at the first use
+        # each connection through the forward goes over the node's connection of that moment (reconnected
+        # when a timed-out command dropped the old one), not the one open when the forward began
+        with local_forward(lambda: self._connection(node).transport, remote_host, remote_port) as local_port:
             yield local_port
 
     def close(self) -> None:
