@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import paramiko
@@ -425,29 +426,35 @@ def test_lab_removes_leftovers_of_a_crashed_run(lab):
     assert not (LOCK_DIR / f"slot-{slot}.json").exists()
 
 
+@contextmanager
+def loopback_server(ssh, node, tmp_path: Path, port: int, text: str):
+    """python3 -m http.server on the node's 127.0.0.1:PORT serving `text`, listening when the block starts."""
+    (tmp_path / "index.html").write_text(text)
+    started = ssh.run([node], f"cd {tmp_path} && (setsid python3 -m http.server {port} --bind 127.0.0.1 "
+                      f">/dev/null 2>&1 & echo $!)")[node.name]
+    assert started.ok, started
+    try:
+        ready = ssh.run([node], f"for i in $(seq 100); do python3 -c 'import socket; socket.create_connection("
+                        f"(\"127.0.0.1\", {port}), 1)' 2>/dev/null && exit 0; sleep 0.1; done; exit 1")[node.name]
+        assert ready.ok, ready
+        yield
+    finally:
+        ssh.run([node], f"kill {started.stdout.strip()}")
+
+
 def test_forward_reaches_a_loopback_only_server_on_the_node_and_closes(lab, nodes, ssh, tmp_path):
     """`ssh -L` over the node's pinned connection: how a loopback-bound head's API is reached. The server
     binds the node's 127.0.0.1 (its own network namespace when the lab has them)."""
     import httpx
 
-    (tmp_path / "index.html").write_text("served on node2's loopback")
     (node,) = by_name(nodes, "node2")
     port = 18080
-    started = ssh.run([node], f"cd {tmp_path} && (setsid python3 -m http.server {port} --bind 127.0.0.1 "
-                      f">/dev/null 2>&1 & echo $!)")["node2"]
-    assert started.ok, started
-    pid = started.stdout.strip()
-    try:
-        ready = ssh.run([node], f"for i in $(seq 100); do python3 -c 'import socket; socket.create_connection("
-                        f"(\"127.0.0.1\", {port}), 1)' 2>/dev/null && exit 0; sleep 0.1; done; exit 1")["node2"]
-        assert ready.ok, ready
+    with loopback_server(ssh, node, tmp_path, port, "served on node2's loopback"):
         with ssh.forward(node, port) as local:
             assert local != port
             assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text == "served on node2's loopback"
         with pytest.raises(httpx.ConnectError):  # the tunnel is gone with the block
             httpx.get(f"http://127.0.0.1:{local}/", timeout=5)
-    finally:
-        ssh.run([node], f"kill {pid}")
 
 
 def test_a_forward_opened_before_the_server_listens_keeps_working_once_it_does(lab, nodes, ssh, tmp_path):
@@ -487,25 +494,10 @@ def test_a_forward_outlives_the_connection_a_timed_out_command_dropped(lab, node
     still listened (a lane's gates failed so, under load, in CI)."""
     import httpx
 
-    (tmp_path / "index.html").write_text("still here")
     (node,) = by_name(nodes, "node2")
     port = 18082
-    started = ssh.run([node], f"cd {tmp_path} && (setsid python3 -m http.server {port} --bind 127.0.0.1 "
-                      f">/dev/null 2>&1 & echo $!)")["node2"]
-    assert started.ok, started
-    pid = started.stdout.strip()
-    try:
-        with ssh.forward(node, port) as local:
-            got = None
-            for _ in range(100):  # the server may still be starting
-                try:
-                    got = httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text
-                    break
-                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
-                    time.sleep(0.1)
-            assert got == "still here"
-            timed_out = ssh.run([node], "sleep 5", timeout_s=0.5)["node2"]
-            assert timed_out.error == "timeout", timed_out  # and its connection was dropped
-            assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text == "still here"
-    finally:
-        ssh.run([node], f"kill {pid}")
+    with loopback_server(ssh, node, tmp_path, port, "still here"), ssh.forward(node, port) as local:
+        assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text == "still here"
+        timed_out = ssh.run([node], "sleep 5", timeout_s=0.5)["node2"]
+        assert timed_out.error == "timeout", timed_out  # and its connection was dropped
+        assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text == "still here"
