@@ -258,7 +258,24 @@ def test_config_file_with_an_unknown_key_is_one_line_exit_2(tmp_path: Path, monk
     monkeypatch.delenv("SPARKFLEET_INVENTORY", raising=False)
     assert main(["plan", "--root", str(REPO), "--profile", "dcp2"]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"sparkfleet: {conf}:2: inventroy: unknown setting (known: inventory, root, state, ssh_config)")
+        f"sparkfleet: {conf}:2: inventroy: unknown setting (known: inventory, root, state, ssh_config, fanout)")
+
+
+@pytest.mark.parametrize("written, got", [("0", "0"), ("many", "'many'"), ("-3", "-3"), ("true", "True")])
+def test_a_fanout_that_is_not_a_whole_number_is_one_line_exit_2(tmp_path: Path, monkeypatch, capsys, written: str,
+                                                                  got: str) -> None:
+    conf = tmp_path / "config.yaml"
+    conf.write_text(f"inventory: lab\nfanout: {written}\n")
+    monkeypatch.setenv("SPARKFLEET_CONFIG", str(conf))
+    monkeypatch.delenv("SPARKFLEET_INVENTORY", raising=False)
+    assert main(["plan", "--root", str(REPO), "--profile", "dcp2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"sparkfleet: {conf}:2: fanout: expected a whole number >= 1 (most nodes a command talks to at once, over "
+        f"SSH or in local shells), got {got}")
+    conf.write_text("fanout: 16\n")
+    assert main(["config", "--json"]) == 0
+    doc = {s["name"]: s for s in json.loads(capsys.readouterr().out)["settings"]}
+    assert doc["fanout"] == {"name": "fanout", "value": "16", "source": f"{conf}:1", "env": "SPARKFLEET_FANOUT"}
 
 
 def test_sim_default_line(monkeypatch, tmp_path: Path) -> None:

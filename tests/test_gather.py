@@ -362,3 +362,12 @@ def test_cli_unknown_node_exits_2(tmp_path: Path, fake_connect, capsys: pytest.C
     fake_connect()
     code = main(["facts", "--root", str(REPO), "--inventory", str(_inventory(tmp_path)), "--node", "gamma"])
     assert code == 2 and "'gamma' is not in inventory" in capsys.readouterr().err
+
+
+def test_a_bad_fanout_is_refused_before_any_node_is_dialled(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SPARKFLEET_FANOUT", "0")
+    code = main(["facts", "--root", str(REPO), "--inventory", str(_inventory(tmp_path)), "--json"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err == ("sparkfleet: fanout (from env SPARKFLEET_FANOUT): expected a whole number >= 1, "
+                            "got '0'\n"), captured.err

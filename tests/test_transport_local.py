@@ -210,3 +210,23 @@ def test_mixed_group_runs_both_kinds_in_one_call(sim_nodes, tmp_path):
         assert put["reddie"].ok and put["remote"].error == "unreachable"
     finally:
         mixed.close()
+
+
+def test_the_fanout_setting_bounds_how_many_nodes_run_at_once(sim_nodes, tmp_path, monkeypatch):
+    """`fanout` (SPARKFLEET_FANOUT, the config file, default 64) is the transport's parallel bound: with 2, no
+    node's command ever sees more than two running, although five nodes are asked at once."""
+    running = tmp_path / "running"
+    running.mkdir()
+    command = (f'mkdir {running}/"$NODE_NAME"; ls {running} | wc -l; sleep 0.3; ls {running} | wc -l; '
+               f'rmdir {running}/"$NODE_NAME"')
+    seen = {}
+    for bound in ("2", "64"):
+        monkeypatch.setenv("SPARKFLEET_FANOUT", bound)
+        transport = transport_for(sim_nodes)
+        try:
+            results = transport.run(sim_nodes, command, timeout_s=15)
+        finally:
+            transport.close()
+        assert all(r.ok for r in results.values()), results
+        seen[bound] = max(int(x) for r in results.values() for x in r.stdout.split())
+    assert seen["2"] == 2 and seen["64"] == 5, seen

@@ -13,6 +13,7 @@ from sparkfleet.fleet.ssh import SshTransport
 from sparkfleet.fleet.transport import Forwards, Result, Transport
 from sparkfleet.placement import endpoint, loopback_bound
 from sparkfleet.schema.inventory import Node
+from sparkfleet.userconfig import fanout
 
 
 class MixedTransport(Transport):
@@ -21,8 +22,9 @@ class MixedTransport(Transport):
     def __init__(self, known_hosts: Path | None = None, *, connect_timeout_s: float = 10.0,
                  wait_once: bool = False) -> None:
         self.parts: dict[str, Transport] = {
-            "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once),
-            "local": LocalTransport(),
+            "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once,
+                                max_parallel=fanout()),
+            "local": LocalTransport(max_parallel=fanout()),
             "srun": SrunTransport(),
         }
 
@@ -67,11 +69,12 @@ def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
     """
     kinds = {n.transport for n in nodes}
     if kinds == {"local"}:
-        return LocalTransport()
+        return LocalTransport(max_parallel=fanout())
     if kinds == {"srun"}:
         return SrunTransport()
     if kinds == {"ssh"}:
-        return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)
+        return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once,
+                            max_parallel=fanout())
     return MixedTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)
 
 
