@@ -57,8 +57,10 @@ LANE = "vllm-lab"
 WORKERS = ("asusi", "bluey", "spark4")
 FAST = ["--poll", "1", "--probe-seconds", "1", "--no-fabric-probe"]
 # the lane's gates are models, streaming and determinism; at about 2 tokens/s streaming's 200 tokens took 237 s
-# and determinism 103 s (docs/vllm-lab.md): the suite judges a real answer with the two that cost least
-GATES = ["--gates", "models,determinism"]
+# and determinism 103 s (docs/vllm-lab.md): the suite runs the models gate, which asks vLLM for an answer as the
+# served name and judges it (test_answers_are_vllms_own checks the greedy answer's words). The other gates' logic
+# is held to the sim engine in tests/test_gates_sim.py; determinism left the module's boot for issue 40's budget.
+GATES = ["--gates", "models"]
 # a restart is bounded by its boot's budget (the lane's expect.boot_budget_s), plus its stop and its models gate
 RESTART_BOUND_S = Spec(REPO).profile(LANE).profile.expect.boot_budget_s + 120
 
@@ -190,8 +192,7 @@ def test_gates_and_runs_show(vlab, served, capsys) -> None:
     assert code == 0
     assert step(events, "gates")["status"] == "ok"
     rec = record_of(events)
-    assert {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]} == {
-        "models": "pass", "determinism": "pass"}
+    assert {g["name"]: g["status"] for g in rec["data"]["gates"]["results"]} == {"models": "pass"}
     assert main(["runs", "show", rec["run_id"]]) == 0
     out = capsys.readouterr().out
     assert re.search(r"startup from the head's container start: port open [\d.]+ s, /health 200 [\d.]+ s, "
