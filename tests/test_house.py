@@ -362,3 +362,24 @@ def test_modules_that_start_a_process_import_first() -> None:
     for module in ("sparkfleet.fleet.ship", "sparkfleet.fleet.gather", "sparkfleet.fleet.ops", "sparkfleet.cli.main"):
         r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=PKG.parent)
         assert r.returncode == 0, (module, r.stderr[-600:])
+
+
+def test_the_ops_package_gives_each_op_from_its_module_when_first_used() -> None:
+    """sparkfleet/fleet/ops/__init__.py names each op's module instead of importing them all (start-up): each
+    name resolves to its module's object, every Op defined in the package is named, and a typo is an error."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from sparkfleet.fleet import ops
+
+    for name in ops.__all__:
+        module = importlib.import_module(f"sparkfleet.fleet.ops.{ops._WHERE[name]}")
+        assert getattr(ops, name) is getattr(module, name), name
+    defined = {obj.__name__ for info in pkgutil.iter_modules(ops.__path__)
+               for obj in vars(importlib.import_module(f"sparkfleet.fleet.ops.{info.name}")).values()
+               if inspect.isclass(obj) and issubclass(obj, ops.Op) and obj.__module__.startswith("sparkfleet.fleet.ops.")
+               and obj is not ops.Op}
+    assert defined - set(ops.__all__) == set()
+    with pytest.raises(AttributeError, match="has no attribute 'LaneContainer'"):
+        ops.LaneContainer  # noqa: B018
