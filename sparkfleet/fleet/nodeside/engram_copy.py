@@ -52,8 +52,10 @@ STATUS = ".engram-status.json"
 LOCK = ".engram-lock"
 HASH = "sha256"
 MiB = 1 << 20
-DEFAULT_CHUNK = 4 * MiB
-DEFAULT_WINDOW = 16 * MiB  # bytes per fdatasync + read-back; verify keeps up to 4 + VERIFIERS windows of buffers
+# 8 MiB chunks in 32 MiB windows: the verified copy at 0.95x and 1.11x dd (two runs) where 4 in 16 gave 0.83x on the
+# 2-core VM (bench/engram_copy.py, docs/engram-local.md), for 230 MiB of peak RSS instead of 128 on a node of 121 GiB
+DEFAULT_CHUNK = 8 * MiB
+DEFAULT_WINDOW = 32 * MiB  # bytes per fdatasync + read-back; verify keeps up to 4 + VERIFIERS windows of buffers
 READ_AHEAD = 2  # chunks the reader thread may hold beyond the window
 # Threads reading windows back. One: on the virtio disks measured (docs/engram-local.md) a second was no
 # faster and costs another window of buffers; an NVMe with deep queues may like 2.
