@@ -122,7 +122,8 @@ def value(name: str, explicit: str | None = None) -> str | None:
 
 
 def _whole(text: str) -> bool:
-    return text.strip().isdigit() and int(text) >= 1
+    digits = text.strip()
+    return digits.isascii() and digits.isdigit() and int(digits) >= 1  # isascii: '²' is a digit int() refuses
 
 
 def fanout() -> int:

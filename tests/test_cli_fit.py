@@ -261,7 +261,8 @@ def test_config_file_with_an_unknown_key_is_one_line_exit_2(tmp_path: Path, monk
         f"sparkfleet: {conf}:2: inventroy: unknown setting (known: inventory, root, state, ssh_config, fanout)")
 
 
-@pytest.mark.parametrize("written, got", [("0", "0"), ("many", "'many'"), ("-3", "-3"), ("true", "True")])
+@pytest.mark.parametrize("written, got", [("0", "0"), ("many", "'many'"), ("-3", "-3"), ("true", "True"),
+                                          ("'²'", "'²'")])
 def test_a_fanout_that_is_not_a_whole_number_is_one_line_exit_2(tmp_path: Path, monkeypatch, capsys, written: str,
                                                                   got: str) -> None:
     conf = tmp_path / "config.yaml"
