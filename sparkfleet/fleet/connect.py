@@ -13,7 +13,6 @@ from sparkfleet.fleet.ssh import SshTransport
 from sparkfleet.fleet.transport import Forwards, Result, Transport
 from sparkfleet.placement import endpoint, loopback_bound
 from sparkfleet.schema.inventory import Node
-from sparkfleet.userconfig import fanout
 
 
 class MixedTransport(Transport):
@@ -22,9 +21,8 @@ class MixedTransport(Transport):
     def __init__(self, known_hosts: Path | None = None, *, connect_timeout_s: float = 10.0,
                  wait_once: bool = False) -> None:
         self.parts: dict[str, Transport] = {
-            "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once,
-                                max_parallel=fanout()),
-            "local": LocalTransport(max_parallel=fanout()),
+            "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once),
+            "local": LocalTransport(),
             "srun": SrunTransport(),
         }
 
@@ -69,12 +67,11 @@ def transport_for(nodes: list[Node], known_hosts: Path | None = None, *,
     """
     kinds = {n.transport for n in nodes}
     if kinds == {"local"}:
-        return LocalTransport(max_parallel=fanout())
+        return LocalTransport()
     if kinds == {"srun"}:
         return SrunTransport()
     if kinds == {"ssh"}:
-        return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once,
-                            max_parallel=fanout())
+        return SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)
     return MixedTransport(known_hosts, connect_timeout_s=connect_timeout_s, wait_once=wait_once)
 
 

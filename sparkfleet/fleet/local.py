@@ -27,6 +27,7 @@ from sparkfleet.fleet.hostkeys import write_atomic
 from sparkfleet.fleet.ssh import DRAIN_AFTER_EXIT_S, ENV_NAME
 from sparkfleet.fleet.transport import Result, Transport, fan_out, telling_line
 from sparkfleet.schema.inventory import Node
+from sparkfleet.userconfig import fanout
 
 NOT_RUN_FD = "SPARKFLEET_NOT_RUN_FD"  # names the wrapper's status pipe (see above)
 NOT_RUN_MAX = 4096  # bytes of the wrapper's reason kept
@@ -38,8 +39,8 @@ SHELL = shutil.which("bash") or "/bin/sh"
 class LocalTransport(Transport):
     """Run commands as local subprocesses, in parallel threads, with the SSH transport's Result semantics."""
 
-    def __init__(self, *, max_parallel: int = 64, shell: str = SHELL) -> None:
-        self.max_parallel = max_parallel
+    def __init__(self, *, max_parallel: int | None = None, shell: str = SHELL) -> None:
+        self.max_parallel = fanout() if max_parallel is None else max_parallel  # the operator's `fanout` setting
         self.shell = shell
 
     # -- public interface --------------------------------------------------------------

@@ -32,6 +32,7 @@ from sparkfleet.fleet.forward import local_forward
 from sparkfleet.fleet.hostkeys import default_known_hosts, fingerprint, host_entry
 from sparkfleet.fleet.transport import Result, Transport, fan_out, telling_line
 from sparkfleet.schema.inventory import Hop, Node
+from sparkfleet.userconfig import fanout
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DRAIN_AFTER_EXIT_S = 2.0  # a background child that keeps stdout open must not hold a finished command
@@ -92,7 +93,7 @@ class SshTransport(Transport):
     """Run commands and copy files over SSH with strict host-key checking; see the module docstring."""
 
     def __init__(self, known_hosts: Path | str | None = None, *, connect_timeout_s: float = 10.0,
-                 put_timeout_s: float = 120.0, max_parallel: int = 64, wait_once: bool = False) -> None:
+                 put_timeout_s: float = 120.0, max_parallel: int | None = None, wait_once: bool = False) -> None:
         self.known_hosts = Path(known_hosts) if known_hosts is not None else default_known_hosts()
         self.connect_timeout_s = connect_timeout_s
         # wait_once: a node whose connect timed out (nothing came back: a blackhole, not a refusal) is not
@@ -101,7 +102,7 @@ class SshTransport(Transport):
         self.wait_once = wait_once
         self._silent: dict[str, Result] = {}
         self.put_timeout_s = put_timeout_s
-        self.max_parallel = max_parallel
+        self.max_parallel = fanout() if max_parallel is None else max_parallel  # the operator's `fanout` setting
         self._conns: dict[str, tuple[tuple, Connection]] = {}
         self._hops: dict[tuple, Connection] = {}  # jump host connections, shared by the nodes behind them
         self._locks: dict[str, threading.Lock] = {}

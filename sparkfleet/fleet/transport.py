@@ -105,7 +105,7 @@ class RunEachByRun:
         return {n.name: out[n.name] for n in nodes if n.name in out}
 
 
-def fan_out(nodes: list[Node], one: Callable[[Node], Result], max_parallel: int = 64) -> dict[str, Result]:
+def fan_out(nodes: list[Node], one: Callable[[Node], Result], max_parallel: int) -> dict[str, Result]:
     """Run `one` for each distinct node in parallel threads, timing each: the one fan-out every transport
     (and the runner's per-node commands) shares. `one` turns its own failures into the node's Result."""
     unique = list({n.name: n for n in nodes}.values())
