@@ -92,7 +92,7 @@ class NetnsLab(RunEachByRun):
                 return Result(node.name, False, error="timeout", message=f"timed out after {timeout_s:g} s")
             return Result(node.name, p.returncode == 0, p.stdout, p.stderr, p.returncode,
                           None if p.returncode == 0 else "exit")
-        return fan_out(nodes, one)
+        return fan_out(nodes, one, len(nodes))  # every rank at once: the probe's servers and clients overlap
 
     def put(self, nodes: list[Node], data: bytes, remote_path: str, *, mode: int = 0o644) -> dict[str, Result]:
         path = Path(remote_path.replace("~", str(self.home), 1))
