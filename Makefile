@@ -30,28 +30,16 @@ demo: $(STAMP)
 	@echo "The simulated dcp2 lane serves at http://127.0.0.1:8410/v1 (try: curl -s http://127.0.0.1:8410/v1/models)."
 	@echo "Stop it with: $(BIN)/sparkfleet down --profile dcp2 --inventory sim && $(BIN)/sparkfleet sim down"
 
-# The tests marked `unit` (no lab) run in a pytest of their own beside the lab's tests. The lab is one per machine,
-# so the lab's modules run in two streams, each on a machine of its own (tests/labmachine.py: its own network,
-# mount and PID namespaces and cgroup, as root): the modules listed in tests/lab_stream_b.txt in one, every
-# other in the other. Without root they all run in one stream. The second stream's and the unit run's whole
-# logs are printed when they failed, else their last lines.
-LAB_B := $(shell grep -v '^\#' tests/lab_stream_b.txt)
+# The tests marked `unit` (no lab) run in a pytest of their own beside the lab's tests, which keep to one process
+# (the lab is one per machine); the unit run's whole log is printed when it failed, else its last lines.
 test: $(STAMP)
 	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
 	@$(BIN)/pytest -m unit > .pytest-unit.log 2>&1 & unit_pid=$$!; \
-	if $(BIN)/python tests/labmachine.py --can; then \
-	  $(BIN)/python tests/labmachine.py b -- $(BIN)/pytest -m "not unit" $(LAB_B) > .pytest-lab-b.log 2>&1 & b_pid=$$!; \
-	  $(BIN)/python tests/labmachine.py a -- $(BIN)/pytest -m "not unit" $(addprefix --ignore=,$(LAB_B)); lab=$$?; \
-	  wait $$b_pid; b=$$?; \
-	  echo "== the lab's second stream (pytest -m 'not unit' tests/lab_stream_b.txt; exit $$b; log .pytest-lab-b.log) =="; \
-	  if [ $$b -eq 0 ]; then tail -n 40 .pytest-lab-b.log; else cat .pytest-lab-b.log; fi; \
-	else \
-	  $(BIN)/pytest -m "not unit"; lab=$$?; b=0; \
-	fi; \
+	$(BIN)/pytest -m "not unit"; lab=$$?; \
 	wait $$unit_pid; unit=$$?; \
 	echo "== the unit tests, run beside the lab's (pytest -m unit; exit $$unit; log .pytest-unit.log) =="; \
 	if [ $$unit -eq 0 ]; then tail -n 32 .pytest-unit.log; else cat .pytest-unit.log; fi; \
-	[ $$lab -eq 0 ] && [ $$b -eq 0 ] && [ $$unit -eq 0 ]
+	[ $$lab -eq 0 ] && [ $$unit -eq 0 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check sparkfleet tests $(wildcard bench)
@@ -69,4 +57,4 @@ vllm-cpu: $(STAMP)
 	nice -n 19 $(BIN)/python -m sparkfleet.sim.vllmbuild
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info .pytest-unit.log .pytest-lab-b.log
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info .pytest-unit.log
